@@ -1,0 +1,272 @@
+//! The `emon` command line.
+use crate::guests;
+use crate::profile::Profile;
+use crate::vmm::{self, loader, SerialOut, VmConfig};
+use clap::{Args, Parser, Subcommand};
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+/// Exit status for errors in emon's input or setup (a bad profile, kernel, option, no KVM).
+pub const STATUS_ERROR: u8 = 2;
+/// The guest `emon` runs when given no kernel.
+pub const DEFAULT_GUEST: &str = "guest:cpuid-report";
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "emon",
+    version,
+    about = "A KVM VMM that virtualizes the Intel architectural PMU in userspace"
+)]
+#[command(after_help = "With no command, runs guest:cpuid-report on the default profile.")]
+struct Cli {
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Boot a kernel (a path, or guest:NAME) under a PMU profile.
+    Run(RunArgs),
+    /// List the built-in guests.
+    Guests,
+    /// List the built-in PMU profiles.
+    Profiles,
+    /// Show the CPUID leaves emon would present under a profile.
+    Cpuid(ProfileArgs),
+}
+
+#[derive(Args, Debug, Default)]
+struct ProfileArgs {
+    /// A built-in profile name or a path to a profile TOML file.
+    #[arg(long, value_name = "NAME|PATH", default_value = Profile::DEFAULT)]
+    profile: String,
+    /// Override profile fields, e.g. version=4,gp=8,gp-width=48,fixed=3,ebx-unavailable=0x18.
+    #[arg(long, value_name = "K=V,...")]
+    pmu: Vec<String>,
+}
+
+#[derive(Args, Debug, Default)]
+struct RunArgs {
+    #[command(flatten)]
+    profile: ProfileArgs,
+    /// Guest RAM in MiB.
+    #[arg(long, value_name = "MIB", default_value_t = 64)]
+    memory: u64,
+    /// Stop the guest after this many seconds (exit status 4).
+    #[arg(long, value_name = "S")]
+    timeout: Option<f64>,
+    /// Write the guest's serial output to FILE instead of stdout.
+    #[arg(long, value_name = "FILE")]
+    serial: Option<PathBuf>,
+    /// Load FILE as a multiboot module (repeatable).
+    #[arg(long, value_name = "FILE")]
+    module: Vec<PathBuf>,
+    /// Unknown non-PMU MSRs read as 0 and ignore writes instead of raising #GP.
+    #[arg(long)]
+    ignore_msrs: bool,
+    /// Log exits and print statistics and the PMU state at the end.
+    #[arg(long, short)]
+    verbose: bool,
+    /// A kernel image path, or guest:NAME for a built-in guest.
+    #[arg(value_name = "KERNEL")]
+    kernel: Option<String>,
+    /// Arguments passed to the kernel.
+    #[arg(last = true, value_name = "CMDLINE")]
+    cmdline: Vec<String>,
+}
+
+/// A one-line error for the user.
+#[derive(Debug)]
+struct CliError(String);
+
+impl<E: std::fmt::Display> From<E> for CliError {
+    fn from(e: E) -> Self {
+        CliError(e.to_string())
+    }
+}
+
+pub fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let command = cli.command.unwrap_or(Command::Run(RunArgs {
+        memory: 64,
+        ..Default::default()
+    }));
+    let verbose = matches!(&command, Command::Run(a) if a.verbose);
+    init_logging(verbose);
+    let result = match command {
+        Command::Run(args) => run(args),
+        Command::Guests => list_guests(),
+        Command::Profiles => list_profiles(),
+        Command::Cpuid(args) => show_cpuid(&args),
+    };
+    match result {
+        Ok(code) => code,
+        Err(CliError(msg)) => {
+            eprintln!("emon: {}", msg.replace('\n', " "));
+            ExitCode::from(STATUS_ERROR)
+        }
+    }
+}
+
+fn init_logging(verbose: bool) {
+    let level = if verbose { "emon=debug" } else { "emon=warn" };
+    let filter =
+        tracing_subscriber::EnvFilter::try_from_env("EMON_LOG").unwrap_or_else(|_| level.into());
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
+}
+
+fn load_profile(args: &ProfileArgs) -> Result<Profile, CliError> {
+    let mut p = Profile::load(&args.profile)?;
+    for o in &args.pmu {
+        p.apply_overrides(o)?;
+    }
+    Ok(p)
+}
+
+fn load_kernel(spec: &str) -> Result<loader::Kernel, CliError> {
+    let image = match spec.strip_prefix(guests::PREFIX) {
+        Some(name) => guests::find(name)
+            .ok_or_else(|| {
+                let all: Vec<_> = guests::list().map(|(n, _)| n).collect();
+                CliError(format!(
+                    "no built-in guest '{name}'; built-in guests: {}",
+                    all.join(", ")
+                ))
+            })?
+            .to_vec(),
+        None => std::fs::read(spec)
+            .map_err(|e| CliError(format!("{spec}: cannot read the kernel: {e}")))?,
+    };
+    Ok(loader::Kernel {
+        name: spec.to_owned(),
+        image,
+    })
+}
+
+fn run(args: RunArgs) -> Result<ExitCode, CliError> {
+    let profile = load_profile(&args.profile)?;
+    let kernel = load_kernel(args.kernel.as_deref().unwrap_or(DEFAULT_GUEST))?;
+    let modules = args
+        .module
+        .iter()
+        .map(|p| {
+            let data =
+                std::fs::read(p).map_err(|e| CliError(format!("module {}: {e}", p.display())))?;
+            Ok(loader::Module {
+                name: p.display().to_string(),
+                data,
+            })
+        })
+        .collect::<Result<Vec<_>, CliError>>()?;
+    let timeout = match args.timeout {
+        Some(s) if !(s.is_finite() && s > 0.0) => {
+            return Err(CliError(format!(
+                "--timeout {s}: must be a positive number of seconds"
+            )))
+        }
+        Some(s) => Some(Duration::from_secs_f64(s)),
+        None => None,
+    };
+    tracing::debug!(
+        "profile {} ({}), kernel {}",
+        profile.name,
+        profile.description,
+        kernel.name
+    );
+    let config = VmConfig {
+        profile,
+        kernel,
+        cmdline: args.cmdline.join(" "),
+        modules,
+        memory_mib: args.memory,
+        timeout,
+        serial: args
+            .serial
+            .map(SerialOut::File)
+            .unwrap_or(SerialOut::Stdout),
+        ignore_msrs: args.ignore_msrs,
+    };
+    let report = vmm::run(config)?;
+    if let vmm::VcpuStop::Shutdown { registers, .. } = &report.stop {
+        eprintln!("{registers}");
+    }
+    if args.verbose {
+        print_statistics(&report);
+    }
+    if let Some(e) = &report.serial_error {
+        eprintln!("emon: warning: writing the guest's serial output failed: {e}");
+    }
+    eprintln!("{}", report.summary());
+    Ok(ExitCode::from(report.exit_status() as u8))
+}
+
+fn print_statistics(r: &vmm::RunReport) {
+    let e = &r.exits;
+    eprintln!(
+        "exits: {} total: {} port I/O, {} MMIO, {} MSR, {} interrupted, {} other",
+        e.total, e.pio, e.mmio, e.msr, e.interrupted, e.other
+    );
+    eprintln!(
+        "PMU MSRs: {} reads, {} writes; #GP injected: {}",
+        r.msr.pmu_reads, r.msr.pmu_writes, r.msr.gp_injected
+    );
+    for (msr, n) in &r.msr.unknown {
+        eprintln!("  non-PMU MSR {msr:#x}: {n} accesses");
+    }
+    for (port, n) in &r.unhandled_ports {
+        eprintln!("  unhandled port {port:#x}: {n} accesses");
+    }
+}
+
+fn list_guests() -> Result<ExitCode, CliError> {
+    for (name, about) in guests::list() {
+        println!("{}{name:<20} {about}", guests::PREFIX);
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn list_profiles() -> Result<ExitCode, CliError> {
+    for name in Profile::builtin_names() {
+        let p = Profile::load(name)?;
+        let d = if name == Profile::DEFAULT {
+            " (default)"
+        } else {
+            ""
+        };
+        println!(
+            "{name:<20} v{} {}x{}-bit GP, {}x{}-bit fixed  {}{d}",
+            p.pmu.version, p.pmu.gp, p.pmu.gp_width, p.pmu.fixed, p.pmu.fixed_width, p.description
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn show_cpuid(args: &ProfileArgs) -> Result<ExitCode, CliError> {
+    let profile = load_profile(args)?;
+    let kvm = vmm::host::open()?;
+    let cpuid = vmm::guest_cpuid(&kvm, &profile)?;
+    println!(
+        "CPUID presented under profile {} ({}):",
+        profile.name, profile.description
+    );
+    println!(
+        "{:>10} {:>6}  {:>10} {:>10} {:>10} {:>10}",
+        "leaf", "index", "eax", "ebx", "ecx", "edx"
+    );
+    for e in cpuid.as_slice() {
+        println!(
+            "{:>#10x} {:>6}  {:>#010x} {:>#010x} {:>#010x} {:>#010x}",
+            e.function, e.index, e.eax, e.ebx, e.ecx, e.edx
+        );
+    }
+    println!();
+    println!("leaf 0x0A decoded:");
+    for line in crate::profile::describe_leaf_0a(&profile.pmu) {
+        println!("  {line}");
+    }
+    Ok(ExitCode::SUCCESS)
+}

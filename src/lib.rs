@@ -1,0 +1,12 @@
+//! emon: a minimal KVM virtual machine monitor that virtualizes the Intel architectural
+//! performance-monitoring unit in userspace.
+//!
+//! - [`profile`]: the PMU a guest sees (CPUID leaf 0x0A and friends), from TOML profiles.
+//! - [`pmu`]: the virtual PMU, a pure state machine over the architectural perfmon MSRs.
+//! - [`vmm`]: KVM setup, boot paths, devices, MSR trapping and the exit loop.
+//! - [`cli`]: the `emon` command line.
+pub mod cli;
+pub mod guests;
+pub mod pmu;
+pub mod profile;
+pub mod vmm;

@@ -1,0 +1,58 @@
+//! [`Profile`]: the CPU identity (CPUID leaves 0 and 1) plus its [`PmuProfile`].
+
+use super::PmuProfile;
+
+/// A complete emon CPU profile: who the guest thinks it runs on, and its PMU.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Profile {
+    /// Profile name: the file stem (e.g. `nehalem`) or the built-in name.
+    pub name: String,
+    /// The real CPU this models, e.g. `Intel Core i7-920 (Nehalem-EP, Bloomfield)`.
+    pub description: String,
+    /// CPUID.0 vendor string, 12 ASCII characters, e.g. `GenuineIntel`.
+    pub vendor: String,
+    /// Display family (e.g. 0x6); values above 0xF use the extended family field.
+    pub family: u16,
+    /// Display model (e.g. 0x1A); values above 0xF use the extended model field.
+    pub model: u8,
+    /// Stepping ID, CPUID.01H:EAX[3:0].
+    pub stepping: u8,
+    /// CPUID leaf 0x0A and the PMU MSR capabilities.
+    pub pmu: PmuProfile,
+}
+
+impl Profile {
+    /// The built-in profile used when none is asked for.
+    pub const DEFAULT: &'static str = "skylake";
+
+    /// CPUID.01H:EAX version signature built from family/model/stepping (SDM Vol. 2A CPUID,
+    /// Figure 3-6): family > 0xF is encoded as 0xF + extended family [27:20]; the high model
+    /// nibble goes to extended model [19:16]. Processor type [13:12] is 0 (original OEM).
+    pub fn leaf1_eax(&self) -> u32 {
+        let family = u32::from(self.family);
+        let (base_family, ext_family) = if family >= 0xF {
+            (0xF, (family - 0xF) & 0xFF)
+        } else {
+            (family, 0)
+        };
+        let model = u32::from(self.model);
+        u32::from(self.stepping & 0xF)
+            | (model & 0xF) << 4
+            | base_family << 8
+            | (model >> 4) << 16
+            | ext_family << 20
+    }
+
+    /// The vendor string as CPUID.0 returns it: `[ebx, edx, ecx]`, 4 bytes each, little
+    /// endian ("Genu", "ineI", "ntel"). A string that is not 12 bytes (an unvalidated
+    /// profile) is cut or padded with NULs.
+    pub fn vendor_regs(&self) -> [u32; 3] {
+        let mut bytes = [0u8; 12];
+        for (dst, src) in bytes.iter_mut().zip(self.vendor.bytes()) {
+            *dst = src;
+        }
+        let reg =
+            |i: usize| u32::from_le_bytes([bytes[i], bytes[i + 1], bytes[i + 2], bytes[i + 3]]);
+        [reg(0), reg(4), reg(8)]
+    }
+}

@@ -1,0 +1,104 @@
+//! Human-readable decoding of CPUID leaf 0x0A (for `emon profiles` / `emon cpuid`).
+
+use super::{PmuProfile, ARCH_EVENTS};
+
+/// Decode a profile's CPUID leaf 0x0A (and its PMU MSR capabilities) into human lines:
+/// the raw registers, the version, the general-purpose and fixed-function counters with
+/// their widths (and the version 5 ECX bitmap), the EBX length and each architectural
+/// event's availability, IA32_PERF_CAPABILITIES and IA32_MISC_ENABLE[7].
+pub fn describe_leaf_0a(p: &PmuProfile) -> Vec<String> {
+    let [eax, ebx, ecx, edx] = p.leaf_0a();
+    let mut lines = vec![format!(
+        "CPUID.0AH: EAX=0x{eax:08X} EBX=0x{ebx:08X} ECX=0x{ecx:08X} EDX=0x{edx:08X}"
+    )];
+    if p.version == 0 {
+        lines.push("version 0: no architectural performance monitoring".to_string());
+    } else {
+        lines.push(format!("architectural perfmon version {}", p.version));
+        lines.push(format!(
+            "{} general-purpose counters x {} bits (IA32_PMC0-{}, IA32_PERFEVTSEL0-{})",
+            p.gp,
+            p.gp_width,
+            p.gp.saturating_sub(1),
+            p.gp.saturating_sub(1)
+        ));
+        lines.push(fixed_line(p));
+        lines.push(format!(
+            "EBX length {}: architectural events (SDM Table 18-1)",
+            p.ebx_length
+        ));
+        lines.extend(ARCH_EVENTS.iter().map(|ev| {
+            let state = if ev.bit >= p.ebx_length {
+                "not enumerated (beyond EBX length)"
+            } else if p.arch_event_available(ev.bit) {
+                "available"
+            } else {
+                "unavailable (EBX bit set)"
+            };
+            let fixed = match ev.fixed {
+                Some(i) if p.fixed_supported(i) => format!(", also IA32_FIXED_CTR{i}"),
+                _ => String::new(),
+            };
+            format!(
+                "  [{}] {:<28} 0x{:02X}/0x{:02X}  {state}{fixed}",
+                ev.bit, ev.name, ev.event_select, ev.umask
+            )
+        }));
+    }
+    lines.push(perf_capabilities_line(p));
+    lines.push(format!(
+        "IA32_MISC_ENABLE[7] performance monitoring available: {}",
+        yes_no(p.misc_enable_perfmon)
+    ));
+    lines
+}
+
+/// The fixed-function counters line, including the version 5 ECX bitmap.
+fn fixed_line(p: &PmuProfile) -> String {
+    if p.version < 2 {
+        return "no fixed-function counters (version 1)".to_string();
+    }
+    let supported: Vec<String> = (0..p.fixed_msr_count())
+        .filter(|&i| p.fixed_supported(i))
+        .map(|i| i.to_string())
+        .collect();
+    if supported.is_empty() {
+        return "no fixed-function counters".to_string();
+    }
+    let bitmap = if p.version >= 5 {
+        format!(
+            " (EDX[4:0]={}, ECX bitmap={:#06b})",
+            p.fixed, p.fixed_bitmap
+        )
+    } else {
+        String::new()
+    };
+    format!(
+        "{} fixed-function counters x {} bits: IA32_FIXED_CTR{{{}}}{bitmap}",
+        supported.len(),
+        p.fixed_width,
+        supported.join(",")
+    )
+}
+
+/// IA32_PERF_CAPABILITIES with its architecturally interesting fields.
+fn perf_capabilities_line(p: &PmuProfile) -> String {
+    if !p.pdcm() {
+        return "IA32_PERF_CAPABILITIES: absent (CPUID.01H:ECX.PDCM = 0)".to_string();
+    }
+    let caps = p.perf_capabilities;
+    format!(
+        "IA32_PERF_CAPABILITIES = 0x{caps:X}: LBR_FMT {}, PEBS_FMT {}, FW_WRITE {}",
+        caps & 0x3F,
+        (caps >> 8) & 0xF,
+        yes_no(p.fw_write())
+    )
+}
+
+fn yes_no(b: bool) -> &'static str {
+    if b {
+        "yes"
+    } else {
+        "no"
+    }
+}

@@ -1,0 +1,144 @@
+//! Profile TOML format: parsing (`Profile::from_toml`) and loading (`Profile::load`).
+
+use std::path::Path;
+
+use serde::Deserialize;
+
+use super::error::one_line;
+use super::{builtin, PmuProfile, Profile, ProfileError};
+
+/// Default for `pmu.nominal-mhz` when the file leaves it out.
+pub const DEFAULT_NOMINAL_MHZ: u32 = 2000;
+
+/// Top level of a profile file. Every key is required.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+struct ProfileFile {
+    description: String,
+    vendor: String,
+    family: u16,
+    model: u8,
+    stepping: u8,
+    pmu: PmuFile,
+}
+
+/// The `[pmu]` table. Only `version` is required: the numeric fields default to 0 (so a
+/// version 0 profile is short), `misc-enable-perfmon` to `version > 0`, `nominal-mhz` to
+/// [`DEFAULT_NOMINAL_MHZ`].
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+struct PmuFile {
+    version: u8,
+    #[serde(default)]
+    gp: u8,
+    #[serde(default)]
+    gp_width: u8,
+    #[serde(default)]
+    ebx_length: u8,
+    #[serde(default)]
+    ebx_unavailable: u32,
+    #[serde(default)]
+    fixed: u8,
+    #[serde(default)]
+    fixed_width: u8,
+    #[serde(default)]
+    fixed_bitmap: u32,
+    #[serde(default)]
+    perf_capabilities: u64,
+    misc_enable_perfmon: Option<bool>,
+    nominal_mhz: Option<u32>,
+}
+
+impl From<PmuFile> for PmuProfile {
+    fn from(f: PmuFile) -> Self {
+        PmuProfile {
+            version: f.version,
+            gp: f.gp,
+            gp_width: f.gp_width,
+            ebx_length: f.ebx_length,
+            ebx_unavailable: f.ebx_unavailable,
+            fixed: f.fixed,
+            fixed_width: f.fixed_width,
+            fixed_bitmap: f.fixed_bitmap,
+            perf_capabilities: f.perf_capabilities,
+            misc_enable_perfmon: f.misc_enable_perfmon.unwrap_or(f.version > 0),
+            nominal_mhz: f.nominal_mhz.unwrap_or(DEFAULT_NOMINAL_MHZ),
+        }
+    }
+}
+
+impl Profile {
+    /// Built-in profile names (embedded from `resources/profiles/*.toml`), sorted.
+    pub fn builtin_names() -> Vec<&'static str> {
+        builtin::names()
+    }
+
+    /// Load a profile: the NAME of a built-in, or a PATH to a `.toml` file (anything
+    /// containing `/` or ending in `.toml`). The result is validated.
+    pub fn load(spec: &str) -> Result<Profile, ProfileError> {
+        if spec.contains('/') || spec.ends_with(".toml") {
+            let text = std::fs::read_to_string(spec).map_err(|e| ProfileError::Io {
+                path: spec.to_string(),
+                message: one_line(&e.to_string()),
+            })?;
+            return Profile::from_toml(spec, &text);
+        }
+        match builtin::text(spec) {
+            Some(text) => Profile::from_toml(spec, text),
+            None => Err(ProfileError::UnknownProfile {
+                name: spec.to_string(),
+                available: builtin::names().into_iter().map(String::from).collect(),
+            }),
+        }
+    }
+
+    /// Parse and validate profile TOML. `source_name` (a path or a built-in name) names the
+    /// source in errors; its file stem becomes [`Profile::name`].
+    pub fn from_toml(source_name: &str, text: &str) -> Result<Profile, ProfileError> {
+        let file: ProfileFile =
+            toml::from_str(text).map_err(|e| toml_error(source_name, text, &e))?;
+        let profile = Profile {
+            name: profile_name(source_name),
+            description: file.description,
+            vendor: file.vendor,
+            family: file.family,
+            model: file.model,
+            stepping: file.stepping,
+            pmu: file.pmu.into(),
+        };
+        profile.validate_as(source_name)?;
+        Ok(profile)
+    }
+}
+
+/// `resources/profiles/nehalem.toml` -> `nehalem`; a built-in name stays as it is.
+fn profile_name(source_name: &str) -> String {
+    Path::new(source_name)
+        .file_stem()
+        .and_then(|s| s.to_str())
+        .filter(|s| !s.is_empty())
+        .unwrap_or(source_name)
+        .to_string()
+}
+
+/// A one-line [`ProfileError::Toml`]: position and text of the offending line, then the
+/// parser's message.
+fn toml_error(origin: &str, text: &str, err: &toml::de::Error) -> ProfileError {
+    let location = match err.span() {
+        Some(span) => {
+            let start = span.start.min(text.len());
+            let before = text.get(..start).unwrap_or("");
+            let line_no = before.matches('\n').count() + 1;
+            let line_start = before.rfind('\n').map_or(0, |i| i + 1);
+            let column = before.get(line_start..).map_or(0, |s| s.chars().count()) + 1;
+            let line = text.lines().nth(line_no - 1).unwrap_or("").trim();
+            format!("line {line_no}, column {column} (`{line}`)")
+        }
+        None => "document".to_string(),
+    };
+    ProfileError::Toml {
+        origin: origin.to_string(),
+        location,
+        message: one_line(err.message()),
+    }
+}

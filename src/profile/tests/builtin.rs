@@ -1,0 +1,127 @@
+//! Every built-in profile loads, validates, and encodes its documented registers.
+
+use super::super::{describe_leaf_0a, PmuProfile, Profile};
+
+/// (name, CPUID.01H:EAX, CPUID.0AH [eax, ebx, ecx, edx], IA32_PERF_CAPABILITIES).
+const EXPECTED: &[(&str, u32, [u32; 4], u64)] = &[
+    ("core2", 0x0001_067A, [0x0728_0202, 0, 0, 0x0503], 0x10C2),
+    (
+        "icelake",
+        0x0007_06E5,
+        [0x0830_0805, 0, 0xF, 0x0604],
+        0xF4C5,
+    ),
+    ("nehalem", 0x0001_06A5, [0x0730_0403, 0, 0, 0x0603], 0x11C3),
+    (
+        "nehalem-llc-masked",
+        0x0001_06A5,
+        [0x0730_0403, 0x18, 0, 0x0603],
+        0x11C3,
+    ),
+    ("no-pmu", 0x0005_06E3, [0, 0, 0, 0], 0),
+    (
+        "sandybridge",
+        0x0002_06A7,
+        [0x0730_0403, 0, 0, 0x0603],
+        0x31C3,
+    ),
+    ("skylake", 0x0005_06E3, [0x0730_0404, 0, 0, 0x0603], 0x33C5),
+];
+
+#[test]
+fn builtin_names_are_sorted_and_complete() {
+    let names = Profile::builtin_names();
+    let expected: Vec<&str> = EXPECTED.iter().map(|(name, ..)| *name).collect();
+    assert_eq!(names, expected);
+    assert!(names.contains(&Profile::DEFAULT));
+}
+
+#[test]
+fn every_builtin_loads_validates_and_matches_its_documented_registers() {
+    for &(name, leaf1, leaf_0a, caps) in EXPECTED {
+        let p = Profile::load(name).unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert_eq!(p.name, name);
+        p.validate().unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert_eq!(p.leaf1_eax(), leaf1, "{name} CPUID.01H:EAX");
+        assert_eq!(p.pmu.leaf_0a(), leaf_0a, "{name} CPUID.0AH");
+        assert_eq!(
+            p.pmu.perf_capabilities, caps,
+            "{name} IA32_PERF_CAPABILITIES"
+        );
+        assert_eq!(p.vendor, "GenuineIntel");
+        assert_eq!(p.vendor_regs(), [0x756E_6547, 0x4965_6E69, 0x6C65_746E]);
+        assert!(!p.description.is_empty());
+        assert_eq!(p.pmu.misc_enable_perfmon, p.pmu.version > 0, "{name}");
+    }
+}
+
+#[test]
+fn full_width_writes_start_with_sandy_bridge() {
+    let fw = |name: &str| Profile::load(name).map(|p| p.pmu.fw_write()).ok();
+    assert_eq!(fw("core2"), Some(false));
+    assert_eq!(fw("nehalem"), Some(false));
+    assert_eq!(fw("sandybridge"), Some(true));
+    assert_eq!(fw("skylake"), Some(true));
+    assert_eq!(fw("icelake"), Some(true));
+    assert_eq!(fw("no-pmu"), Some(false));
+}
+
+#[test]
+fn icelake_has_four_fixed_counters_and_eight_events() {
+    let p = Profile::load("icelake").map(|p| p.pmu).ok();
+    let p: PmuProfile = p.expect("icelake loads");
+    assert_eq!(p.fixed_msr_count(), 4);
+    assert!((0..4).all(|i| p.fixed_supported(i)));
+    assert!((0..8).all(|bit| p.arch_event_available(bit)));
+}
+
+#[test]
+fn no_pmu_is_version_0_without_pdcm() {
+    let p = Profile::load("no-pmu").expect("no-pmu loads").pmu;
+    assert_eq!(p.version, 0);
+    assert!(!p.pdcm());
+    assert!(!p.misc_enable_perfmon);
+    assert_eq!(p.fixed_msr_count(), 0);
+    assert!((0..8).all(|bit| !p.arch_event_available(bit)));
+}
+
+#[test]
+fn describe_decodes_leaf_0a() {
+    let nehalem = Profile::load("nehalem-llc-masked").expect("loads").pmu;
+    let lines = describe_leaf_0a(&nehalem);
+    let text = lines.join("\n");
+    assert!(text.contains("EAX=0x07300403"), "{text}");
+    assert!(text.contains("version 3"), "{text}");
+    assert!(
+        text.contains("4 general-purpose counters x 48 bits"),
+        "{text}"
+    );
+    assert!(
+        text.contains("3 fixed-function counters x 48 bits"),
+        "{text}"
+    );
+    assert!(text.contains("EBX length 7"), "{text}");
+    let llc = lines
+        .iter()
+        .find(|l| l.contains("LLC Misses"))
+        .expect("LLC line");
+    assert!(llc.contains("unavailable"), "{llc}");
+    let slots = lines
+        .iter()
+        .find(|l| l.contains("Topdown Slots"))
+        .expect("slots line");
+    assert!(slots.contains("not enumerated"), "{slots}");
+
+    let icelake = Profile::load("icelake").expect("loads").pmu;
+    let text = describe_leaf_0a(&icelake).join("\n");
+    assert!(text.contains("ECX bitmap=0b1111"), "{text}");
+    assert!(text.contains("FW_WRITE yes"), "{text}");
+
+    let none = Profile::load("no-pmu").expect("loads").pmu;
+    let text = describe_leaf_0a(&none).join("\n");
+    assert!(
+        text.contains("no architectural performance monitoring"),
+        "{text}"
+    );
+    assert!(text.contains("PDCM = 0"), "{text}");
+}

@@ -1,0 +1,266 @@
+//! The architectural rules a profile must obey (`Profile::validate`).
+//!
+//! Rules are checked in a fixed order and the first broken one is reported, naming the
+//! origin, the field with its value, and the rule with its CPUID/MSR reference.
+
+use super::{PmuProfile, Profile, ProfileError, ARCH_EVENTS};
+
+/// Highest architectural perfmon version emon models (CPUID.0AH:EAX[7:0]).
+pub const MAX_VERSION: u8 = 5;
+/// IA32_PMC0-7 (0xC1-0xC8) and IA32_PERFEVTSEL0-7 (0x186-0x18D).
+pub const MAX_GP: u8 = 8;
+/// IA32_FIXED_CTR0-3 (0x309-0x30C).
+pub const MAX_FIXED: u8 = 4;
+/// The architectural events of SDM Table 18-1 that emon knows.
+pub const MAX_EBX_LENGTH: u8 = ARCH_EVENTS.len() as u8;
+/// Legal counter widths (CPUID.0AH:EAX[23:16], EDX[12:5]).
+pub const WIDTHS: std::ops::RangeInclusive<u8> = 32..=64;
+/// Legal display family: 1..=0xF, or 0xF + extended family 0x01..=0xFF.
+pub const FAMILIES: std::ops::RangeInclusive<u16> = 1..=0x10E;
+/// Legal `pmu.nominal-mhz`.
+pub const NOMINAL_MHZ: std::ops::RangeInclusive<u32> = 100..=10_000;
+
+/// IA32_PERF_CAPABILITIES (MSR 0x345) bits emon accepts in a profile (SDM Vol. 3B
+/// Figure 18-63 "IA32_PERF_CAPABILITIES", field names as in Linux `union perf_capabilities`):
+/// [5:0] LBR_FMT, 6 PEBS_TRAP, 7 PEBS_ARCH_REG, [11:8] PEBS_FMT, 12 SMM_FRZ, 13 FW_WRITE,
+/// 14 PEBS_BASELINE, 15 PERF_METRICS (Ice Lake), 16 PEBS_OUTPUT_PT_AVAIL, 17 PEBS_TIMING_INFO,
+/// 19 RDPMC_METRICS_CLEAR. Bit 18 (a Linux-only software flag, reserved in hardware) and
+/// bits 20-63 are reserved.
+pub const PERF_CAPABILITIES_ACCEPTED: u64 = 0x000B_FFFF;
+
+const VERSION0: &str =
+    "must be 0 when pmu.version = 0 (version 0 means no architectural perfmon: CPUID.0AH reads all zero)";
+
+impl Profile {
+    /// Check every rule; errors name [`Profile::name`] as the source.
+    pub fn validate(&self) -> Result<(), ProfileError> {
+        self.validate_as(&self.name)
+    }
+
+    /// Check every rule; errors name `origin` (a file path, a built-in name or `--pmu`).
+    pub fn validate_as(&self, origin: &str) -> Result<(), ProfileError> {
+        let c = Check { origin };
+        c.pmu(&self.pmu)?;
+        c.identity(self)
+    }
+}
+
+/// Builds the errors of one validation run.
+struct Check<'a> {
+    origin: &'a str,
+}
+
+/// `pmu.<name> = <value>`.
+fn field(name: &str, value: impl std::fmt::Display) -> String {
+    format!("pmu.{name} = {value}")
+}
+
+/// `pmu.<name> = 0x<value>` for bit vectors.
+fn hex_field(name: &str, value: u64) -> String {
+    format!("pmu.{name} = 0x{value:X}")
+}
+
+impl Check<'_> {
+    fn fail(&self, field: String, rule: impl Into<String>) -> Result<(), ProfileError> {
+        Err(ProfileError::invalid(self.origin, field, rule))
+    }
+
+    fn pmu(&self, p: &PmuProfile) -> Result<(), ProfileError> {
+        if p.version > MAX_VERSION {
+            return self.fail(
+                field("version", p.version),
+                "architectural perfmon version must be 0..=5 (CPUID.0AH:EAX[7:0]; emon models versions 0-5)",
+            );
+        }
+        if p.version == 0 {
+            return self.version0(p);
+        }
+        self.gp(p)?;
+        self.ebx(p)?;
+        self.fixed(p)?;
+        self.perf_capabilities(p)?;
+        self.nominal_mhz(p)
+    }
+
+    /// Version 0: every leaf 0x0A field and PERF_CAPABILITIES must be zero.
+    fn version0(&self, p: &PmuProfile) -> Result<(), ProfileError> {
+        let numeric: [(&str, u64); 5] = [
+            ("gp", p.gp.into()),
+            ("gp-width", p.gp_width.into()),
+            ("ebx-length", p.ebx_length.into()),
+            ("fixed", p.fixed.into()),
+            ("fixed-width", p.fixed_width.into()),
+        ];
+        for (name, value) in numeric {
+            if value != 0 {
+                return self.fail(field(name, value), VERSION0);
+            }
+        }
+        let vectors: [(&str, u64); 3] = [
+            ("ebx-unavailable", p.ebx_unavailable.into()),
+            ("fixed-bitmap", p.fixed_bitmap.into()),
+            ("perf-capabilities", p.perf_capabilities),
+        ];
+        for (name, value) in vectors {
+            if value != 0 {
+                return self.fail(hex_field(name, value), VERSION0);
+            }
+        }
+        self.nominal_mhz(p)
+    }
+
+    /// General-purpose counters, version >= 1.
+    fn gp(&self, p: &PmuProfile) -> Result<(), ProfileError> {
+        if !(1..=MAX_GP).contains(&p.gp) {
+            return self.fail(
+                field("gp", p.gp),
+                "number of general-purpose counters must be 1..=8 for version >= 1 (CPUID.0AH:EAX[15:8]; emon models IA32_PMC0-7 at 0xC1-0xC8 and IA32_PERFEVTSEL0-7 at 0x186-0x18D)",
+            );
+        }
+        if !WIDTHS.contains(&p.gp_width) {
+            return self.fail(
+                field("gp-width", p.gp_width),
+                "counter width must be 32..=64 bits (CPUID.0AH:EAX[23:16])",
+            );
+        }
+        Ok(())
+    }
+
+    /// The architectural-event vector, version >= 1.
+    fn ebx(&self, p: &PmuProfile) -> Result<(), ProfileError> {
+        if p.ebx_length > MAX_EBX_LENGTH {
+            return self.fail(
+                field("ebx-length", p.ebx_length),
+                "EBX length must be 0..=8 (CPUID.0AH:EAX[31:24]; SDM Table 18-1 defines 8 architectural events in EBX and emon knows these 8)",
+            );
+        }
+        if p.ebx_length == 0 {
+            return self.fail(
+                field("ebx-length", p.ebx_length),
+                "EBX length must be >= 1 for version >= 1 (CPUID.0AH:EAX[31:24]; the Windows HAL and Linux assume EBX bit 0, UnHalted Core Cycles, is meaningful)",
+            );
+        }
+        let meaningful = (1u32 << p.ebx_length) - 1; // ebx_length is 1..=8 here
+        if p.ebx_unavailable & !meaningful != 0 {
+            return self.fail(
+                hex_field("ebx-unavailable", p.ebx_unavailable.into()),
+                format!(
+                    "bits at or above pmu.ebx-length = {} must be 0 (CPUID.0AH:EBX bits beyond EAX[31:24] are not meaningful)",
+                    p.ebx_length
+                ),
+            );
+        }
+        Ok(())
+    }
+
+    /// Fixed-function counters: EDX (version >= 2) and the ECX bitmap (version 5).
+    fn fixed(&self, p: &PmuProfile) -> Result<(), ProfileError> {
+        if p.version == 1 {
+            if p.fixed != 0 || p.fixed_width != 0 {
+                return self.fail(
+                    field("version", p.version),
+                    format!(
+                        "version 1 has no fixed-function counters (CPUID.0AH:EDX is reserved before version 2) but pmu.fixed = {} and pmu.fixed-width = {}: set fixed=0 and fixed-width=0",
+                        p.fixed, p.fixed_width
+                    ),
+                );
+            }
+        } else if p.fixed > MAX_FIXED {
+            return self.fail(
+                field("fixed", p.fixed),
+                "number of fixed-function counters must be 0..=4 (CPUID.0AH:EDX[4:0]; emon models IA32_FIXED_CTR0-3 at 0x309-0x30C)",
+            );
+        }
+        if p.version < 5 && p.fixed_bitmap != 0 {
+            return self.fail(
+                hex_field("fixed-bitmap", p.fixed_bitmap.into()),
+                "the fixed-counter bitmap must be 0 before version 5 (CPUID.0AH:ECX enumerates fixed counters only from version 5, SDM 18.2.5)",
+            );
+        }
+        if p.fixed_bitmap & !0xF != 0 {
+            return self.fail(
+                hex_field("fixed-bitmap", p.fixed_bitmap.into()),
+                "only bits 0..=3 may be set (CPUID.0AH:ECX; emon models 4 fixed counters, IA32_FIXED_CTR0-3)",
+            );
+        }
+        if p.version >= 2 {
+            let any_fixed = p.fixed > 0 || p.fixed_bitmap != 0;
+            if any_fixed && !WIDTHS.contains(&p.fixed_width) {
+                return self.fail(
+                    field("fixed-width", p.fixed_width),
+                    "fixed-counter width must be 32..=64 bits when fixed-function counters exist (CPUID.0AH:EDX[12:5])",
+                );
+            }
+            if !any_fixed && p.fixed_width != 0 {
+                return self.fail(
+                    field("fixed-width", p.fixed_width),
+                    "fixed-counter width must be 0 when there are no fixed-function counters (CPUID.0AH:EDX[12:5])",
+                );
+            }
+        }
+        Ok(())
+    }
+
+    /// IA32_PERF_CAPABILITIES (MSR 0x345), version >= 1.
+    fn perf_capabilities(&self, p: &PmuProfile) -> Result<(), ProfileError> {
+        let reserved = p.perf_capabilities & !PERF_CAPABILITIES_ACCEPTED;
+        if reserved != 0 {
+            return self.fail(
+                hex_field("perf-capabilities", p.perf_capabilities),
+                format!(
+                    "bits 0x{reserved:X} are reserved in IA32_PERF_CAPABILITIES (MSR 0x345); emon accepts mask 0x{PERF_CAPABILITIES_ACCEPTED:X}: LBR_FMT[5:0], PEBS_TRAP 6, PEBS_ARCH_REG 7, PEBS_FMT[11:8], SMM_FRZ 12, FW_WRITE 13, PEBS_BASELINE 14, PERF_METRICS 15, PEBS_OUTPUT_PT_AVAIL 16, PEBS_TIMING_INFO 17, RDPMC_METRICS_CLEAR 19"
+                ),
+            );
+        }
+        if p.fw_write() && p.version < 2 {
+            return self.fail(
+                hex_field("perf-capabilities", p.perf_capabilities),
+                "FW_WRITE (bit 13) requires version >= 2 (full-width writes through IA32_A_PMCx at 0x4C1, SDM 18.2.5, came with version 2-era PERF_CAPABILITIES)",
+            );
+        }
+        Ok(())
+    }
+
+    fn nominal_mhz(&self, p: &PmuProfile) -> Result<(), ProfileError> {
+        if !NOMINAL_MHZ.contains(&p.nominal_mhz) {
+            return self.fail(
+                field("nominal-mhz", p.nominal_mhz),
+                "nominal core frequency must be 100..=10000 MHz",
+            );
+        }
+        Ok(())
+    }
+
+    /// Vendor string and CPUID.01H:EAX signature.
+    fn identity(&self, profile: &Profile) -> Result<(), ProfileError> {
+        let vendor = &profile.vendor;
+        if vendor.len() != 12 || !vendor.bytes().all(|b| (0x20..=0x7E).contains(&b)) {
+            return self.fail(
+                format!("vendor = {vendor:?}"),
+                "vendor string must be exactly 12 printable ASCII characters (CPUID.0:EBX,EDX,ECX)",
+            );
+        }
+        if !FAMILIES.contains(&profile.family) {
+            return self.fail(
+                format!("family = 0x{:X}", profile.family),
+                "display family must be 0x1..=0x10E (CPUID.01H:EAX[11:8] family, 0xF + extended family EAX[27:20] up to 0xFF)",
+            );
+        }
+        if profile.model > 0xF && profile.family != 0x6 && profile.family < 0xF {
+            return self.fail(
+                format!("model = 0x{:X}", profile.model),
+                format!(
+                    "display model above 0xF needs family 0x6 or >= 0xF, not 0x{:X} (CPUID.01H:EAX extended model [19:16] is used only for those families)",
+                    profile.family
+                ),
+            );
+        }
+        if profile.stepping > 0xF {
+            return self.fail(
+                format!("stepping = 0x{:X}", profile.stepping),
+                "stepping must be 0x0..=0xF (CPUID.01H:EAX[3:0])",
+            );
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,108 @@
+//! The boot GDT and the segment registers loaded from it.
+use super::super::layout::GDT_ADDR;
+use kvm_bindings::{kvm_segment, kvm_sregs};
+use vm_memory::GuestMemoryMmap;
+
+/// The mode a kernel is entered in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// 64-bit long mode (ELF64 kernels without a multiboot header).
+    Long,
+    /// 32-bit protected mode, paging off (multiboot kernels).
+    Protected,
+}
+
+pub const CODE_SEL: u16 = 0x08;
+pub const DATA_SEL: u16 = 0x10;
+pub const TSS_SEL: u16 = 0x18;
+
+/// A GDT descriptor from its fields (SDM Vol. 3A 3.4.5).
+fn descriptor(flags: u64, base: u64, limit: u64) -> u64 {
+    ((base & 0xFF00_0000) << 32)
+        | ((base & 0x00FF_FFFF) << 16)
+        | ((flags & 0xF0FF) << 40)
+        | ((limit & 0xF_0000) << 32)
+        | (limit & 0xFFFF)
+}
+
+fn segment(desc: u64, sel: u16) -> kvm_segment {
+    let flags = (desc >> 40) & 0xF0FF;
+    kvm_segment {
+        base: ((desc >> 16) & 0xFF_FFFF) | ((desc >> 32) & 0xFF00_0000),
+        limit: {
+            let raw = ((desc >> 32) & 0xF_0000) | (desc & 0xFFFF);
+            if flags & 0x8000 != 0 {
+                ((raw << 12) | 0xFFF) as u32
+            } else {
+                raw as u32
+            }
+        },
+        selector: sel,
+        type_: (flags & 0xF) as u8,
+        s: ((flags >> 4) & 1) as u8,
+        dpl: ((flags >> 5) & 3) as u8,
+        present: ((flags >> 7) & 1) as u8,
+        avl: ((flags >> 12) & 1) as u8,
+        l: ((flags >> 13) & 1) as u8,
+        db: ((flags >> 14) & 1) as u8,
+        g: ((flags >> 15) & 1) as u8,
+        unusable: 0,
+        padding: 0,
+    }
+}
+
+pub fn install(
+    mem: &GuestMemoryMmap,
+    sregs: &mut kvm_sregs,
+    mode: Mode,
+) -> Result<(), super::super::VmmError> {
+    let code_flags = match mode {
+        Mode::Long => 0xA09B,      // present, code exec/read, L=1, G=1
+        Mode::Protected => 0xC09B, // present, code exec/read, D=1, G=1
+    };
+    let gdt = [
+        0,
+        descriptor(code_flags, 0, 0xF_FFFF),
+        descriptor(0xC093, 0, 0xF_FFFF), // present, data read/write, B=1, G=1
+        descriptor(0x008B, 0, 0x67),     // present, busy TSS (VM entry needs a usable TR)
+    ];
+    let bytes: Vec<u8> = gdt.iter().flat_map(|d| d.to_le_bytes()).collect();
+    super::write(mem, GDT_ADDR, &bytes)?;
+    sregs.gdt.base = GDT_ADDR;
+    sregs.gdt.limit = (bytes.len() - 1) as u16;
+    sregs.idt.base = 0;
+    sregs.idt.limit = 0;
+    sregs.cs = segment(gdt[1], CODE_SEL);
+    let data = segment(gdt[2], DATA_SEL);
+    sregs.ds = data;
+    sregs.es = data;
+    sregs.fs = data;
+    sregs.gs = data;
+    sregs.ss = data;
+    sregs.tr = segment(gdt[3], TSS_SEL);
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn descriptors_match_the_well_known_encodings() {
+        assert_eq!(descriptor(0xA09B, 0, 0xF_FFFF), 0x00AF_9B00_0000_FFFF);
+        assert_eq!(descriptor(0xC093, 0, 0xF_FFFF), 0x00CF_9300_0000_FFFF);
+        assert_eq!(descriptor(0xC09B, 0, 0xF_FFFF), 0x00CF_9B00_0000_FFFF);
+    }
+
+    #[test]
+    fn segments_decode_their_descriptor() {
+        let cs = segment(descriptor(0xA09B, 0, 0xF_FFFF), CODE_SEL);
+        assert_eq!(
+            (cs.l, cs.db, cs.g, cs.present, cs.type_, cs.s),
+            (1, 0, 1, 1, 0xB, 1)
+        );
+        assert_eq!(cs.limit, 0xFFFF_FFFF);
+        let ds = segment(descriptor(0xC093, 0, 0xF_FFFF), DATA_SEL);
+        assert_eq!((ds.l, ds.db, ds.type_), (0, 1, 3));
+    }
+}

@@ -1,0 +1,32 @@
+//! Guest-physical memory layout used by emon's boot paths (documented in the README).
+//!
+//! ```text
+//! 0x0000_0500  GDT (null, code, data, TSS)
+//! 0x0000_1000  PML4, 0x2000 PDPT, 0x3000-0x6FFF four page directories (2 MiB pages, 4 GiB)
+//! 0x0000_7000  command line, NUL-terminated (at most 4 KiB)
+//! 0x0000_8000  multiboot information structure, memory map and module list
+//! 0x0008_0000  top of the boot stack (long-mode entry RSP)
+//! 0x0010_0000  kernels load here or above
+//! 0xFEE0_0000  local APIC (identity-mapped, uncached)
+//! ```
+pub const GDT_ADDR: u64 = 0x500;
+pub const PML4_ADDR: u64 = 0x1000;
+pub const PDPT_ADDR: u64 = 0x2000;
+pub const PD_ADDR: u64 = 0x3000;
+pub const CMDLINE_ADDR: u64 = 0x7000;
+pub const CMDLINE_MAX: usize = 0x1000;
+pub const MB_INFO_ADDR: u64 = 0x8000;
+pub const MB_MMAP_ADDR: u64 = 0x8100;
+pub const MB_MODS_ADDR: u64 = 0x8400;
+pub const MB_STRINGS_ADDR: u64 = 0x9000;
+pub const MB_STRINGS_END: u64 = 0xA000;
+pub const BOOT_STACK_TOP: u64 = 0x8_0000;
+/// Everything below this belongs to emon's boot structures; kernels may not load there.
+pub const BOOT_AREA_END: u64 = 0x8_0000;
+/// End of conventional memory reported to multiboot kernels (mem_lower = 639 KiB).
+pub const LOW_MEM_END: u64 = 0x9_FC00;
+pub const HIGH_MEM_START: u64 = 0x10_0000;
+pub const APIC_BASE: u64 = 0xFEE0_0000;
+/// Guest RAM must end below the 32-bit MMIO hole (the APIC lives at the top of it).
+pub const MAX_RAM: u64 = 0xC000_0000;
+pub const MIN_RAM: u64 = 2 << 20;

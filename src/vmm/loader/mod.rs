@@ -1,0 +1,150 @@
+//! Kernel images: detection (multiboot v1 or ELF64), placement in guest RAM, and the entry state.
+mod elf;
+mod multiboot;
+
+use super::boot::{Entry, Mode};
+use super::layout::*;
+use thiserror::Error;
+use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+
+pub use multiboot::{MultibootHeader, MULTIBOOT_BOOTLOADER_MAGIC};
+
+/// Why a kernel image is refused. Each message says what is wrong and, where it helps, what to do.
+#[derive(Debug, Error)]
+pub enum KernelError {
+    #[error("cannot read it: {0}")]
+    Read(std::io::Error),
+    #[error("it is neither a multiboot kernel (no multiboot header in its first 8 KiB) nor an ELF64 image ({0})")]
+    NotBootable(String),
+    #[error("it is an ELF32 image without a multiboot header: emon boots 32-bit kernels only through multiboot")]
+    Elf32WithoutMultiboot,
+    #[error("it is an ELF image for machine {0} (not x86, 3, or x86-64, 62)")]
+    WrongMachine(u16),
+    #[error("its ELF headers are broken: {0}")]
+    BadElf(String),
+    #[error("it has no loadable segments")]
+    NoLoadableSegments,
+    #[error("{what} at {start:#x}..{end:#x} does not fit in guest RAM ({ram_mib} MiB); use --memory to give the guest more")]
+    DoesNotFit {
+        what: String,
+        start: u64,
+        end: u64,
+        ram_mib: u64,
+    },
+    #[error("{what} at {start:#x}..{end:#x} overlaps emon's boot area below {BOOT_AREA_END:#x}; link the kernel at 1 MiB or above")]
+    OverlapsBootArea { what: String, start: u64, end: u64 },
+    #[error("its entry point {0:#x} is not inside a loaded segment")]
+    EntryOutside(u64),
+    #[error("its multiboot header requires features emon does not provide (flags {0:#x}; emon supports bits 0, 1, 2 and 16)")]
+    MultibootFlags(u32),
+    #[error("its multiboot header's address fields are inconsistent: {0}")]
+    MultibootAddresses(String),
+    #[error("the command line is too long ({0} bytes; at most {max})", max = CMDLINE_MAX - 1)]
+    CmdlineTooLong(usize),
+    #[error("the command line is not valid: {0}")]
+    BadCmdline(String),
+    #[error("module {0}: {1}")]
+    Module(String, String),
+    #[error("writing guest memory: {0}")]
+    Memory(String),
+}
+
+/// A kernel to boot: its name (a path, or `guest:NAME`) and its bytes.
+pub struct Kernel {
+    pub name: String,
+    pub image: Vec<u8>,
+}
+
+/// A multiboot module: its path (also its command line) and contents.
+pub struct Module {
+    pub name: String,
+    pub data: Vec<u8>,
+}
+
+/// How a kernel was recognized.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Format {
+    Multiboot,
+    Elf64,
+}
+
+/// Loads `kernel` into guest memory and returns how to enter it.
+pub fn load(
+    mem: &GuestMemoryMmap,
+    ram_size: u64,
+    kernel: &Kernel,
+    cmdline: &str,
+    modules: &[Module],
+) -> Result<(Format, Entry), KernelError> {
+    if let Some(header) = MultibootHeader::find(&kernel.image) {
+        let entry = multiboot::load(mem, ram_size, kernel, &header, cmdline, modules)?;
+        return Ok((Format::Multiboot, entry));
+    }
+    let image = elf::parse(&kernel.image)?;
+    if !image.is_64 {
+        return Err(KernelError::Elf32WithoutMultiboot);
+    }
+    let end = elf::load(mem, ram_size, &kernel.image, &image)?;
+    let _ = end;
+    let cmdline_addr = if cmdline.is_empty() {
+        0
+    } else {
+        write_cmdline(mem, CMDLINE_ADDR, cmdline)?;
+        CMDLINE_ADDR
+    };
+    Ok((
+        Format::Elf64,
+        Entry {
+            mode: Mode::Long,
+            rip: image.entry,
+            rax: 0,
+            rbx: 0,
+            rdi: cmdline_addr,
+            rsi: ram_size,
+            rsp: BOOT_STACK_TOP,
+        },
+    ))
+}
+
+/// Checks that `[start, start+len)` is in RAM and above the boot area.
+fn check_range(what: &str, start: u64, len: u64, ram_size: u64) -> Result<(), KernelError> {
+    let end = start
+        .checked_add(len)
+        .ok_or_else(|| KernelError::BadElf(format!("{what} wraps around")))?;
+    if end > ram_size {
+        return Err(KernelError::DoesNotFit {
+            what: what.into(),
+            start,
+            end,
+            ram_mib: ram_size >> 20,
+        });
+    }
+    if start < BOOT_AREA_END && len > 0 {
+        return Err(KernelError::OverlapsBootArea {
+            what: what.into(),
+            start,
+            end,
+        });
+    }
+    Ok(())
+}
+
+fn write_mem(mem: &GuestMemoryMmap, addr: u64, bytes: &[u8]) -> Result<(), KernelError> {
+    mem.write_slice(bytes, GuestAddress(addr))
+        .map_err(|e| KernelError::Memory(e.to_string()))
+}
+
+/// Writes a NUL-terminated command line, validated by linux-loader's `Cmdline`.
+fn write_cmdline(mem: &GuestMemoryMmap, addr: u64, cmdline: &str) -> Result<(), KernelError> {
+    if cmdline.len() >= CMDLINE_MAX {
+        return Err(KernelError::CmdlineTooLong(cmdline.len()));
+    }
+    let mut c = linux_loader::cmdline::Cmdline::new(CMDLINE_MAX)
+        .map_err(|e| KernelError::BadCmdline(e.to_string()))?;
+    c.insert_str(cmdline)
+        .map_err(|e| KernelError::BadCmdline(e.to_string()))?;
+    let cstr = c
+        .as_cstring()
+        .map_err(|e| KernelError::BadCmdline(e.to_string()))?;
+    write_mem(mem, addr, cstr.as_bytes_with_nul())
+}

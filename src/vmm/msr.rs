@@ -1,0 +1,92 @@
+//! RDMSR/WRMSR exits: the KVM MSR filter that sends every PMU MSR to userspace, and the
+//! dispatch of each access to the virtual PMU (or #GP / `--ignore-msrs` for unknown MSRs).
+use super::VmmError;
+use crate::pmu::Pmu;
+use kvm_ioctls::{MsrFilterDefaultAction, MsrFilterRange, MsrFilterRangeFlags, VmFd};
+
+/// Denies (i.e. sends to userspace) every MSR the virtual PMU owns. Without it KVM swallows
+/// some of them (see ../shared/platform.md: the P6 perf MSRs and DEBUGCTL).
+pub fn install_filter(vm: &VmFd) -> Result<(), VmmError> {
+    let bitmaps: Vec<Vec<u8>> = Pmu::TRAPPED_MSRS
+        .iter()
+        .map(|&(first, last)| vec![0u8; (last - first + 1).div_ceil(8) as usize])
+        .collect();
+    let ranges: Vec<MsrFilterRange> = Pmu::TRAPPED_MSRS
+        .iter()
+        .zip(&bitmaps)
+        .map(|(&(first, last), bitmap)| MsrFilterRange {
+            flags: MsrFilterRangeFlags::READ | MsrFilterRangeFlags::WRITE,
+            base: first,
+            msr_count: last - first + 1,
+            bitmap,
+        })
+        .collect();
+    vm.set_msr_filter(MsrFilterDefaultAction::ALLOW, &ranges)
+        .map_err(|source| VmmError::Kvm {
+            op: "KVM_X86_SET_MSR_FILTER",
+            source,
+        })
+}
+
+/// Counts of MSR exits, for `--verbose`.
+#[derive(Debug, Default, Clone)]
+pub struct MsrStats {
+    pub pmu_reads: u64,
+    pub pmu_writes: u64,
+    pub gp_injected: u64,
+    pub unknown: std::collections::BTreeMap<u32, u64>,
+}
+
+/// Answers the MSR accesses that reach userspace.
+pub struct MsrDispatch {
+    pub ignore_unknown: bool,
+    pub stats: MsrStats,
+}
+
+impl MsrDispatch {
+    /// The value for a RDMSR, or `None` to inject #GP.
+    pub fn read(&mut self, pmu: &mut Pmu, index: u32) -> Option<u64> {
+        let r = if Pmu::owns(index) {
+            self.stats.pmu_reads += 1;
+            pmu.rdmsr(index).ok()
+        } else {
+            *self.stats.unknown.entry(index).or_default() += 1;
+            tracing::debug!(
+                "rdmsr {index:#x}: not emulated{}",
+                if self.ignore_unknown {
+                    ", reads 0"
+                } else {
+                    ", #GP"
+                }
+            );
+            self.ignore_unknown.then_some(0)
+        };
+        if r.is_none() {
+            self.stats.gp_injected += 1;
+        }
+        r
+    }
+
+    /// Whether a WRMSR succeeds (`false` injects #GP).
+    pub fn write(&mut self, pmu: &mut Pmu, index: u32, value: u64) -> bool {
+        let ok = if Pmu::owns(index) {
+            self.stats.pmu_writes += 1;
+            pmu.wrmsr(index, value).is_ok()
+        } else {
+            *self.stats.unknown.entry(index).or_default() += 1;
+            tracing::debug!(
+                "wrmsr {index:#x} = {value:#x}: not emulated{}",
+                if self.ignore_unknown {
+                    ", ignored"
+                } else {
+                    ", #GP"
+                }
+            );
+            self.ignore_unknown
+        };
+        if !ok {
+            self.stats.gp_injected += 1;
+        }
+        ok
+    }
+}

@@ -1,0 +1,109 @@
+//! The main thread's event loop (rust-vmm event-manager) while the vCPU runs: the --timeout
+//! timer, Ctrl-C, and the vCPU thread's "finished" notification.
+use super::kick::{kick_signal, StopReason, StopRequest};
+use super::VmmError;
+use event_manager::{EventOps, EventSet, Events, MutEventSubscriber};
+use std::os::fd::AsRawFd;
+use std::sync::atomic::{AtomicI32, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+use vmm_sys_util::eventfd::EventFd;
+use vmm_sys_util::timerfd::TimerFd;
+
+/// The eventfd SIGINT writes to (async-signal-safe: one write(2)).
+static SIGINT_FD: AtomicI32 = AtomicI32::new(-1);
+
+extern "C" fn on_sigint(_: libc::c_int, _: *mut libc::siginfo_t, _: *mut libc::c_void) {
+    let fd = SIGINT_FD.load(Ordering::SeqCst);
+    if fd >= 0 {
+        let one: u64 = 1;
+        // SAFETY: writing 8 bytes from a valid u64 to an eventfd.
+        unsafe { libc::write(fd, &one as *const u64 as *const libc::c_void, 8) };
+    }
+}
+
+pub struct Supervisor {
+    timer: Option<TimerFd>,
+    sigint: EventFd,
+    vcpu_done: EventFd,
+    stop: Arc<StopRequest>,
+    vcpu_thread: libc::pthread_t,
+    pub finished: bool,
+}
+
+impl Supervisor {
+    pub fn new(
+        timeout: Option<Duration>,
+        vcpu_done: EventFd,
+        stop: Arc<StopRequest>,
+        vcpu_thread: libc::pthread_t,
+    ) -> Result<Self, VmmError> {
+        fn setup(what: &str, e: impl std::fmt::Display) -> VmmError {
+            VmmError::Setup(format!("{what}: {e}"))
+        }
+        let timer = match timeout {
+            Some(t) => {
+                let mut fd = TimerFd::new().map_err(|e| setup("timerfd", e))?;
+                fd.reset(t, None)
+                    .map_err(|e| setup("arming the timeout", e))?;
+                Some(fd)
+            }
+            None => None,
+        };
+        let sigint = EventFd::new(libc::EFD_NONBLOCK).map_err(|e| setup("eventfd", e))?;
+        SIGINT_FD.store(sigint.as_raw_fd(), Ordering::SeqCst);
+        vmm_sys_util::signal::register_signal_handler(libc::SIGINT, on_sigint)
+            .map_err(|e| VmmError::Setup(format!("installing the SIGINT handler: {e}")))?;
+        Ok(Supervisor {
+            timer,
+            sigint,
+            vcpu_done,
+            stop,
+            vcpu_thread,
+            finished: false,
+        })
+    }
+
+    fn stop_vcpu(&self, reason: StopReason) {
+        self.stop.request(reason);
+        // SAFETY: the vCPU thread is alive until it writes `vcpu_done`, which we have not seen.
+        unsafe { libc::pthread_kill(self.vcpu_thread, kick_signal()) };
+    }
+}
+
+impl Drop for Supervisor {
+    fn drop(&mut self) {
+        SIGINT_FD.store(-1, Ordering::SeqCst);
+    }
+}
+
+impl MutEventSubscriber for Supervisor {
+    fn process(&mut self, events: Events, _ops: &mut EventOps) {
+        let fd = events.fd();
+        if self.timer.as_ref().is_some_and(|t| t.as_raw_fd() == fd) {
+            if let Some(t) = self.timer.as_mut() {
+                let _ = t.wait();
+            }
+            self.stop_vcpu(StopReason::Timeout);
+        } else if fd == self.sigint.as_raw_fd() {
+            let _ = self.sigint.read();
+            self.stop_vcpu(StopReason::Interrupted);
+        } else if fd == self.vcpu_done.as_raw_fd() {
+            let _ = self.vcpu_done.read();
+            self.finished = true;
+        }
+    }
+
+    fn init(&mut self, ops: &mut EventOps) {
+        let mut add = |fd: &dyn AsRawFd| {
+            if let Err(e) = ops.add(Events::new_raw(fd.as_raw_fd(), EventSet::IN)) {
+                tracing::error!("event-manager: cannot watch fd {}: {e:?}", fd.as_raw_fd());
+            }
+        };
+        if let Some(t) = &self.timer {
+            add(t);
+        }
+        add(&self.sigint);
+        add(&self.vcpu_done);
+    }
+}
