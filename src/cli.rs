@@ -36,7 +36,7 @@ enum Command {
     Cpuid(ProfileArgs),
 }
 
-#[derive(Args, Debug, Default)]
+#[derive(Args, Debug)]
 struct ProfileArgs {
     /// A built-in profile name or a path to a profile TOML file.
     #[arg(long, value_name = "NAME|PATH", default_value = Profile::DEFAULT)]
@@ -46,7 +46,7 @@ struct ProfileArgs {
     pmu: Vec<String>,
 }
 
-#[derive(Args, Debug, Default)]
+#[derive(Args, Debug)]
 struct RunArgs {
     #[command(flatten)]
     profile: ProfileArgs,
@@ -88,10 +88,11 @@ impl<E: std::fmt::Display> From<E> for CliError {
 
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
-    let command = cli.command.unwrap_or(Command::Run(RunArgs {
-        memory: 64,
-        ..Default::default()
-    }));
+    // No command: `emon run` with every default (guest:cpuid-report on the default profile).
+    let command = cli.command.unwrap_or_else(|| {
+        let run = Cli::parse_from(["emon", "run"]).command;
+        run.expect("`emon run` parses to the run command")
+    });
     let verbose = matches!(&command, Command::Run(a) if a.verbose);
     init_logging(verbose);
     let result = match command {

@@ -29,7 +29,7 @@ pub fn install(mem: &GuestMemoryMmap, ram_size: u64) -> Result<(), super::super:
         &(PDPT_ADDR | PRESENT | WRITABLE).to_le_bytes(),
     )?;
     let pdpt: Vec<u8> = (0..4u64)
-        .flat_map(|i| (PD_ADDR + i * 0x1000 | PRESENT | WRITABLE).to_le_bytes())
+        .flat_map(|i| ((PD_ADDR + i * 0x1000) | PRESENT | WRITABLE).to_le_bytes())
         .collect();
     super::write(mem, PDPT_ADDR, &pdpt)?;
     let pds: Vec<u8> = (0..4 * 512u64)

@@ -134,7 +134,8 @@ fn write_mem(mem: &GuestMemoryMmap, addr: u64, bytes: &[u8]) -> Result<(), Kerne
         .map_err(|e| KernelError::Memory(e.to_string()))
 }
 
-/// Writes a NUL-terminated command line, validated by linux-loader's `Cmdline`.
+/// Writes a NUL-terminated command line exactly as given (QEMU keeps the trailing space of
+/// "<path> " for multiboot), after linux-loader's `Cmdline` has validated its characters.
 fn write_cmdline(mem: &GuestMemoryMmap, addr: u64, cmdline: &str) -> Result<(), KernelError> {
     if cmdline.len() >= CMDLINE_MAX {
         return Err(KernelError::CmdlineTooLong(cmdline.len()));
@@ -143,8 +144,7 @@ fn write_cmdline(mem: &GuestMemoryMmap, addr: u64, cmdline: &str) -> Result<(), 
         .map_err(|e| KernelError::BadCmdline(e.to_string()))?;
     c.insert_str(cmdline)
         .map_err(|e| KernelError::BadCmdline(e.to_string()))?;
-    let cstr = c
-        .as_cstring()
-        .map_err(|e| KernelError::BadCmdline(e.to_string()))?;
-    write_mem(mem, addr, cstr.as_bytes_with_nul())
+    let mut bytes = cmdline.as_bytes().to_vec();
+    bytes.push(0);
+    write_mem(mem, addr, &bytes)
 }

@@ -1,0 +1,209 @@
+//! Shared helpers for emon's integration tests: running the `emon` binary, the /dev/kvm policy,
+//! and assembling small test kernels with GNU as/ld.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+/// Set to 1 to skip (loudly) the tests that need /dev/kvm on a machine without it.
+pub const OPT_OUT: &str = "EMON_SKIP_KVM_TESTS";
+
+/// Whether KVM tests can run. Without /dev/kvm they FAIL, unless the user opted out with
+/// EMON_SKIP_KVM_TESTS=1, in which case they are reported as skipped on stderr.
+pub fn kvm_available() -> bool {
+    let ok = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/kvm")
+        .is_ok();
+    if ok {
+        return true;
+    }
+    if std::env::var(OPT_OUT).is_ok_and(|v| v == "1") {
+        eprintln!("\n!!! SKIPPED: /dev/kvm is not usable here and {OPT_OUT}=1: this test did NOT run !!!\n");
+        return false;
+    }
+    panic!("/dev/kvm is not usable on this machine: emon's integration tests need KVM. Set {OPT_OUT}=1 to skip them explicitly.");
+}
+
+/// The result of one emon invocation.
+pub struct Run {
+    pub status: i32,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+impl Run {
+    pub fn assert_status(&self, want: i32) -> &Self {
+        assert_eq!(
+            self.status, want,
+            "unexpected exit status\n--- stdout\n{}\n--- stderr\n{}",
+            self.stdout, self.stderr
+        );
+        self
+    }
+
+    /// The guest's kvm-unit-tests style SUMMARY line.
+    pub fn summary(&self) -> &str {
+        self.stdout
+            .lines()
+            .rev()
+            .find(|l| l.starts_with("SUMMARY:"))
+            .unwrap_or_else(|| {
+                panic!(
+                    "no SUMMARY line\n--- stdout\n{}\n--- stderr\n{}",
+                    self.stdout, self.stderr
+                )
+            })
+    }
+
+    pub fn assert_no_failures(&self) -> &Self {
+        let failed: Vec<&str> = self
+            .stdout
+            .lines()
+            .filter(|l| l.starts_with("FAIL"))
+            .collect();
+        assert!(
+            failed.is_empty(),
+            "guest reported failures:\n{}\n--- stderr\n{}",
+            failed.join("\n"),
+            self.stderr
+        );
+        assert!(
+            self.summary().contains(" 0 unexpected failures"),
+            "{}",
+            self.summary()
+        );
+        self
+    }
+}
+
+pub fn emon(args: &[&str]) -> Run {
+    let out: Output = Command::new(env!("CARGO_BIN_EXE_emon"))
+        .args(args)
+        .output()
+        .expect("run emon");
+    Run {
+        status: out.status.code().unwrap_or(-1),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    }
+}
+
+pub fn tmp_dir(name: &str) -> PathBuf {
+    let d = Path::new(env!("CARGO_TARGET_TMPDIR")).join(name);
+    std::fs::create_dir_all(&d).expect("create test dir");
+    d
+}
+
+fn tool(name: &str) -> &str {
+    let found = Command::new(name)
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    assert!(
+        found,
+        "GNU {name} is needed to build test kernels: install binutils (scripts/test does this)"
+    );
+    name
+}
+
+/// Assembles AT&T-syntax `source` (32-bit unless `bits64`) and links it at `text_addr`.
+pub fn assemble(name: &str, source: &str, bits64: bool, text_addr: u64) -> PathBuf {
+    let dir = tmp_dir("kernels");
+    let (s, o, elf) = (
+        dir.join(format!("{name}.S")),
+        dir.join(format!("{name}.o")),
+        dir.join(name),
+    );
+    std::fs::write(&s, source).expect("write assembly");
+    let st = Command::new(tool("as"))
+        .args(if bits64 { ["--64"] } else { ["--32"] })
+        .arg("-o")
+        .arg(&o)
+        .arg(&s)
+        .status()
+        .expect("run as");
+    assert!(st.success(), "as failed on {}", s.display());
+    let st = Command::new(tool("ld"))
+        .args([
+            "-m",
+            if bits64 { "elf_x86_64" } else { "elf_i386" },
+            "-e",
+            "_start",
+            "--build-id=none",
+            "-z",
+            "noexecstack",
+        ])
+        .arg(format!("-Ttext={text_addr:#x}"))
+        .arg("-o")
+        .arg(&elf)
+        .arg(&o)
+        .status()
+        .expect("run ld");
+    assert!(st.success(), "ld failed on {}", o.display());
+    elf
+}
+
+/// A multiboot v1 header (flags: page-align, memory info) and serial/exit helpers, in 32-bit
+/// AT&T syntax. `body` runs at `_start` with EAX/EBX as the boot loader left them.
+pub fn multiboot_source(body: &str) -> String {
+    format!(
+        r#"
+    .code32
+    .section .text
+    .align 4
+mb_header:
+    .long 0x1BADB002
+    .long 0x00000003
+    .long -(0x1BADB002 + 0x00000003)
+    .globl _start
+_start:
+{body}
+/* exit(%eax) through the debug-exit port */
+exit:
+    mov $0xf4, %dx
+    out %eax, %dx
+1:  hlt
+    jmp 1b
+/* puts(%edi): NUL-terminated string to COM1 */
+puts:
+    push %eax
+    push %edx
+    mov $0x3f8, %dx
+2:  movb (%edi), %al
+    test %al, %al
+    jz 3f
+    out %al, %dx
+    inc %edi
+    jmp 2b
+3:  pop %edx
+    pop %eax
+    ret
+/* print_hex(%eax): 8 hex digits and a newline */
+print_hex:
+    push %ecx
+    push %edx
+    push %eax
+    mov $8, %ecx
+4:  rol $4, %eax
+    push %eax
+    and $0xf, %eax
+    cmp $10, %eax
+    jb 5f
+    add $('a' - '0' - 10), %eax
+5:  add $'0', %eax
+    mov $0x3f8, %dx
+    out %al, %dx
+    pop %eax
+    dec %ecx
+    jnz 4b
+    mov $'\n', %al
+    out %al, %dx
+    pop %eax
+    pop %edx
+    pop %ecx
+    ret
+"#
+    )
+}
