@@ -161,3 +161,37 @@ fn llc_masked_profile_hides_the_llc_events() {
         r.stdout
     );
 }
+
+#[test]
+fn msr_semantics_passes_under_every_profile() {
+    if !kvm_available() {
+        return;
+    }
+    for name in Profile::builtin_names() {
+        let r = emon(&["run", "--profile", name, "guest:msr-semantics"]);
+        r.assert_status(0).assert_no_failures();
+        let tests: u32 = r.summary()["SUMMARY: ".len()..].split(' ').next().unwrap().parse().unwrap();
+        assert!(tests >= 90, "{name}: only {tests} checks ran: {}", r.summary());
+    }
+}
+
+#[test]
+fn msr_semantics_passes_under_unusual_pmus() {
+    if !kvm_available() {
+        return;
+    }
+    let cases = [
+        ("skylake", "version=4,gp=8,gp-width=48,fixed=3"),
+        ("skylake", "version=5,fixed=0,fixed-bitmap=0x9,fixed-width=48"),
+        ("core2", "version=1,fixed=0,fixed-width=0"),
+        ("skylake", "gp-width=32"),
+        ("skylake", "gp-width=64"),
+        ("skylake", "fw-write=0"),
+        ("icelake", "gp=1,gp-width=64,fixed-width=64"),
+        ("nehalem", "version=5,fixed-bitmap=0x8"),
+    ];
+    for (profile, spec) in cases {
+        let r = emon(&["run", "--profile", profile, "--pmu", spec, "guest:msr-semantics"]);
+        r.assert_status(0).assert_no_failures();
+    }
+}

@@ -17,6 +17,7 @@ pub mod counter;
 mod decode;
 mod dump;
 pub mod msr;
+pub mod rdpmc;
 pub mod regs;
 #[cfg(test)]
 mod tests;

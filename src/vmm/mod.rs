@@ -8,6 +8,7 @@ pub mod kick;
 pub mod layout;
 pub mod loader;
 pub mod msr;
+pub mod pmi;
 pub mod supervisor;
 pub mod vcpu;
 
