@@ -9,8 +9,7 @@ use std::process::Command;
 const TARGET: &str = "x86_64-unknown-linux-gnu";
 
 fn main() {
-    let root =
-        PathBuf::from(env::var("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR"));
+    let root = PathBuf::from(env::var("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR"));
     let guest_dir = root.join("guest");
     let out = PathBuf::from(env::var("OUT_DIR").expect("cargo sets OUT_DIR"));
     let target_dir = out.join("guest-target");
@@ -27,10 +26,7 @@ fn main() {
         let path = bin_dir.join(name);
         assert!(path.exists(), "guest build produced no {}", path.display());
         let about = description(&guest_dir.join("src/bin").join(format!("{name}.rs")));
-        gen += &format!(
-            "    ({name:?}, {about:?}, include_bytes!({:?})),\n",
-            path.display().to_string()
-        );
+        gen += &format!("    ({name:?}, {about:?}, include_bytes!({:?})),\n", path.display().to_string());
     }
     gen += "];\n";
     fs::write(out.join("guests.rs"), gen).expect("write guests.rs");
@@ -39,10 +35,7 @@ fn main() {
 /// The first `//!` line of a guest's source.
 fn description(src: &Path) -> String {
     let text = fs::read_to_string(src).unwrap_or_default();
-    text.lines()
-        .find_map(|l| l.strip_prefix("//!"))
-        .map(|l| l.trim().to_owned())
-        .unwrap_or_default()
+    text.lines().find_map(|l| l.strip_prefix("//!")).map(|l| l.trim().to_owned()).unwrap_or_default()
 }
 
 fn guest_names(bin_dir: &Path) -> Vec<String> {
@@ -88,18 +81,11 @@ fn build_guests(guest_dir: &Path, target_dir: &Path) {
     // clippy-driver, jobserver): the guest build must not inherit any of it.
     for (k, _) in env::vars_os() {
         let k = k.to_string_lossy().into_owned();
-        if k.starts_with("CARGO_")
-            || k.starts_with("RUSTC")
-            || k == "RUSTFLAGS"
-            || k == "RUSTDOCFLAGS"
-        {
+        if k.starts_with("CARGO_") || k.starts_with("RUSTC") || k == "RUSTFLAGS" || k == "RUSTDOCFLAGS" {
             cmd.env_remove(&k);
         }
     }
     cmd.env("CARGO_ENCODED_RUSTFLAGS", rustflags);
     let status = cmd.status().expect("run cargo to build guest/");
-    assert!(
-        status.success(),
-        "building the guests in guest/ failed (see the output above)"
-    );
+    assert!(status.success(), "building the guests in guest/ failed (see the output above)");
 }

@@ -13,11 +13,7 @@ pub const STATUS_ERROR: u8 = 2;
 pub const DEFAULT_GUEST: &str = "guest:cpuid-report";
 
 #[derive(Parser, Debug)]
-#[command(
-    name = "emon",
-    version,
-    about = "A KVM VMM that virtualizes the Intel architectural PMU in userspace"
-)]
+#[command(name = "emon", version, about = "A KVM VMM that virtualizes the Intel architectural PMU in userspace")]
 #[command(after_help = "With no command, runs guest:cpuid-report on the default profile.")]
 struct Cli {
     #[command(subcommand)]
@@ -112,12 +108,8 @@ pub fn main() -> ExitCode {
 
 fn init_logging(verbose: bool) {
     let level = if verbose { "emon=debug" } else { "emon=warn" };
-    let filter =
-        tracing_subscriber::EnvFilter::try_from_env("EMON_LOG").unwrap_or_else(|_| level.into());
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .try_init();
+    let filter = tracing_subscriber::EnvFilter::try_from_env("EMON_LOG").unwrap_or_else(|_| level.into());
+    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
 }
 
 fn load_profile(args: &ProfileArgs) -> Result<Profile, CliError> {
@@ -133,19 +125,12 @@ fn load_kernel(spec: &str) -> Result<loader::Kernel, CliError> {
         Some(name) => guests::find(name)
             .ok_or_else(|| {
                 let all: Vec<_> = guests::list().map(|(n, _)| n).collect();
-                CliError(format!(
-                    "no built-in guest '{name}'; built-in guests: {}",
-                    all.join(", ")
-                ))
+                CliError(format!("no built-in guest '{name}'; built-in guests: {}", all.join(", ")))
             })?
             .to_vec(),
-        None => std::fs::read(spec)
-            .map_err(|e| CliError(format!("{spec}: cannot read the kernel: {e}")))?,
+        None => std::fs::read(spec).map_err(|e| CliError(format!("{spec}: cannot read the kernel: {e}")))?,
     };
-    Ok(loader::Kernel {
-        name: spec.to_owned(),
-        image,
-    })
+    Ok(loader::Kernel { name: spec.to_owned(), image })
 }
 
 fn run(args: RunArgs) -> Result<ExitCode, CliError> {
@@ -155,29 +140,18 @@ fn run(args: RunArgs) -> Result<ExitCode, CliError> {
         .module
         .iter()
         .map(|p| {
-            let data =
-                std::fs::read(p).map_err(|e| CliError(format!("module {}: {e}", p.display())))?;
-            Ok(loader::Module {
-                name: p.display().to_string(),
-                data,
-            })
+            let data = std::fs::read(p).map_err(|e| CliError(format!("module {}: {e}", p.display())))?;
+            Ok(loader::Module { name: p.display().to_string(), data })
         })
         .collect::<Result<Vec<_>, CliError>>()?;
     let timeout = match args.timeout {
         Some(s) if !(s.is_finite() && s > 0.0) => {
-            return Err(CliError(format!(
-                "--timeout {s}: must be a positive number of seconds"
-            )))
+            return Err(CliError(format!("--timeout {s}: must be a positive number of seconds")))
         }
         Some(s) => Some(Duration::from_secs_f64(s)),
         None => None,
     };
-    tracing::debug!(
-        "profile {} ({}), kernel {}",
-        profile.name,
-        profile.description,
-        kernel.name
-    );
+    tracing::debug!("profile {} ({}), kernel {}", profile.name, profile.description, kernel.name);
     let config = VmConfig {
         profile,
         kernel,
@@ -185,10 +159,7 @@ fn run(args: RunArgs) -> Result<ExitCode, CliError> {
         modules,
         memory_mib: args.memory,
         timeout,
-        serial: args
-            .serial
-            .map(SerialOut::File)
-            .unwrap_or(SerialOut::Stdout),
+        serial: args.serial.map(SerialOut::File).unwrap_or(SerialOut::Stdout),
         ignore_msrs: args.ignore_msrs,
     };
     let report = vmm::run(config)?;
@@ -211,10 +182,7 @@ fn print_statistics(r: &vmm::RunReport) {
         "exits: {} total: {} port I/O, {} MMIO, {} MSR, {} interrupted, {} other",
         e.total, e.pio, e.mmio, e.msr, e.interrupted, e.other
     );
-    eprintln!(
-        "PMU MSRs: {} reads, {} writes; #GP injected: {}",
-        r.msr.pmu_reads, r.msr.pmu_writes, r.msr.gp_injected
-    );
+    eprintln!("PMU MSRs: {} reads, {} writes; #GP injected: {}", r.msr.pmu_reads, r.msr.pmu_writes, r.msr.gp_injected);
     for (msr, n) in &r.msr.unknown {
         eprintln!("  non-PMU MSR {msr:#x}: {n} accesses");
     }
@@ -233,11 +201,7 @@ fn list_guests() -> Result<ExitCode, CliError> {
 fn list_profiles() -> Result<ExitCode, CliError> {
     for name in Profile::builtin_names() {
         let p = Profile::load(name)?;
-        let d = if name == Profile::DEFAULT {
-            " (default)"
-        } else {
-            ""
-        };
+        let d = if name == Profile::DEFAULT { " (default)" } else { "" };
         println!(
             "{name:<20} v{} {}x{}-bit GP, {}x{}-bit fixed  {}{d}",
             p.pmu.version, p.pmu.gp, p.pmu.gp_width, p.pmu.fixed, p.pmu.fixed_width, p.description
@@ -250,14 +214,8 @@ fn show_cpuid(args: &ProfileArgs) -> Result<ExitCode, CliError> {
     let profile = load_profile(args)?;
     let kvm = vmm::host::open()?;
     let cpuid = vmm::guest_cpuid(&kvm, &profile)?;
-    println!(
-        "CPUID presented under profile {} ({}):",
-        profile.name, profile.description
-    );
-    println!(
-        "{:>10} {:>6}  {:>10} {:>10} {:>10} {:>10}",
-        "leaf", "index", "eax", "ebx", "ecx", "edx"
-    );
+    println!("CPUID presented under profile {} ({}):", profile.name, profile.description);
+    println!("{:>10} {:>6}  {:>10} {:>10} {:>10} {:>10}", "leaf", "index", "eax", "ebx", "ecx", "edx");
     for e in cpuid.as_slice() {
         println!(
             "{:>#10x} {:>6}  {:>#010x} {:>#010x} {:>#010x} {:>#010x}",

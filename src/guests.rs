@@ -6,10 +6,7 @@ pub const PREFIX: &str = "guest:";
 
 /// The image of built-in guest `name`.
 pub fn find(name: &str) -> Option<&'static [u8]> {
-    GUESTS
-        .iter()
-        .find(|(n, _, _)| *n == name)
-        .map(|(_, _, image)| *image)
+    GUESTS.iter().find(|(n, _, _)| *n == name).map(|(_, _, image)| *image)
 }
 
 /// Names and descriptions of all built-in guests.

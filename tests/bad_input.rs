@@ -4,11 +4,7 @@ mod common;
 use common::*;
 
 fn assert_error(r: &Run, needles: &[&str]) {
-    assert_eq!(
-        r.status, 2,
-        "status\n--- stdout\n{}\n--- stderr\n{}",
-        r.stdout, r.stderr
-    );
+    assert_eq!(r.status, 2, "status\n--- stdout\n{}\n--- stderr\n{}", r.stdout, r.stderr);
     assert!(r.stdout.is_empty(), "something ran: {}", r.stdout);
     let msg = r.stderr.trim_end();
     assert_eq!(msg.lines().count(), 1, "not one line: {msg}");
@@ -41,37 +37,20 @@ fixed-width = 48
 
 #[test]
 fn profile_with_a_bad_width_names_file_field_and_rule() {
-    let p = write(
-        "wide.toml",
-        GOOD_PROFILE
-            .replace("gp-width = 48", "gp-width = 70")
-            .as_bytes(),
-    );
-    assert_error(
-        &emon(&["run", "--profile", &p]),
-        &[&p, "pmu.gp-width = 70", "32"],
-    );
+    let p = write("wide.toml", GOOD_PROFILE.replace("gp-width = 48", "gp-width = 70").as_bytes());
+    assert_error(&emon(&["run", "--profile", &p]), &[&p, "pmu.gp-width = 70", "32"]);
 }
 
 #[test]
 fn profile_with_fixed_counters_at_version_1_is_refused() {
-    let p = write(
-        "v1.toml",
-        GOOD_PROFILE
-            .replace("version = 3", "version = 1")
-            .as_bytes(),
-    );
+    let p = write("v1.toml", GOOD_PROFILE.replace("version = 3", "version = 1").as_bytes());
     assert_error(&emon(&["run", "--profile", &p]), &[&p, "fixed"]);
 }
 
 #[test]
 fn profile_with_ebx_bits_beyond_its_length_is_refused() {
-    let p = write(
-        "ebx.toml",
-        GOOD_PROFILE
-            .replace("ebx-length = 7", "ebx-length = 3\nebx-unavailable = 0x10")
-            .as_bytes(),
-    );
+    let p =
+        write("ebx.toml", GOOD_PROFILE.replace("ebx-length = 7", "ebx-length = 3\nebx-unavailable = 0x10").as_bytes());
     assert_error(&emon(&["run", "--profile", &p]), &[&p, "ebx-unavailable"]);
 }
 
@@ -79,10 +58,7 @@ fn profile_with_ebx_bits_beyond_its_length_is_refused() {
 fn profile_with_a_syntax_error_or_unknown_key_is_refused() {
     let p = write("syntax.toml", b"version = = 3\n");
     assert_error(&emon(&["run", "--profile", &p]), &[&p]);
-    let p = write(
-        "unknown.toml",
-        format!("{GOOD_PROFILE}colour = 3\n").as_bytes(),
-    );
+    let p = write("unknown.toml", format!("{GOOD_PROFILE}colour = 3\n").as_bytes());
     assert_error(&emon(&["run", "--profile", &p]), &[&p, "colour"]);
 }
 
@@ -95,18 +71,12 @@ fn bad_overrides_name_the_key() {
 
 #[test]
 fn unknown_profile_lists_the_builtins() {
-    assert_error(
-        &emon(&["run", "--profile", "pentium"]),
-        &["pentium", "nehalem", "skylake"],
-    );
+    assert_error(&emon(&["run", "--profile", "pentium"]), &["pentium", "nehalem", "skylake"]);
 }
 
 #[test]
 fn missing_kernel_file() {
-    assert_error(
-        &emon(&["run", "/nonexistent/kernel"]),
-        &["/nonexistent/kernel", "cannot read"],
-    );
+    assert_error(&emon(&["run", "/nonexistent/kernel"]), &["/nonexistent/kernel", "cannot read"]);
 }
 
 #[test]
@@ -120,10 +90,7 @@ fn kernel_that_is_neither_multiboot_nor_elf64() {
         return;
     }
     let k = write("garbage.bin", &[0x90; 4096]);
-    assert_error(
-        &emon(&["run", &k]),
-        &[&k, "neither a multiboot kernel", "ELF64"],
-    );
+    assert_error(&emon(&["run", &k]), &[&k, "neither a multiboot kernel", "ELF64"]);
     let k = write("empty.bin", b"");
     assert_error(&emon(&["run", &k]), &[&k, "neither a multiboot kernel"]);
 }
@@ -134,10 +101,7 @@ fn elf32_without_multiboot_header() {
         return;
     }
     let k = assemble("plain32", ".globl _start\n_start: hlt\n", false, 0x100000);
-    assert_error(
-        &emon(&["run", k.to_str().unwrap()]),
-        &["ELF32", "multiboot"],
-    );
+    assert_error(&emon(&["run", k.to_str().unwrap()]), &["ELF32", "multiboot"]);
 }
 
 #[test]
@@ -146,10 +110,7 @@ fn kernel_that_does_not_fit_in_guest_ram() {
         return;
     }
     let k = assemble("high64", ".globl _start\n_start: hlt\n", true, 0x4000000);
-    assert_error(
-        &emon(&["run", "--memory", "32", k.to_str().unwrap()]),
-        &["does not fit in guest RAM", "--memory"],
-    );
+    assert_error(&emon(&["run", "--memory", "32", k.to_str().unwrap()]), &["does not fit in guest RAM", "--memory"]);
 }
 
 #[test]
@@ -158,10 +119,7 @@ fn kernel_that_overlaps_the_boot_area() {
         return;
     }
     let k = assemble("low64", ".globl _start\n_start: hlt\n", true, 0x2000);
-    assert_error(
-        &emon(&["run", k.to_str().unwrap()]),
-        &["overlaps emon's boot area"],
-    );
+    assert_error(&emon(&["run", k.to_str().unwrap()]), &["overlaps emon's boot area"]);
 }
 
 #[test]

@@ -10,55 +10,23 @@ fn check_cpuid_report(r: &Run, p: &Profile) {
     let pmu = &p.pmu;
     let [a, b, c, d] = pmu.leaf_0a();
     assert!(
-        out.contains(&format!(
-            "CPUID.0AH: eax={a:#010x} ebx={b:#010x} ecx={c:#010x} edx={d:#010x}"
-        )),
+        out.contains(&format!("CPUID.0AH: eax={a:#010x} ebx={b:#010x} ecx={c:#010x} edx={d:#010x}")),
         "{}: raw leaf 0xA\n{out}",
         p.name
     );
-    assert!(
-        out.contains(&format!("architectural perfmon version: {}", pmu.version)),
-        "{out}"
-    );
+    assert!(out.contains(&format!("architectural perfmon version: {}", pmu.version)), "{out}");
     assert!(out.contains(&format!("vendor {}", p.vendor)), "{out}");
-    assert!(
-        out.contains(&format!("(leaf 1 eax {:#010x})", p.leaf1_eax())),
-        "{out}"
-    );
-    assert!(
-        out.contains(&format!(
-            "CPUID.01H:ECX.PDCM = {}",
-            u8::from(pmu.perf_capabilities != 0)
-        )),
-        "{out}"
-    );
+    assert!(out.contains(&format!("(leaf 1 eax {:#010x})", p.leaf1_eax())), "{out}");
+    assert!(out.contains(&format!("CPUID.01H:ECX.PDCM = {}", u8::from(pmu.perf_capabilities != 0))), "{out}");
     if pmu.version == 0 {
-        assert!(
-            out.contains("no architectural performance monitoring"),
-            "{out}"
-        );
+        assert!(out.contains("no architectural performance monitoring"), "{out}");
         return;
     }
-    assert!(
-        out.contains(&format!(
-            "general-purpose counters: {} x {} bits",
-            pmu.gp, pmu.gp_width
-        )),
-        "{out}"
-    );
+    assert!(out.contains(&format!("general-purpose counters: {} x {} bits", pmu.gp, pmu.gp_width)), "{out}");
     if pmu.version >= 2 {
-        assert!(
-            out.contains(&format!(
-                "fixed-function counters: {} x {} bits",
-                pmu.fixed, pmu.fixed_width
-            )),
-            "{out}"
-        );
+        assert!(out.contains(&format!("fixed-function counters: {} x {} bits", pmu.fixed, pmu.fixed_width)), "{out}");
     }
-    assert!(
-        out.contains(&format!("EBX event vector length: {}", pmu.ebx_length)),
-        "{out}"
-    );
+    assert!(out.contains(&format!("EBX event vector length: {}", pmu.ebx_length)), "{out}");
     for e in &ARCH_EVENTS {
         let state = if e.bit >= pmu.ebx_length {
             "not enumerated"
@@ -68,20 +36,10 @@ fn check_cpuid_report(r: &Run, p: &Profile) {
             "unavailable"
         };
         let line = format!("  event {}: {}: {state}", e.bit, e.name);
-        assert!(
-            out.lines().any(|l| l == line),
-            "{}: missing {line:?}\n{out}",
-            p.name
-        );
+        assert!(out.lines().any(|l| l == line), "{}: missing {line:?}\n{out}", p.name);
     }
     if pmu.perf_capabilities != 0 {
-        assert!(
-            out.contains(&format!(
-                "IA32_PERF_CAPABILITIES = {:#x}",
-                pmu.perf_capabilities
-            )),
-            "{out}"
-        );
+        assert!(out.contains(&format!("IA32_PERF_CAPABILITIES = {:#x}", pmu.perf_capabilities)), "{out}");
     }
 }
 
@@ -105,11 +63,7 @@ fn default_run_is_cpuid_report_on_the_default_profile() {
     let r = emon(&[]);
     r.assert_status(0);
     check_cpuid_report(&r, &Profile::load(Profile::DEFAULT).unwrap());
-    assert!(
-        r.stderr.contains("guest exited with code 0"),
-        "{}",
-        r.stderr
-    );
+    assert!(r.stderr.contains("guest exited with code 0"), "{}", r.stderr);
 }
 
 #[test]
@@ -118,23 +72,12 @@ fn overrides_reach_the_guest() {
         return;
     }
     let spec = "version=4,gp=8,gp-width=48,fixed=3,ebx-unavailable=0x18";
-    let r = emon(&[
-        "run",
-        "--profile",
-        "nehalem",
-        "--pmu",
-        spec,
-        "guest:cpuid-report",
-    ]);
+    let r = emon(&["run", "--profile", "nehalem", "--pmu", spec, "guest:cpuid-report"]);
     r.assert_status(0);
     let mut p = Profile::load("nehalem").unwrap();
     p.apply_overrides(spec).unwrap();
     check_cpuid_report(&r, &p);
-    assert!(
-        r.stdout.contains("event 3: LLC Reference: unavailable"),
-        "{}",
-        r.stdout
-    );
+    assert!(r.stdout.contains("event 3: LLC Reference: unavailable"), "{}", r.stdout);
 }
 
 #[test]
@@ -144,22 +87,9 @@ fn llc_masked_profile_hides_the_llc_events() {
     }
     let r = emon(&["run", "--profile", "nehalem-llc-masked"]);
     r.assert_status(0);
-    assert!(
-        r.stdout.contains("event 3: LLC Reference: unavailable"),
-        "{}",
-        r.stdout
-    );
-    assert!(
-        r.stdout.contains("event 4: LLC Misses: unavailable"),
-        "{}",
-        r.stdout
-    );
-    assert!(
-        r.stdout
-            .contains("event 1: Instructions Retired: available"),
-        "{}",
-        r.stdout
-    );
+    assert!(r.stdout.contains("event 3: LLC Reference: unavailable"), "{}", r.stdout);
+    assert!(r.stdout.contains("event 4: LLC Misses: unavailable"), "{}", r.stdout);
+    assert!(r.stdout.contains("event 1: Instructions Retired: available"), "{}", r.stdout);
 }
 
 #[test]

@@ -85,9 +85,7 @@ m_end:     .asciz ">\n"
 "#;
 
 fn field<'a>(out: &'a str, key: &str) -> &'a str {
-    out.lines()
-        .find_map(|l| l.strip_prefix(key))
-        .unwrap_or_else(|| panic!("no {key} in\n{out}"))
+    out.lines().find_map(|l| l.strip_prefix(key)).unwrap_or_else(|| panic!("no {key} in\n{out}"))
 }
 
 #[test]
@@ -99,26 +97,13 @@ fn multiboot_kernel_gets_magic_info_and_qemu_style_cmdline() {
     let module = tmp_dir("kernels").join("module.txt");
     std::fs::write(&module, b"hello module\n\0").unwrap();
     let k = kernel.to_str().unwrap();
-    let r = emon(&[
-        "run",
-        "--memory",
-        "32",
-        "--module",
-        module.to_str().unwrap(),
-        k,
-        "--",
-        "console=ttyS0",
-        "x=1",
-    ]);
+    let r = emon(&["run", "--memory", "32", "--module", module.to_str().unwrap(), k, "--", "console=ttyS0", "x=1"]);
     r.assert_status(0);
     let out = &r.stdout;
     assert_eq!(field(out, "magic="), "2badb002");
     let flags = u32::from_str_radix(field(out, "flags="), 16).unwrap();
     for bit in [0, 2, 3, 6, 9] {
-        assert!(
-            flags & (1 << bit) != 0,
-            "multiboot_info.flags {flags:#x} lacks bit {bit}"
-        );
+        assert!(flags & (1 << bit) != 0, "multiboot_info.flags {flags:#x} lacks bit {bit}");
     }
     assert_eq!(field(out, "mem_lower="), format!("{:08x}", 639));
     assert_eq!(field(out, "mem_upper="), format!("{:08x}", 31 * 1024));

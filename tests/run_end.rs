@@ -6,18 +6,11 @@ use common::*;
 use std::time::Duration;
 
 fn kernel(name: &str, body: &str) -> String {
-    assemble(name, &multiboot_source(body), false, 0x100000)
-        .to_str()
-        .unwrap()
-        .to_owned()
+    assemble(name, &multiboot_source(body), false, 0x100000).to_str().unwrap().to_owned()
 }
 
 fn summary_line(r: &Run) -> &str {
-    r.stderr
-        .lines()
-        .rev()
-        .find(|l| l.starts_with("emon: "))
-        .unwrap_or_else(|| panic!("no summary in {}", r.stderr))
+    r.stderr.lines().rev().find(|l| l.starts_with("emon: ")).unwrap_or_else(|| panic!("no summary in {}", r.stderr))
 }
 
 #[test]
@@ -27,11 +20,7 @@ fn debug_exit_code_is_emons_exit_status() {
     }
     let r = emon(&["run", &kernel("exit7", "    mov $7, %eax\n    jmp exit\n")]);
     r.assert_status(7);
-    assert!(
-        summary_line(&r).contains("guest exited with code 7"),
-        "{}",
-        r.stderr
-    );
+    assert!(summary_line(&r).contains("guest exited with code 7"), "{}", r.stderr);
 }
 
 #[test]
@@ -40,16 +29,11 @@ fn triple_fault_exits_3_with_registers() {
         return;
     }
     // #DE with an empty IDT: #DF, then a triple fault.
-    let body =
-        "    lidt null_idt\n    xor %ecx, %ecx\n    div %ecx\nnull_idt: .word 0\n    .long 0\n";
+    let body = "    lidt null_idt\n    xor %ecx, %ecx\n    div %ecx\nnull_idt: .word 0\n    .long 0\n";
     let r = emon(&["run", &kernel("triple", body)]);
     r.assert_status(3);
     assert!(summary_line(&r).contains("triple fault"), "{}", r.stderr);
-    assert!(
-        r.stderr.contains("rip=") && r.stderr.contains("cr0="),
-        "registers not printed: {}",
-        r.stderr
-    );
+    assert!(r.stderr.contains("rip=") && r.stderr.contains("cr0="), "registers not printed: {}", r.stderr);
 }
 
 #[test]
@@ -83,8 +67,7 @@ fn ctrl_c_exits_130() {
     assert!(stderr.contains("interrupted"), "{stderr}");
 }
 
-const READ_UNKNOWN_MSR: &str =
-    "    mov $0x12345, %ecx\n    rdmsr\n    xor %eax, %eax\n    jmp exit\n";
+const READ_UNKNOWN_MSR: &str = "    mov $0x12345, %ecx\n    rdmsr\n    xor %eax, %eax\n    jmp exit\n";
 
 #[test]
 fn unknown_msr_raises_gp() {
@@ -102,16 +85,7 @@ fn ignore_msrs_reads_zero() {
     if !kvm_available() {
         return;
     }
-    let r = emon(&[
-        "run",
-        "--ignore-msrs",
-        "--verbose",
-        &kernel("msr-ignored", READ_UNKNOWN_MSR),
-    ]);
+    let r = emon(&["run", "--ignore-msrs", "--verbose", &kernel("msr-ignored", READ_UNKNOWN_MSR)]);
     r.assert_status(0);
-    assert!(
-        r.stderr.contains("non-PMU MSR 0x12345: 1 accesses"),
-        "{}",
-        r.stderr
-    );
+    assert!(r.stderr.contains("non-PMU MSR 0x12345: 1 accesses"), "{}", r.stderr);
 }

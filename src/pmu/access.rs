@@ -19,9 +19,7 @@ fn check(value: u64, valid: u64) -> Result<u64, GpFault> {
 impl Pmu {
     /// The register `msr` names, if it is trapped and exists under the profile.
     fn reg(&self, msr: u32) -> Result<Reg, GpFault> {
-        Reg::decode(msr)
-            .filter(|r| r.exists(&self.layout))
-            .ok_or(GpFault)
+        Reg::decode(msr).filter(|r| r.exists(&self.layout)).ok_or(GpFault)
     }
 
     /// RDMSR of a PMU register.
@@ -99,8 +97,7 @@ impl Pmu {
             Reg::DebugCtl => self.debugctl = check(value, l.debugctl_valid)?,
             Reg::MiscEnable => {
                 let v = check(value, MISC_ENABLE_WRITABLE | MISC_ENABLE_READ_ONLY)?;
-                self.misc_enable =
-                    (v & MISC_ENABLE_WRITABLE) | (self.misc_enable & MISC_ENABLE_READ_ONLY);
+                self.misc_enable = (v & MISC_ENABLE_WRITABLE) | (self.misc_enable & MISC_ENABLE_READ_ONLY);
             }
             Reg::PebsEnable => self.pebs_enable = check(value, l.pebs_enable_valid)?,
             Reg::DsArea => {

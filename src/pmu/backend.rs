@@ -10,9 +10,7 @@ impl Pmu {
     /// Every counter the profile declares: `Gp(0..N)` then each supported `Fixed(i)` (v2+).
     pub fn counter_ids(&self) -> Vec<CounterId> {
         let gp = (0..self.layout.gp).map(CounterId::Gp);
-        let fixed = (0..MAX_FIXED)
-            .filter(|&i| self.layout.fixed_exists(i))
-            .map(CounterId::Fixed);
+        let fixed = (0..MAX_FIXED).filter(|&i| self.layout.fixed_exists(i)).map(CounterId::Fixed);
         gp.chain(fixed).collect()
     }
 
@@ -82,11 +80,7 @@ impl Pmu {
 
     /// The counters that are counting now.
     pub fn counting(&self) -> Vec<CounterState> {
-        self.counter_ids()
-            .into_iter()
-            .map(|id| self.counter(id))
-            .filter(|s| s.counting)
-            .collect()
+        self.counter_ids().into_iter().map(|id| self.counter(id)).filter(|s| s.counting).collect()
     }
 
     /// Events until counter `id` overflows: `2^width - value` (value 0 => `2^width`).

@@ -9,11 +9,7 @@ use super::{CounterId, Pmu};
 
 /// Names of the set bits of `value` among `flags`.
 fn flags(value: u64, flags: &[(u64, &str)]) -> String {
-    let names: Vec<&str> = flags
-        .iter()
-        .filter(|&&(bit, _)| value & bit != 0)
-        .map(|&(_, name)| name)
-        .collect();
+    let names: Vec<&str> = flags.iter().filter(|&&(bit, _)| value & bit != 0).map(|&(_, name)| name).collect();
     names.join(" ")
 }
 
@@ -106,10 +102,7 @@ impl Pmu {
     pub fn dump(&self) -> String {
         let l = &self.layout;
         let mut out = String::new();
-        let fixed: Vec<String> = (0..MAX_FIXED)
-            .filter(|&i| l.fixed_exists(i))
-            .map(|i| i.to_string())
-            .collect();
+        let fixed: Vec<String> = (0..MAX_FIXED).filter(|&i| l.fixed_exists(i)).map(|i| i.to_string()).collect();
         let _ = writeln!(
             out,
             "architectural perfmon v{}: {} GP x {} bits, fixed [{}] x {} bits",
@@ -129,10 +122,7 @@ impl Pmu {
         if exists(IA32_PERF_CAPABILITIES) {
             let caps = flags(
                 l.perf_capabilities,
-                &[
-                    (PERF_CAPABILITIES_FREEZE_WHILE_SMM, "FREEZE_WHILE_SMM"),
-                    (PERF_CAPABILITIES_FW_WRITE, "FW_WRITE"),
-                ],
+                &[(PERF_CAPABILITIES_FREEZE_WHILE_SMM, "FREEZE_WHILE_SMM"), (PERF_CAPABILITIES_FW_WRITE, "FW_WRITE")],
             );
             line(IA32_PERF_CAPABILITIES, l.perf_capabilities, caps);
         }
@@ -140,11 +130,7 @@ impl Pmu {
             let text = format!("enable: {}", counter_bits(self, self.global_ctrl));
             line(IA32_PERF_GLOBAL_CTRL, self.global_ctrl, text);
             let status = self.global_status;
-            let text = format!(
-                "overflow: {} {}",
-                counter_bits(self, status),
-                flags(status, STATUS_FLAGS)
-            );
+            let text = format!("overflow: {} {}", counter_bits(self, status), flags(status, STATUS_FLAGS));
             line(IA32_PERF_GLOBAL_STATUS, status, text);
         }
         if exists(IA32_PERF_GLOBAL_INUSE) {
@@ -165,11 +151,7 @@ impl Pmu {
                 .collect();
             line(IA32_FIXED_CTR_CTRL, self.fixed_ctr_ctrl, fields.join("; "));
         }
-        line(
-            IA32_DEBUGCTL,
-            self.debugctl,
-            flags(self.debugctl, DEBUGCTL_FLAGS),
-        );
+        line(IA32_DEBUGCTL, self.debugctl, flags(self.debugctl, DEBUGCTL_FLAGS));
         let misc = flags(self.misc_enable, MISC_ENABLE_FLAGS);
         line(IA32_MISC_ENABLE, self.misc_enable, misc);
         if exists(IA32_PEBS_ENABLE) {

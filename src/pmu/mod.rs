@@ -142,8 +142,7 @@ impl Pmu {
     /// MISC_ENABLE = fast strings | perfmon available (profile) | BTS unavailable | PEBS unavailable.
     pub fn new(profile: &PmuProfile) -> Pmu {
         let layout = Layout::new(profile);
-        let mut misc_enable =
-            MISC_ENABLE_FAST_STRINGS | MISC_ENABLE_BTS_UNAVAILABLE | MISC_ENABLE_PEBS_UNAVAILABLE;
+        let mut misc_enable = MISC_ENABLE_FAST_STRINGS | MISC_ENABLE_BTS_UNAVAILABLE | MISC_ENABLE_PEBS_UNAVAILABLE;
         if profile.misc_enable_perfmon {
             misc_enable |= MISC_ENABLE_PERFMON_AVAILABLE;
         }
@@ -172,9 +171,7 @@ impl Pmu {
 
     /// Is `msr` in [`Pmu::TRAPPED_MSRS`]?
     pub fn owns(msr: u32) -> bool {
-        Self::TRAPPED_MSRS
-            .iter()
-            .any(|&(lo, hi)| (lo..=hi).contains(&msr))
+        Self::TRAPPED_MSRS.iter().any(|&(lo, hi)| (lo..=hi).contains(&msr))
     }
 
     /// IA32_PERF_GLOBAL_CTRL as stored (v1 has no such MSR; counting then ignores it).
@@ -194,9 +191,7 @@ impl Pmu {
 
     /// IA32_PERFEVTSELi, `None` if general-purpose counter i does not exist.
     pub fn perfevtsel(&self, i: u8) -> Option<u64> {
-        self.layout
-            .gp_exists(i)
-            .then(|| self.perfevtsel[usize::from(i)])
+        self.layout.gp_exists(i).then(|| self.perfevtsel[usize::from(i)])
     }
 
     /// IA32_DEBUGCTL.

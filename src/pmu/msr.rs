@@ -181,10 +181,7 @@ mod tests {
         assert_eq!(msr_name(0x18D).as_deref(), Some("IA32_PERFEVTSEL7"));
         assert_eq!(msr_name(0x30C).as_deref(), Some("IA32_FIXED_CTR3"));
         assert_eq!(msr_name(0x30D), None);
-        assert_eq!(
-            msr_name(0x390).as_deref(),
-            Some("IA32_PERF_GLOBAL_OVF_CTRL")
-        );
+        assert_eq!(msr_name(0x390).as_deref(), Some("IA32_PERF_GLOBAL_OVF_CTRL"));
         assert_eq!(msr_name(0x392).as_deref(), Some("IA32_PERF_GLOBAL_INUSE"));
         assert_eq!(msr_name(0x600).as_deref(), Some("IA32_DS_AREA"));
         assert_eq!(msr_name(0), None);

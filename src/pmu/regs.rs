@@ -7,8 +7,7 @@ use crate::profile::PmuProfile;
 
 /// (event select, umask) of the architectural event each fixed counter counts (SDM Table 18-2):
 /// FIXED_CTR0 instructions retired, 1 unhalted core cycles, 2 unhalted reference cycles, 3 topdown slots.
-pub const FIXED_EVENTS: [(u8, u8); MAX_FIXED as usize] =
-    [(0xC0, 0x00), (0x3C, 0x00), (0x3C, 0x01), (0xA4, 0x01)];
+pub const FIXED_EVENTS: [(u8, u8); MAX_FIXED as usize] = [(0xC0, 0x00), (0x3C, 0x00), (0x3C, 0x01), (0xA4, 0x01)];
 
 /// A decoded IA32_PERFEVTSELx value (SDM Figure 18-6).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -157,9 +156,7 @@ impl Layout {
         let fixed_bits = (0u8..)
             .zip(fixed)
             .filter(|&(_, f)| f)
-            .fold(0u64, |m, (i, _)| {
-                m | 1u64 << (GLOBAL_FIXED_SHIFT + u32::from(i))
-            });
+            .fold(0u64, |m, (i, _)| m | 1u64 << (GLOBAL_FIXED_SHIFT + u32::from(i)));
 
         // PERFEVTSELx: bits 31:0 minus ANY before v3 (AnyThread came with v3, SDM 18.2.3;
         // emon never sets CPUID.0AH:EDX[15] "AnyThread deprecation").
@@ -176,9 +173,7 @@ impl Layout {
         let fixed_ctr_ctrl_valid = (0u8..)
             .zip(fixed)
             .filter(|&(_, f)| f)
-            .fold(0u64, |m, (i, _)| {
-                m | field << (u32::from(i) * FIXED_CTR_CTRL_FIELD_BITS)
-            });
+            .fold(0u64, |m, (i, _)| m | field << (u32::from(i) * FIXED_CTR_CTRL_FIELD_BITS));
 
         let counters = gp_bits | fixed_bits;
         // OVF_CTRL (v2/v3) / STATUS_RESET (v4+): SDM Figures 18-5, 18-11.
@@ -187,8 +182,7 @@ impl Layout {
             ovf_ctrl_valid |= GLOBAL_STATUS_OVF_UNCORE;
         }
         if version >= 4 {
-            ovf_ctrl_valid |=
-                GLOBAL_STATUS_TRACE_TOPA_PMI | GLOBAL_STATUS_LBR_FRZ | GLOBAL_STATUS_CTR_FRZ;
+            ovf_ctrl_valid |= GLOBAL_STATUS_TRACE_TOPA_PMI | GLOBAL_STATUS_LBR_FRZ | GLOBAL_STATUS_CTR_FRZ;
         }
         // STATUS_SET (v4+): SDM Figure 18-12 / Table 2-2 (CondChgd cannot be set; ASCI needs SGX).
         let status_set_valid = if version >= 4 {

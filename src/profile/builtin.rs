@@ -3,30 +3,12 @@
 /// `(name, TOML text)` of every built-in profile, sorted by name.
 const BUILTINS: &[(&str, &str)] = &[
     ("core2", include_str!("../../resources/profiles/core2.toml")),
-    (
-        "icelake",
-        include_str!("../../resources/profiles/icelake.toml"),
-    ),
-    (
-        "nehalem",
-        include_str!("../../resources/profiles/nehalem.toml"),
-    ),
-    (
-        "nehalem-llc-masked",
-        include_str!("../../resources/profiles/nehalem-llc-masked.toml"),
-    ),
-    (
-        "no-pmu",
-        include_str!("../../resources/profiles/no-pmu.toml"),
-    ),
-    (
-        "sandybridge",
-        include_str!("../../resources/profiles/sandybridge.toml"),
-    ),
-    (
-        "skylake",
-        include_str!("../../resources/profiles/skylake.toml"),
-    ),
+    ("icelake", include_str!("../../resources/profiles/icelake.toml")),
+    ("nehalem", include_str!("../../resources/profiles/nehalem.toml")),
+    ("nehalem-llc-masked", include_str!("../../resources/profiles/nehalem-llc-masked.toml")),
+    ("no-pmu", include_str!("../../resources/profiles/no-pmu.toml")),
+    ("sandybridge", include_str!("../../resources/profiles/sandybridge.toml")),
+    ("skylake", include_str!("../../resources/profiles/skylake.toml")),
 ];
 
 /// Built-in profile names, sorted.
@@ -38,8 +20,5 @@ pub fn names() -> Vec<&'static str> {
 
 /// The TOML text of built-in profile `name`.
 pub fn text(name: &str) -> Option<&'static str> {
-    BUILTINS
-        .iter()
-        .find(|(builtin, _)| *builtin == name)
-        .map(|(_, text)| *text)
+    BUILTINS.iter().find(|(builtin, _)| *builtin == name).map(|(_, text)| *text)
 }

@@ -30,17 +30,9 @@ impl Profile {
     /// nibble goes to extended model [19:16]. Processor type [13:12] is 0 (original OEM).
     pub fn leaf1_eax(&self) -> u32 {
         let family = u32::from(self.family);
-        let (base_family, ext_family) = if family >= 0xF {
-            (0xF, (family - 0xF) & 0xFF)
-        } else {
-            (family, 0)
-        };
+        let (base_family, ext_family) = if family >= 0xF { (0xF, (family - 0xF) & 0xFF) } else { (family, 0) };
         let model = u32::from(self.model);
-        u32::from(self.stepping & 0xF)
-            | (model & 0xF) << 4
-            | base_family << 8
-            | (model >> 4) << 16
-            | ext_family << 20
+        u32::from(self.stepping & 0xF) | (model & 0xF) << 4 | base_family << 8 | (model >> 4) << 16 | ext_family << 20
     }
 
     /// The vendor string as CPUID.0 returns it: `[ebx, edx, ecx]`, 4 bytes each, little
@@ -51,8 +43,7 @@ impl Profile {
         for (dst, src) in bytes.iter_mut().zip(self.vendor.bytes()) {
             *dst = src;
         }
-        let reg =
-            |i: usize| u32::from_le_bytes([bytes[i], bytes[i + 1], bytes[i + 2], bytes[i + 3]]);
+        let reg = |i: usize| u32::from_le_bytes([bytes[i], bytes[i + 1], bytes[i + 2], bytes[i + 3]]);
         [reg(0), reg(4), reg(8)]
     }
 }

@@ -8,9 +8,7 @@ use super::{PmuProfile, ARCH_EVENTS};
 /// event's availability, IA32_PERF_CAPABILITIES and IA32_MISC_ENABLE[7].
 pub fn describe_leaf_0a(p: &PmuProfile) -> Vec<String> {
     let [eax, ebx, ecx, edx] = p.leaf_0a();
-    let mut lines = vec![format!(
-        "CPUID.0AH: EAX=0x{eax:08X} EBX=0x{ebx:08X} ECX=0x{ecx:08X} EDX=0x{edx:08X}"
-    )];
+    let mut lines = vec![format!("CPUID.0AH: EAX=0x{eax:08X} EBX=0x{ebx:08X} ECX=0x{ecx:08X} EDX=0x{edx:08X}")];
     if p.version == 0 {
         lines.push("version 0: no architectural performance monitoring".to_string());
     } else {
@@ -23,10 +21,7 @@ pub fn describe_leaf_0a(p: &PmuProfile) -> Vec<String> {
             p.gp.saturating_sub(1)
         ));
         lines.push(fixed_line(p));
-        lines.push(format!(
-            "EBX length {}: architectural events (SDM Table 18-1)",
-            p.ebx_length
-        ));
+        lines.push(format!("EBX length {}: architectural events (SDM Table 18-1)", p.ebx_length));
         lines.extend(ARCH_EVENTS.iter().map(|ev| {
             let state = if ev.bit >= p.ebx_length {
                 "not enumerated (beyond EBX length)"
@@ -39,17 +34,11 @@ pub fn describe_leaf_0a(p: &PmuProfile) -> Vec<String> {
                 Some(i) if p.fixed_supported(i) => format!(", also IA32_FIXED_CTR{i}"),
                 _ => String::new(),
             };
-            format!(
-                "  [{}] {:<28} 0x{:02X}/0x{:02X}  {state}{fixed}",
-                ev.bit, ev.name, ev.event_select, ev.umask
-            )
+            format!("  [{}] {:<28} 0x{:02X}/0x{:02X}  {state}{fixed}", ev.bit, ev.name, ev.event_select, ev.umask)
         }));
     }
     lines.push(perf_capabilities_line(p));
-    lines.push(format!(
-        "IA32_MISC_ENABLE[7] performance monitoring available: {}",
-        yes_no(p.misc_enable_perfmon)
-    ));
+    lines.push(format!("IA32_MISC_ENABLE[7] performance monitoring available: {}", yes_no(p.misc_enable_perfmon)));
     lines
 }
 
@@ -58,18 +47,13 @@ fn fixed_line(p: &PmuProfile) -> String {
     if p.version < 2 {
         return "no fixed-function counters (version 1)".to_string();
     }
-    let supported: Vec<String> = (0..p.fixed_msr_count())
-        .filter(|&i| p.fixed_supported(i))
-        .map(|i| i.to_string())
-        .collect();
+    let supported: Vec<String> =
+        (0..p.fixed_msr_count()).filter(|&i| p.fixed_supported(i)).map(|i| i.to_string()).collect();
     if supported.is_empty() {
         return "no fixed-function counters".to_string();
     }
     let bitmap = if p.version >= 5 {
-        format!(
-            " (EDX[4:0]={}, ECX bitmap={:#06b})",
-            p.fixed, p.fixed_bitmap
-        )
+        format!(" (EDX[4:0]={}, ECX bitmap={:#06b})", p.fixed, p.fixed_bitmap)
     } else {
         String::new()
     };

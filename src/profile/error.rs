@@ -56,19 +56,12 @@ pub enum ProfileError {
 impl ProfileError {
     /// Shorthand for [`ProfileError::Invalid`].
     pub(crate) fn invalid(origin: &str, field: String, rule: impl Into<String>) -> Self {
-        ProfileError::Invalid {
-            origin: origin.to_string(),
-            field,
-            rule: rule.into(),
-        }
+        ProfileError::Invalid { origin: origin.to_string(), field, rule: rule.into() }
     }
 
     /// Shorthand for [`ProfileError::Override`].
     pub(crate) fn bad_override(key: &str, rule: impl Into<String>) -> Self {
-        ProfileError::Override {
-            key: key.to_string(),
-            rule: rule.into(),
-        }
+        ProfileError::Override { key: key.to_string(), rule: rule.into() }
     }
 }
 

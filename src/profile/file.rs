@@ -77,10 +77,8 @@ impl Profile {
     /// containing `/` or ending in `.toml`). The result is validated.
     pub fn load(spec: &str) -> Result<Profile, ProfileError> {
         if spec.contains('/') || spec.ends_with(".toml") {
-            let text = std::fs::read_to_string(spec).map_err(|e| ProfileError::Io {
-                path: spec.to_string(),
-                message: one_line(&e.to_string()),
-            })?;
+            let text = std::fs::read_to_string(spec)
+                .map_err(|e| ProfileError::Io { path: spec.to_string(), message: one_line(&e.to_string()) })?;
             return Profile::from_toml(spec, &text);
         }
         match builtin::text(spec) {
@@ -95,8 +93,7 @@ impl Profile {
     /// Parse and validate profile TOML. `source_name` (a path or a built-in name) names the
     /// source in errors; its file stem becomes [`Profile::name`].
     pub fn from_toml(source_name: &str, text: &str) -> Result<Profile, ProfileError> {
-        let file: ProfileFile =
-            toml::from_str(text).map_err(|e| toml_error(source_name, text, &e))?;
+        let file: ProfileFile = toml::from_str(text).map_err(|e| toml_error(source_name, text, &e))?;
         let profile = Profile {
             name: profile_name(source_name),
             description: file.description,
@@ -136,9 +133,5 @@ fn toml_error(origin: &str, text: &str, err: &toml::de::Error) -> ProfileError {
         }
         None => "document".to_string(),
     };
-    ProfileError::Toml {
-        origin: origin.to_string(),
-        location,
-        message: one_line(err.message()),
-    }
+    ProfileError::Toml { origin: origin.to_string(), location, message: one_line(err.message()) }
 }

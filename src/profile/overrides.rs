@@ -37,10 +37,7 @@ impl Profile {
         let mut next = self.clone();
         for item in spec.split(',').map(str::trim).filter(|s| !s.is_empty()) {
             let Some((key, value)) = item.split_once('=') else {
-                return Err(ProfileError::bad_override(
-                    item,
-                    "expected key=value (e.g. version=4)",
-                ));
+                return Err(ProfileError::bad_override(item, "expected key=value (e.g. version=4)"));
             };
             next.set(key.trim(), value.trim())?;
         }
@@ -75,12 +72,7 @@ impl Profile {
             "family" => self.family = number(key, value)?,
             "model" => self.model = number(key, value)?,
             "stepping" => self.stepping = number(key, value)?,
-            _ => {
-                return Err(ProfileError::bad_override(
-                    key,
-                    format!("unknown key (known keys: {})", KEYS.join(", ")),
-                ))
-            }
+            _ => return Err(ProfileError::bad_override(key, format!("unknown key (known keys: {})", KEYS.join(", ")))),
         }
         Ok(())
     }
@@ -90,17 +82,9 @@ impl Profile {
 /// allowed) and check it fits the field's type `T`.
 fn number<T: TryFrom<u64>>(key: &str, value: &str) -> Result<T, ProfileError> {
     let bits = 8 * std::mem::size_of::<T>();
-    let max = if bits >= 64 {
-        u64::MAX
-    } else {
-        (1u64 << bits) - 1
-    };
-    let out_of_range = || {
-        ProfileError::bad_override(
-            key,
-            format!("{value} is out of range for this {bits}-bit field (0..={max})"),
-        )
-    };
+    let max = if bits >= 64 { u64::MAX } else { (1u64 << bits) - 1 };
+    let out_of_range =
+        || ProfileError::bad_override(key, format!("{value} is out of range for this {bits}-bit field (0..={max})"));
     match parse_u64(value) {
         Ok(parsed) => T::try_from(parsed).map_err(|_| out_of_range()),
         Err(NumberError::TooLarge) => Err(out_of_range()),
@@ -141,9 +125,6 @@ fn boolean(key: &str, value: &str) -> Result<bool, ProfileError> {
     match value {
         "true" | "1" => Ok(true),
         "false" | "0" => Ok(false),
-        _ => Err(ProfileError::bad_override(
-            key,
-            format!("{value:?} is not a boolean (write true, false, 1 or 0)"),
-        )),
+        _ => Err(ProfileError::bad_override(key, format!("{value:?} is not a boolean (write true, false, 1 or 0)"))),
     }
 }

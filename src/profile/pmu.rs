@@ -50,20 +50,15 @@ impl PmuProfile {
             return false;
         }
         let contiguous = i < self.fixed;
-        let in_bitmap = self.version >= 5
-            && 1u32
-                .checked_shl(u32::from(i))
-                .is_some_and(|bit| self.fixed_bitmap & bit != 0);
+        let in_bitmap =
+            self.version >= 5 && 1u32.checked_shl(u32::from(i)).is_some_and(|bit| self.fixed_bitmap & bit != 0);
         contiguous || in_bitmap
     }
 
     /// 1 + the highest supported fixed-counter index (0 if none): how many IA32_FIXED_CTRx
     /// MSR indices exist (some may be holes when the version 5 bitmap is sparse).
     pub fn fixed_msr_count(&self) -> u8 {
-        (0..32u8)
-            .rev()
-            .find(|&i| self.fixed_supported(i))
-            .map_or(0, |i| i + 1)
+        (0..32u8).rev().find(|&i| self.fixed_supported(i)).map_or(0, |i| i + 1)
     }
 
     /// `[eax, ebx, ecx, edx]` of CPUID leaf 0x0A as the guest sees it.
@@ -81,10 +76,7 @@ impl PmuProfile {
     /// Is architectural event `bit` (its CPUID.0AH:EBX bit index, SDM Table 18-1) available?
     /// True iff `bit < ebx_length` and the EBX bit is clear.
     pub fn arch_event_available(&self, bit: u8) -> bool {
-        bit < self.ebx_length
-            && 1u32
-                .checked_shl(u32::from(bit))
-                .is_some_and(|mask| self.ebx_unavailable & mask == 0)
+        bit < self.ebx_length && 1u32.checked_shl(u32::from(bit)).is_some_and(|mask| self.ebx_unavailable & mask == 0)
     }
 
     /// CPUID.01H:ECX.PDCM[15]: IA32_PERF_CAPABILITIES exists.

@@ -118,10 +118,8 @@ impl Check<'_> {
             );
         }
         if !WIDTHS.contains(&p.gp_width) {
-            return self.fail(
-                field("gp-width", p.gp_width),
-                "counter width must be 32..=64 bits (CPUID.0AH:EAX[23:16])",
-            );
+            return self
+                .fail(field("gp-width", p.gp_width), "counter width must be 32..=64 bits (CPUID.0AH:EAX[23:16])");
         }
         Ok(())
     }
@@ -223,10 +221,7 @@ impl Check<'_> {
 
     fn nominal_mhz(&self, p: &PmuProfile) -> Result<(), ProfileError> {
         if !NOMINAL_MHZ.contains(&p.nominal_mhz) {
-            return self.fail(
-                field("nominal-mhz", p.nominal_mhz),
-                "nominal core frequency must be 100..=10000 MHz",
-            );
+            return self.fail(field("nominal-mhz", p.nominal_mhz), "nominal core frequency must be 100..=10000 MHz");
         }
         Ok(())
     }

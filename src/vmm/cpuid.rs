@@ -20,10 +20,7 @@ const HIDDEN_LEAVES: [u32; 2] = [0x23, 0x8000_0022];
 pub fn apply_profile(entries: &mut Vec<kvm_cpuid_entry2>, profile: &Profile) {
     entries.retain(|e| !HIDDEN_LEAVES.contains(&e.function));
     if !entries.iter().any(|e| e.function == LEAF_PERFMON) {
-        entries.push(kvm_cpuid_entry2 {
-            function: LEAF_PERFMON,
-            ..Default::default()
-        });
+        entries.push(kvm_cpuid_entry2 { function: LEAF_PERFMON, ..Default::default() });
     }
     let [vb, vd, vc] = profile.vendor_regs();
     let [a, b, c, d] = profile.pmu.leaf_0a();
@@ -61,14 +58,7 @@ mod tests {
     use super::*;
 
     fn entry(function: u32, eax: u32, ebx: u32, ecx: u32, edx: u32) -> kvm_cpuid_entry2 {
-        kvm_cpuid_entry2 {
-            function,
-            eax,
-            ebx,
-            ecx,
-            edx,
-            ..Default::default()
-        }
+        kvm_cpuid_entry2 { function, eax, ebx, ecx, edx, ..Default::default() }
     }
 
     #[test]

@@ -29,9 +29,8 @@ pub fn install_handler() -> Result<(), super::VmmError> {
     static ONCE: Once = Once::new();
     let mut result = Ok(());
     ONCE.call_once(|| {
-        result = register_signal_handler(kick_signal(), on_kick).map_err(|e| {
-            super::VmmError::Setup(format!("installing the vCPU kick signal handler: {e}"))
-        });
+        result = register_signal_handler(kick_signal(), on_kick)
+            .map_err(|e| super::VmmError::Setup(format!("installing the vCPU kick signal handler: {e}")));
     });
     result
 }
@@ -57,9 +56,7 @@ impl StopRequest {
             StopReason::Timeout => 1,
             StopReason::Interrupted => 2,
         };
-        let _ = self
-            .0
-            .compare_exchange(0, v, Ordering::SeqCst, Ordering::SeqCst);
+        let _ = self.0.compare_exchange(0, v, Ordering::SeqCst, Ordering::SeqCst);
     }
 
     pub fn get(&self) -> Option<StopReason> {

@@ -16,9 +16,7 @@ use crate::pmu::Pmu;
 use crate::profile::Profile;
 use devices::{fw_cfg::FwCfg, serial, PioBus};
 use event_manager::{EventManager, SubscriberOps};
-use kvm_bindings::{
-    kvm_enable_cap, kvm_pit_config, kvm_userspace_memory_region, KVM_MAX_CPUID_ENTRIES,
-};
+use kvm_bindings::{kvm_enable_cap, kvm_pit_config, kvm_userspace_memory_region, KVM_MAX_CPUID_ENTRIES};
 use kvm_ioctls::{Kvm, VcpuFd, VmFd};
 use loader::{Format, Kernel, KernelError, Module};
 use std::path::PathBuf;
@@ -39,15 +37,9 @@ pub enum VmmError {
     #[error("permission denied opening /dev/kvm: add your user to the 'kvm' group (sudo usermod -aG kvm $USER, then log in again) or run emon as root")]
     KvmPermission,
     #[error("this KVM lacks {name}, which emon needs for {why}")]
-    MissingCap {
-        name: &'static str,
-        why: &'static str,
-    },
+    MissingCap { name: &'static str, why: &'static str },
     #[error("{op} failed: {source}")]
-    Kvm {
-        op: &'static str,
-        source: kvm_ioctls::Error,
-    },
+    Kvm { op: &'static str, source: kvm_ioctls::Error },
     #[error("{name}: {source}")]
     Kernel { name: String, source: KernelError },
     #[error("--memory {0} MiB: guest RAM must be between {min} and {max} MiB", min = layout::MIN_RAM >> 20, max = layout::MAX_RAM >> 20)]
@@ -55,10 +47,7 @@ pub enum VmmError {
     #[error("guest memory: {0}")]
     Memory(String),
     #[error("serial output {path}: {source}")]
-    SerialFile {
-        path: PathBuf,
-        source: std::io::Error,
-    },
+    SerialFile { path: PathBuf, source: std::io::Error },
     #[error("{0}")]
     Setup(String),
     #[error("the guest stopped unexpectedly: {0}")]
@@ -140,14 +129,10 @@ impl RunReport {
 pub fn guest_cpuid(kvm: &Kvm, profile: &Profile) -> Result<kvm_bindings::CpuId, VmmError> {
     let supported = kvm
         .get_supported_cpuid(KVM_MAX_CPUID_ENTRIES)
-        .map_err(|source| VmmError::Kvm {
-            op: "KVM_GET_SUPPORTED_CPUID",
-            source,
-        })?;
+        .map_err(|source| VmmError::Kvm { op: "KVM_GET_SUPPORTED_CPUID", source })?;
     let mut entries = supported.as_slice().to_vec();
     cpuid::apply_profile(&mut entries, profile);
-    kvm_bindings::CpuId::from_entries(&entries)
-        .map_err(|e| VmmError::Setup(format!("CPUID table: {e:?}")))
+    kvm_bindings::CpuId::from_entries(&entries).map_err(|e| VmmError::Setup(format!("CPUID table: {e:?}")))
 }
 
 fn kvm_err(op: &'static str) -> impl Fn(kvm_ioctls::Error) -> VmmError {
@@ -158,9 +143,7 @@ fn create_memory(vm: &VmFd, ram: u64) -> Result<GuestMemoryMmap, VmmError> {
     let mem = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), ram as usize)])
         .map_err(|e| VmmError::Memory(format!("allocating {} MiB: {e}", ram >> 20)))?;
     for (slot, region) in mem.iter().enumerate() {
-        let host = mem
-            .get_host_address(region.start_addr())
-            .map_err(|e| VmmError::Memory(e.to_string()))?;
+        let host = mem.get_host_address(region.start_addr()).map_err(|e| VmmError::Memory(e.to_string()))?;
         let r = kvm_userspace_memory_region {
             slot: slot as u32,
             guest_phys_addr: region.start_addr().0,
@@ -198,21 +181,15 @@ fn setup_lapic(vcpu: &VcpuFd) -> Result<(), VmmError> {
 
 /// Boots `config.kernel` and runs it to the end.
 pub fn run(config: VmConfig) -> Result<RunReport, VmmError> {
-    let ram = config
-        .memory_mib
-        .checked_mul(1 << 20)
-        .ok_or(VmmError::MemorySize(config.memory_mib))?;
+    let ram = config.memory_mib.checked_mul(1 << 20).ok_or(VmmError::MemorySize(config.memory_mib))?;
     if !(layout::MIN_RAM..=layout::MAX_RAM).contains(&ram) {
         return Err(VmmError::MemorySize(config.memory_mib));
     }
     let kvm = host::open()?;
     let vm = kvm.create_vm().map_err(kvm_err("KVM_CREATE_VM"))?;
-    vm.set_tss_address(0xFFFB_D000)
-        .map_err(kvm_err("KVM_SET_TSS_ADDR"))?;
-    vm.create_irq_chip()
-        .map_err(kvm_err("KVM_CREATE_IRQCHIP"))?;
-    vm.create_pit2(kvm_pit_config::default())
-        .map_err(kvm_err("KVM_CREATE_PIT2"))?;
+    vm.set_tss_address(0xFFFB_D000).map_err(kvm_err("KVM_SET_TSS_ADDR"))?;
+    vm.create_irq_chip().map_err(kvm_err("KVM_CREATE_IRQCHIP"))?;
+    vm.create_pit2(kvm_pit_config::default()).map_err(kvm_err("KVM_CREATE_PIT2"))?;
     let msr_exits = kvm_enable_cap {
         cap: kvm_bindings::KVM_CAP_X86_USER_SPACE_MSR,
         args: [
@@ -225,59 +202,37 @@ pub fn run(config: VmConfig) -> Result<RunReport, VmmError> {
         ],
         ..Default::default()
     };
-    vm.enable_cap(&msr_exits)
-        .map_err(kvm_err("KVM_ENABLE_CAP(KVM_CAP_X86_USER_SPACE_MSR)"))?;
+    vm.enable_cap(&msr_exits).map_err(kvm_err("KVM_ENABLE_CAP(KVM_CAP_X86_USER_SPACE_MSR)"))?;
     msr::install_filter(&vm)?;
     let mem = create_memory(&vm, ram)?;
 
     let vcpu_fd = vm.create_vcpu(0).map_err(kvm_err("KVM_CREATE_VCPU"))?;
-    vcpu_fd
-        .set_cpuid2(&guest_cpuid(&kvm, &config.profile)?)
-        .map_err(kvm_err("KVM_SET_CPUID2"))?;
+    vcpu_fd.set_cpuid2(&guest_cpuid(&kvm, &config.profile)?).map_err(kvm_err("KVM_SET_CPUID2"))?;
     setup_lapic(&vcpu_fd)?;
 
     let (format, entry) = loader::load(&mem, ram, &config.kernel, &config.cmdline, &config.modules)
-        .map_err(|source| VmmError::Kernel {
-            name: config.kernel.name.clone(),
-            source,
-        })?;
+        .map_err(|source| VmmError::Kernel { name: config.kernel.name.clone(), source })?;
     boot::enter(&vcpu_fd, &mem, ram, &entry)?;
 
     let out: serial::Output = match &config.serial {
         SerialOut::Stdout => Box::new(std::io::stdout()),
         SerialOut::File(path) => {
-            Box::new(
-                std::fs::File::create(path).map_err(|source| VmmError::SerialFile {
-                    path: path.clone(),
-                    source,
-                })?,
-            )
+            Box::new(std::fs::File::create(path).map_err(|source| VmmError::SerialFile { path: path.clone(), source })?)
         }
     };
-    let irq =
-        EventFd::new(libc::EFD_NONBLOCK).map_err(|e| VmmError::Setup(format!("eventfd: {e}")))?;
-    vm.register_irqfd(&irq, serial::COM1_IRQ)
-        .map_err(kvm_err("KVM_IRQFD"))?;
-    let bus = PioBus::new(
-        serial::SerialPort::new(serial::IrqTrigger(irq), out),
-        FwCfg::new(ram, 1, &config.cmdline),
-    );
+    let irq = EventFd::new(libc::EFD_NONBLOCK).map_err(|e| VmmError::Setup(format!("eventfd: {e}")))?;
+    vm.register_irqfd(&irq, serial::COM1_IRQ).map_err(kvm_err("KVM_IRQFD"))?;
+    let bus = PioBus::new(serial::SerialPort::new(serial::IrqTrigger(irq), out), FwCfg::new(ram, 1, &config.cmdline));
 
     kick::install_handler()?;
     let stop = Arc::new(kick::StopRequest::default());
-    let done =
-        EventFd::new(libc::EFD_NONBLOCK).map_err(|e| VmmError::Setup(format!("eventfd: {e}")))?;
-    let done_vcpu = done
-        .try_clone()
-        .map_err(|e| VmmError::Setup(format!("eventfd: {e}")))?;
+    let done = EventFd::new(libc::EFD_NONBLOCK).map_err(|e| VmmError::Setup(format!("eventfd: {e}")))?;
+    let done_vcpu = done.try_clone().map_err(|e| VmmError::Setup(format!("eventfd: {e}")))?;
     let mut vcpu = vcpu::Vcpu {
         fd: vcpu_fd,
         bus,
         pmu: Pmu::new(&config.profile.pmu),
-        msrs: msr::MsrDispatch {
-            ignore_unknown: config.ignore_msrs,
-            stats: Default::default(),
-        },
+        msrs: msr::MsrDispatch { ignore_unknown: config.ignore_msrs, stats: Default::default() },
         stats: ExitStats::default(),
         stop: stop.clone(),
     };
@@ -299,14 +254,10 @@ pub fn run(config: VmConfig) -> Result<RunReport, VmmError> {
             .map_err(|e| VmmError::Setup(format!("event manager: {e:?}")))?;
         events.add_subscriber(supervisor.clone());
         while !supervisor.lock().map(|s| s.finished).unwrap_or(true) {
-            events
-                .run()
-                .map_err(|e| VmmError::Setup(format!("event loop: {e:?}")))?;
+            events.run().map_err(|e| VmmError::Setup(format!("event loop: {e:?}")))?;
         }
     }
-    let (stop, vcpu) = thread
-        .join()
-        .map_err(|_| VmmError::Setup("the vCPU thread panicked".into()))??;
+    let (stop, vcpu) = thread.join().map_err(|_| VmmError::Setup("the vCPU thread panicked".into()))??;
     let elapsed = started.elapsed();
     drop(mem);
     Ok(RunReport {

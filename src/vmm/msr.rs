@@ -7,10 +7,8 @@ use kvm_ioctls::{MsrFilterDefaultAction, MsrFilterRange, MsrFilterRangeFlags, Vm
 /// Denies (i.e. sends to userspace) every MSR the virtual PMU owns. Without it KVM swallows
 /// some of them (see ../shared/platform.md: the P6 perf MSRs and DEBUGCTL).
 pub fn install_filter(vm: &VmFd) -> Result<(), VmmError> {
-    let bitmaps: Vec<Vec<u8>> = Pmu::TRAPPED_MSRS
-        .iter()
-        .map(|&(first, last)| vec![0u8; (last - first + 1).div_ceil(8) as usize])
-        .collect();
+    let bitmaps: Vec<Vec<u8>> =
+        Pmu::TRAPPED_MSRS.iter().map(|&(first, last)| vec![0u8; (last - first + 1).div_ceil(8) as usize]).collect();
     let ranges: Vec<MsrFilterRange> = Pmu::TRAPPED_MSRS
         .iter()
         .zip(&bitmaps)
@@ -22,10 +20,7 @@ pub fn install_filter(vm: &VmFd) -> Result<(), VmmError> {
         })
         .collect();
     vm.set_msr_filter(MsrFilterDefaultAction::ALLOW, &ranges)
-        .map_err(|source| VmmError::Kvm {
-            op: "KVM_X86_SET_MSR_FILTER",
-            source,
-        })
+        .map_err(|source| VmmError::Kvm { op: "KVM_X86_SET_MSR_FILTER", source })
 }
 
 /// Counts of MSR exits, for `--verbose`.
@@ -53,11 +48,7 @@ impl MsrDispatch {
             *self.stats.unknown.entry(index).or_default() += 1;
             tracing::debug!(
                 "rdmsr {index:#x}: not emulated{}",
-                if self.ignore_unknown {
-                    ", reads 0"
-                } else {
-                    ", #GP"
-                }
+                if self.ignore_unknown { ", reads 0" } else { ", #GP" }
             );
             self.ignore_unknown.then_some(0)
         };
@@ -76,11 +67,7 @@ impl MsrDispatch {
             *self.stats.unknown.entry(index).or_default() += 1;
             tracing::debug!(
                 "wrmsr {index:#x} = {value:#x}: not emulated{}",
-                if self.ignore_unknown {
-                    ", ignored"
-                } else {
-                    ", #GP"
-                }
+                if self.ignore_unknown { ", ignored" } else { ", #GP" }
             );
             self.ignore_unknown
         };

@@ -24,7 +24,10 @@ pub enum PmiDelivery {
     Masked,
     /// A delivery mode that has no meaning for LVTPC (SMI, INIT, ExtINT, reserved), or an
     /// illegal vector (0-15): the local APIC drops it.
-    Dropped { mode: u32, vector: u8 },
+    Dropped {
+        mode: u32,
+        vector: u8,
+    },
 }
 
 fn reg(regs: &[u8], off: usize) -> u32 {

@@ -44,8 +44,7 @@ impl Supervisor {
         let timer = match timeout {
             Some(t) => {
                 let mut fd = TimerFd::new().map_err(|e| setup("timerfd", e))?;
-                fd.reset(t, None)
-                    .map_err(|e| setup("arming the timeout", e))?;
+                fd.reset(t, None).map_err(|e| setup("arming the timeout", e))?;
                 Some(fd)
             }
             None => None,
@@ -54,14 +53,7 @@ impl Supervisor {
         SIGINT_FD.store(sigint.as_raw_fd(), Ordering::SeqCst);
         vmm_sys_util::signal::register_signal_handler(libc::SIGINT, on_sigint)
             .map_err(|e| VmmError::Setup(format!("installing the SIGINT handler: {e}")))?;
-        Ok(Supervisor {
-            timer,
-            sigint,
-            vcpu_done,
-            stop,
-            vcpu_thread,
-            finished: false,
-        })
+        Ok(Supervisor { timer, sigint, vcpu_done, stop, vcpu_thread, finished: false })
     }
 
     fn stop_vcpu(&self, reason: StopReason) {

@@ -67,10 +67,7 @@ impl Vcpu {
                 Next::Continue => {}
                 Next::Stop(s) => return Ok(s),
                 Next::Shutdown(why) => {
-                    return Ok(VcpuStop::Shutdown {
-                        why,
-                        registers: dump_registers(&self.fd),
-                    });
+                    return Ok(VcpuStop::Shutdown { why, registers: dump_registers(&self.fd) });
                 }
             }
         }
@@ -84,12 +81,7 @@ impl Vcpu {
                 self.fd.set_kvm_immediate_exit(0);
                 return Ok(Next::Continue);
             }
-            Err(source) => {
-                return Err(VmmError::Kvm {
-                    op: "KVM_RUN",
-                    source,
-                })
-            }
+            Err(source) => return Err(VmmError::Kvm { op: "KVM_RUN", source }),
         };
         self.stats.total += 1;
         Ok(match exit {
@@ -132,9 +124,7 @@ impl Vcpu {
                 Next::Continue
             }
             VcpuExit::Shutdown => Next::Shutdown("triple fault (KVM_EXIT_SHUTDOWN)".into()),
-            VcpuExit::SystemEvent(kind, _) => {
-                Next::Shutdown(format!("system event {kind} (shutdown or reset)"))
-            }
+            VcpuExit::SystemEvent(kind, _) => Next::Shutdown(format!("system event {kind} (shutdown or reset)")),
             VcpuExit::Hlt => Next::Shutdown("HLT with no interrupt source".into()),
             VcpuExit::FailEntry(reason, cpu) => {
                 return Err(VmmError::Guest(format!(
@@ -144,10 +134,7 @@ impl Vcpu {
             }
             VcpuExit::InternalError => {
                 let why = internal_error(&mut self.fd);
-                return Err(VmmError::Guest(format!(
-                    "KVM internal error ({why})\n{}",
-                    dump_registers(&self.fd)
-                )));
+                return Err(VmmError::Guest(format!("KVM internal error ({why})\n{}", dump_registers(&self.fd))));
             }
             other => {
                 self.stats.other += 1;
@@ -182,26 +169,16 @@ pub fn explain_internal_error(suberror: u32, data: &[u64], long_mode: bool) -> S
         _ => "unknown suberror",
     };
     let raw: Vec<u8> = data.iter().skip(1).flat_map(|w| w.to_le_bytes()).collect();
-    if suberror != EMULATION
-        || data.first().is_none_or(|f| f & FLAG_INSTRUCTION_BYTES == 0)
-        || raw.is_empty()
-    {
+    if suberror != EMULATION || data.first().is_none_or(|f| f & FLAG_INSTRUCTION_BYTES == 0) || raw.is_empty() {
         return format!("suberror {suberror} ({kind}), data {data:x?}");
     }
     let len = (raw[0] as usize).min(raw.len() - 1);
     let bytes = &raw[1..1 + len];
-    let mut decoder = iced_x86::Decoder::new(
-        if long_mode { 64 } else { 32 },
-        bytes,
-        iced_x86::DecoderOptions::NONE,
-    );
+    let mut decoder = iced_x86::Decoder::new(if long_mode { 64 } else { 32 }, bytes, iced_x86::DecoderOptions::NONE);
     let insn = decoder.decode();
     let mut text = String::new();
     iced_x86::Formatter::format(&mut iced_x86::IntelFormatter::new(), &insn, &mut text);
-    let hex: Vec<String> = bytes[..insn.len().min(bytes.len())]
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect();
+    let hex: Vec<String> = bytes[..insn.len().min(bytes.len())].iter().map(|b| format!("{b:02x}")).collect();
     let sse = (0..insn.op_count()).any(|i| {
         let reg = format!("{:?}", insn.op_register(i));
         reg.starts_with("XMM") || reg.starts_with("MM")
@@ -267,18 +244,12 @@ mod tests {
         // What kvm_pvm reports for `movd xmm0, ecx` at CPL0.
         let data = [1, 0x4eb7_0fc1_6e0f_660f, 0x6f0f_66c9_6e0f_6602, 0x1000];
         let msg = super::explain_internal_error(1, &data, true);
-        assert!(
-            msg.starts_with("KVM could not emulate `movd xmm0,ecx` (66 0f 6e c1)"),
-            "{msg}"
-        );
+        assert!(msg.starts_with("KVM could not emulate `movd xmm0,ecx` (66 0f 6e c1)"), "{msg}");
         assert!(msg.contains("SSE"), "{msg}");
     }
 
     #[test]
     fn other_internal_errors_show_their_data() {
-        assert_eq!(
-            super::explain_internal_error(2, &[7], true),
-            "suberror 2 (simultaneous exceptions), data [7]"
-        );
+        assert_eq!(super::explain_internal_error(2, &[7], true), "suberror 2 (simultaneous exceptions), data [7]");
     }
 }

@@ -11,11 +11,7 @@ pub const OPT_OUT: &str = "EMON_SKIP_KVM_TESTS";
 /// Whether KVM tests can run. Without /dev/kvm they FAIL, unless the user opted out with
 /// EMON_SKIP_KVM_TESTS=1, in which case they are reported as skipped on stderr.
 pub fn kvm_available() -> bool {
-    let ok = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open("/dev/kvm")
-        .is_ok();
+    let ok = std::fs::OpenOptions::new().read(true).write(true).open("/dev/kvm").is_ok();
     if ok {
         return true;
     }
@@ -49,40 +45,19 @@ impl Run {
             .lines()
             .rev()
             .find(|l| l.starts_with("SUMMARY:"))
-            .unwrap_or_else(|| {
-                panic!(
-                    "no SUMMARY line\n--- stdout\n{}\n--- stderr\n{}",
-                    self.stdout, self.stderr
-                )
-            })
+            .unwrap_or_else(|| panic!("no SUMMARY line\n--- stdout\n{}\n--- stderr\n{}", self.stdout, self.stderr))
     }
 
     pub fn assert_no_failures(&self) -> &Self {
-        let failed: Vec<&str> = self
-            .stdout
-            .lines()
-            .filter(|l| l.starts_with("FAIL"))
-            .collect();
-        assert!(
-            failed.is_empty(),
-            "guest reported failures:\n{}\n--- stderr\n{}",
-            failed.join("\n"),
-            self.stderr
-        );
-        assert!(
-            self.summary().contains(" 0 unexpected failures"),
-            "{}",
-            self.summary()
-        );
+        let failed: Vec<&str> = self.stdout.lines().filter(|l| l.starts_with("FAIL")).collect();
+        assert!(failed.is_empty(), "guest reported failures:\n{}\n--- stderr\n{}", failed.join("\n"), self.stderr);
+        assert!(self.summary().contains(" 0 unexpected failures"), "{}", self.summary());
         self
     }
 }
 
 pub fn emon(args: &[&str]) -> Run {
-    let out: Output = Command::new(env!("CARGO_BIN_EXE_emon"))
-        .args(args)
-        .output()
-        .expect("run emon");
+    let out: Output = Command::new(env!("CARGO_BIN_EXE_emon")).args(args).output().expect("run emon");
     Run {
         status: out.status.code().unwrap_or(-1),
         stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
@@ -97,25 +72,15 @@ pub fn tmp_dir(name: &str) -> PathBuf {
 }
 
 fn tool(name: &str) -> &str {
-    let found = Command::new(name)
-        .arg("--version")
-        .output()
-        .is_ok_and(|o| o.status.success());
-    assert!(
-        found,
-        "GNU {name} is needed to build test kernels: install binutils (scripts/test does this)"
-    );
+    let found = Command::new(name).arg("--version").output().is_ok_and(|o| o.status.success());
+    assert!(found, "GNU {name} is needed to build test kernels: install binutils (scripts/test does this)");
     name
 }
 
 /// Assembles AT&T-syntax `source` (32-bit unless `bits64`) and links it at `text_addr`.
 pub fn assemble(name: &str, source: &str, bits64: bool, text_addr: u64) -> PathBuf {
     let dir = tmp_dir("kernels");
-    let (s, o, elf) = (
-        dir.join(format!("{name}.S")),
-        dir.join(format!("{name}.o")),
-        dir.join(name),
-    );
+    let (s, o, elf) = (dir.join(format!("{name}.S")), dir.join(format!("{name}.o")), dir.join(name));
     std::fs::write(&s, source).expect("write assembly");
     let st = Command::new(tool("as"))
         .args(if bits64 { ["--64"] } else { ["--32"] })

@@ -109,25 +109,13 @@ fn overflow(pmu: &mut Pmu, ids: &[CounterId]) {
 fn ovf_ctrl_clears_status_bits() {
     for p in [core2(), nehalem(), skylake()] {
         let mut pmu = Pmu::new(&p);
-        overflow(
-            &mut pmu,
-            &[
-                CounterId::Gp(0),
-                CounterId::Gp(1),
-                CounterId::Fixed(0),
-                CounterId::Fixed(2),
-            ],
-        );
+        overflow(&mut pmu, &[CounterId::Gp(0), CounterId::Gp(1), CounterId::Fixed(0), CounterId::Fixed(2)]);
         assert_eq!(pmu.global_status(), 0x5_0000_0003);
         wr(&mut pmu, msr::IA32_PERF_GLOBAL_OVF_CTRL, 0x1_0000_0001);
         assert_eq!(rd(&pmu, msr::IA32_PERF_GLOBAL_STATUS), 0x4_0000_0002);
         assert_eq!(rd(&pmu, msr::IA32_PERF_GLOBAL_OVF_CTRL), 0, "reads as 0");
         // Clearing an already-clear bit is fine.
-        wr(
-            &mut pmu,
-            msr::IA32_PERF_GLOBAL_OVF_CTRL,
-            0x7_0000_0003 | 3 << 62,
-        );
+        wr(&mut pmu, msr::IA32_PERF_GLOBAL_OVF_CTRL, 0x7_0000_0003 | 3 << 62);
         assert_eq!(pmu.global_status(), 0);
     }
 }
@@ -165,11 +153,7 @@ fn status_set_sets_bits_on_v4() {
     assert_eq!(rd(&pmu, msr::IA32_PERF_GLOBAL_STATUS), 0x2_0000_0004);
     assert_eq!(rd(&pmu, msr::IA32_PERF_GLOBAL_STATUS_SET), 0, "reads as 0");
     assert!(!pmu.pmi_pending(), "setting status raises no PMI");
-    wr(
-        &mut pmu,
-        msr::IA32_PERF_GLOBAL_STATUS_SET,
-        msr::GLOBAL_STATUS_OVF_BUFFER,
-    );
+    wr(&mut pmu, msr::IA32_PERF_GLOBAL_STATUS_SET, msr::GLOBAL_STATUS_OVF_BUFFER);
     assert_eq!(pmu.global_status(), 0x4000_0002_0000_0004);
     for bit in [55, 58, 59, 61, 62] {
         wr(&mut pmu, msr::IA32_PERF_GLOBAL_STATUS_SET, 1 << bit);
@@ -205,20 +189,13 @@ fn inuse_reflects_registers() {
     wr(&mut pmu, msr::IA32_PERFEVTSEL0 + 1, 0x2E);
     assert_eq!(rd(&pmu, msr::IA32_PERF_GLOBAL_INUSE), 0b10);
     // umask alone does not count as in use.
-    wr(
-        &mut pmu,
-        msr::IA32_PERFEVTSEL0 + 2,
-        0x4F00 | msr::PERFEVTSEL_EN,
-    );
+    wr(&mut pmu, msr::IA32_PERFEVTSEL0 + 2, 0x4F00 | msr::PERFEVTSEL_EN);
     assert_eq!(rd(&pmu, msr::IA32_PERF_GLOBAL_INUSE), 0b10);
     // FIXED_CTR_CTRL field 2 EN != 0 -> bit 34; a PMI bit alone is not "in use" but sets bit 63.
     wr(&mut pmu, msr::IA32_FIXED_CTR_CTRL, 0x200);
     assert_eq!(rd(&pmu, msr::IA32_PERF_GLOBAL_INUSE), 1 << 34 | 0b10);
     wr(&mut pmu, msr::IA32_FIXED_CTR_CTRL, 0x208);
-    assert_eq!(
-        rd(&pmu, msr::IA32_PERF_GLOBAL_INUSE),
-        1 << 63 | 1 << 34 | 0b10
-    );
+    assert_eq!(rd(&pmu, msr::IA32_PERF_GLOBAL_INUSE), 1 << 63 | 1 << 34 | 0b10);
     wr(&mut pmu, msr::IA32_FIXED_CTR_CTRL, 0);
     // PERFEVTSEL.INT -> bit 63.
     wr(&mut pmu, msr::IA32_PERFEVTSEL0 + 3, msr::PERFEVTSEL_INT);
@@ -243,10 +220,7 @@ fn inuse_all_bits_icelake() {
     wr(&mut pmu, msr::IA32_FIXED_CTR_CTRL, 0x1111);
     assert_eq!(rd(&pmu, msr::IA32_PERF_GLOBAL_INUSE), 0xF_0000_00FF);
     wr(&mut pmu, msr::IA32_FIXED_CTR_CTRL, 0x9111);
-    assert_eq!(
-        rd(&pmu, msr::IA32_PERF_GLOBAL_INUSE),
-        1 << 63 | 0xF_0000_00FF
-    );
+    assert_eq!(rd(&pmu, msr::IA32_PERF_GLOBAL_INUSE), 1 << 63 | 0xF_0000_00FF);
 }
 
 #[test]
@@ -283,15 +257,10 @@ fn misc_enable_rules() {
         let writable = 1u64 | 1 << 3 | 1 << 16 | 1 << 18 | 1 << 22 | 1 << 23 | 1 << 34;
         wr(&mut pmu, msr::IA32_MISC_ENABLE, writable);
         // Read-only bits keep their value even when the write clears them.
-        assert_eq!(
-            rd(&pmu, msr::IA32_MISC_ENABLE),
-            writable | perfmon | 1 << 11 | 1 << 12
-        );
+        assert_eq!(rd(&pmu, msr::IA32_MISC_ENABLE), writable | perfmon | 1 << 11 | 1 << 12);
         wr(&mut pmu, msr::IA32_MISC_ENABLE, 1 << 7 | 1 << 11 | 1 << 12);
         assert_eq!(rd(&pmu, msr::IA32_MISC_ENABLE), perfmon | 1 << 11 | 1 << 12);
-        for bit in [
-            1u32, 2, 4, 5, 6, 8, 9, 10, 13, 17, 19, 20, 21, 24, 33, 35, 38, 63,
-        ] {
+        for bit in [1u32, 2, 4, 5, 6, 8, 9, 10, 13, 17, 19, 20, 21, 24, 33, 35, 38, 63] {
             assert_wr_gp(&mut pmu, msr::IA32_MISC_ENABLE, 1 << bit);
         }
     }
@@ -313,21 +282,11 @@ fn pebs_enable_bits() {
 #[test]
 fn ds_area_must_be_canonical() {
     let mut pmu = Pmu::new(&skylake());
-    for v in [
-        0u64,
-        0x1000,
-        0x7FFF_FFFF_F000,
-        0xFFFF_8000_0000_0000,
-        u64::MAX,
-    ] {
+    for v in [0u64, 0x1000, 0x7FFF_FFFF_F000, 0xFFFF_8000_0000_0000, u64::MAX] {
         wr(&mut pmu, msr::IA32_DS_AREA, v);
         assert_eq!(rd(&pmu, msr::IA32_DS_AREA), v);
     }
-    for v in [
-        0x8000_0000_0000u64,
-        0x8000_0000_0000_0000,
-        0x00FF_0000_0000_0000,
-    ] {
+    for v in [0x8000_0000_0000u64, 0x8000_0000_0000_0000, 0x00FF_0000_0000_0000] {
         assert_wr_gp(&mut pmu, msr::IA32_DS_AREA, v);
     }
 }

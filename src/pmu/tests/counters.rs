@@ -2,8 +2,7 @@
 
 use super::*;
 
-const EN_INT: u64 =
-    msr::PERFEVTSEL_EN | msr::PERFEVTSEL_INT | msr::PERFEVTSEL_USR | msr::PERFEVTSEL_OS | 0xC0;
+const EN_INT: u64 = msr::PERFEVTSEL_EN | msr::PERFEVTSEL_INT | msr::PERFEVTSEL_USR | msr::PERFEVTSEL_OS | 0xC0;
 const EN_ONLY: u64 = msr::PERFEVTSEL_EN | msr::PERFEVTSEL_USR | msr::PERFEVTSEL_OS | 0xC0;
 
 #[test]
@@ -36,11 +35,7 @@ fn legacy_write_ignores_edx() {
 fn max_then_one_event_overflows_with_pmi_iff_int() {
     for int in [true, false] {
         let mut pmu = Pmu::new(&nehalem());
-        wr(
-            &mut pmu,
-            msr::IA32_PERFEVTSEL0,
-            if int { EN_INT } else { EN_ONLY },
-        );
+        wr(&mut pmu, msr::IA32_PERFEVTSEL0, if int { EN_INT } else { EN_ONLY });
         wr(&mut pmu, msr::IA32_PMC0, 0xFFFF_FFFF);
         assert_eq!(pmu.distance_to_overflow(CounterId::Gp(0)), 1);
         assert!(pmu.add_events(CounterId::Gp(0), 1));
@@ -195,20 +190,12 @@ fn set_value_masks_and_has_no_side_effects() {
 fn undeclared_counters_are_inert() {
     let mut pmu = Pmu::new(&nehalem());
     let before = pmu.clone();
-    for id in [
-        CounterId::Gp(4),
-        CounterId::Gp(255),
-        CounterId::Fixed(3),
-        CounterId::Fixed(200),
-    ] {
+    for id in [CounterId::Gp(4), CounterId::Gp(255), CounterId::Fixed(3), CounterId::Fixed(200)] {
         assert!(!pmu.add_events(id, u64::MAX));
         pmu.set_value(id, 5);
         assert_eq!(pmu.distance_to_overflow(id), u64::MAX);
         let s = pmu.counter(id);
-        assert_eq!(
-            (s.id, s.value, s.width, s.enabled, s.counting),
-            (id, 0, 0, false, false)
-        );
+        assert_eq!((s.id, s.value, s.width, s.enabled, s.counting), (id, 0, 0, false, false));
     }
     assert_eq!(pmu, before);
     let mut pmu = Pmu::new(&v1());

@@ -9,11 +9,7 @@ fn power_on_state() {
         let n = p.gp.min(8);
         for id in pmu.counter_ids() {
             let s = pmu.counter(id);
-            assert_eq!(
-                (s.value, s.enabled, s.counting),
-                (0, false, false),
-                "{name} {id}"
-            );
+            assert_eq!((s.value, s.enabled, s.counting), (0, false, false), "{name} {id}");
         }
         for i in 0..n {
             assert_eq!(rd(&pmu, msr::IA32_PERFEVTSEL0 + u32::from(i)), 0);
@@ -22,11 +18,7 @@ fn power_on_state() {
         assert_eq!(rd(&pmu, msr::IA32_DEBUGCTL), 0, "{name}");
         if p.version >= 2 {
             // SDM 18.2.2: GP enables set at power-on, fixed enables clear.
-            assert_eq!(
-                rd(&pmu, msr::IA32_PERF_GLOBAL_CTRL),
-                (1u64 << n) - 1,
-                "{name}"
-            );
+            assert_eq!(rd(&pmu, msr::IA32_PERF_GLOBAL_CTRL), (1u64 << n) - 1, "{name}");
             assert_eq!(rd(&pmu, msr::IA32_PERF_GLOBAL_STATUS), 0, "{name}");
             assert_eq!(rd(&pmu, msr::IA32_FIXED_CTR_CTRL), 0, "{name}");
         }
@@ -65,11 +57,7 @@ fn gp_counts_with_en_and_global_ctrl() {
 #[test]
 fn v1_counts_with_en_alone() {
     let mut pmu = Pmu::new(&v1());
-    wr(
-        &mut pmu,
-        msr::IA32_PERFEVTSEL0 + 1,
-        msr::PERFEVTSEL_EN | msr::PERFEVTSEL_OS | 0x3C,
-    );
+    wr(&mut pmu, msr::IA32_PERFEVTSEL0 + 1, msr::PERFEVTSEL_EN | msr::PERFEVTSEL_OS | 0x3C);
     let s = pmu.counter(CounterId::Gp(1));
     assert!(s.counting && s.enabled && s.os && !s.usr);
     assert_eq!((s.event_select, s.width), (0x3C, 32));
@@ -82,10 +70,7 @@ fn fixed_counts_with_en_field_and_global_ctrl() {
     let id = CounterId::Fixed(1);
     wr(&mut pmu, msr::IA32_FIXED_CTR_CTRL, 0x20); // field 1: EN=2 (USR)
     let s = pmu.counter(id);
-    assert!(
-        s.enabled && !s.counting,
-        "power-on GLOBAL_CTRL has no fixed bits"
-    );
+    assert!(s.enabled && !s.counting, "power-on GLOBAL_CTRL has no fixed bits");
     wr(&mut pmu, msr::IA32_PERF_GLOBAL_CTRL, 1 << 33);
     let s = pmu.counter(id);
     assert!(s.counting && s.usr && !s.os && !s.int && !s.any);
@@ -107,10 +92,7 @@ fn fixed_counter_events() {
             (s.event_select, s.umask)
         })
         .collect();
-    assert_eq!(
-        events,
-        [(0xC0, 0x00), (0x3C, 0x00), (0x3C, 0x01), (0xA4, 0x01)]
-    );
+    assert_eq!(events, [(0xC0, 0x00), (0x3C, 0x00), (0x3C, 0x01), (0xA4, 0x01)]);
     assert_eq!(pmu.counting().len(), 4);
 }
 

@@ -40,11 +40,7 @@ fn dump_every_profile() {
     for (name, p) in all_profiles() {
         let d = Pmu::new(&p).dump();
         assert!(d.contains("IA32_DEBUGCTL"), "{name}");
-        assert_eq!(
-            d.contains("IA32_PERF_GLOBAL_CTRL"),
-            p.version >= 2,
-            "{name}"
-        );
+        assert_eq!(d.contains("IA32_PERF_GLOBAL_CTRL"), p.version >= 2, "{name}");
         assert_eq!(d.contains("IA32_PMC0"), p.version >= 1, "{name}");
     }
 }

@@ -4,10 +4,7 @@ use super::*;
 
 /// Every MSR of the trapped ranges.
 fn trapped() -> Vec<u32> {
-    Pmu::TRAPPED_MSRS
-        .iter()
-        .flat_map(|&(lo, hi)| lo..=hi)
-        .collect()
+    Pmu::TRAPPED_MSRS.iter().flat_map(|&(lo, hi)| lo..=hi).collect()
 }
 
 /// Assert read and write of `msr` both #GP with no state change.
@@ -32,11 +29,7 @@ fn expected(p: &PmuProfile) -> Vec<u32> {
         v.extend([msr::IA32_PEBS_ENABLE, msr::IA32_DS_AREA]);
     }
     if p.version >= 2 {
-        v.extend(
-            (0..4u8)
-                .filter(|&i| p.fixed_supported(i))
-                .map(|i| msr::IA32_FIXED_CTR0 + u32::from(i)),
-        );
+        v.extend((0..4u8).filter(|&i| p.fixed_supported(i)).map(|i| msr::IA32_FIXED_CTR0 + u32::from(i)));
         v.extend([
             msr::IA32_FIXED_CTR_CTRL,
             msr::IA32_PERF_GLOBAL_STATUS,
@@ -45,10 +38,7 @@ fn expected(p: &PmuProfile) -> Vec<u32> {
         ]);
     }
     if p.version >= 4 {
-        v.extend([
-            msr::IA32_PERF_GLOBAL_STATUS_SET,
-            msr::IA32_PERF_GLOBAL_INUSE,
-        ]);
+        v.extend([msr::IA32_PERF_GLOBAL_STATUS_SET, msr::IA32_PERF_GLOBAL_INUSE]);
     }
     if p.perf_capabilities != 0 {
         v.push(msr::IA32_PERF_CAPABILITIES);
@@ -79,22 +69,7 @@ fn trapped_ranges_are_the_architectural_ones() {
         assert!(Pmu::owns(msr), "{msr:#x}");
         assert!(msr_name(msr).is_some(), "{msr:#x} has a name");
     }
-    for msr in [
-        0,
-        0xC0,
-        0xC9,
-        0x185,
-        0x18E,
-        0x1D8,
-        0x308,
-        0x30D,
-        0x38C,
-        0x393,
-        0x4C0,
-        0x4C9,
-        0x601,
-        u32::MAX,
-    ] {
+    for msr in [0, 0xC0, 0xC9, 0x185, 0x18E, 0x1D8, 0x308, 0x30D, 0x38C, 0x393, 0x4C0, 0x4C9, 0x601, u32::MAX] {
         assert!(!Pmu::owns(msr), "{msr:#x}");
     }
 }
@@ -118,10 +93,7 @@ fn version0_gps_everything_but_debugctl_and_misc_enable() {
             assert_absent(&mut pmu, msr);
         }
     }
-    assert_eq!(
-        rd(&pmu, msr::IA32_MISC_ENABLE) & msr::MISC_ENABLE_PERFMON_AVAILABLE,
-        0
-    );
+    assert_eq!(rd(&pmu, msr::IA32_MISC_ENABLE) & msr::MISC_ENABLE_PERFMON_AVAILABLE, 0);
     assert!(pmu.counter_ids().is_empty());
 }
 

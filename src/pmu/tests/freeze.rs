@@ -2,8 +2,7 @@
 
 use super::*;
 
-const EN_INT: u64 =
-    msr::PERFEVTSEL_EN | msr::PERFEVTSEL_INT | msr::PERFEVTSEL_USR | msr::PERFEVTSEL_OS | 0xC0;
+const EN_INT: u64 = msr::PERFEVTSEL_EN | msr::PERFEVTSEL_INT | msr::PERFEVTSEL_USR | msr::PERFEVTSEL_OS | 0xC0;
 
 /// PMC0 counting with INT, one event from overflow.
 fn armed(p: &PmuProfile) -> Pmu {
@@ -34,11 +33,7 @@ fn legacy_freeze_clears_global_ctrl_v2_v3() {
         let mut pmu = armed(&p);
         wr(&mut pmu, msr::IA32_FIXED_CTR_CTRL, 0x3);
         wr(&mut pmu, msr::IA32_PERF_GLOBAL_CTRL, 1 << 32 | 1);
-        wr(
-            &mut pmu,
-            msr::IA32_DEBUGCTL,
-            msr::DEBUGCTL_FREEZE_PERFMON_ON_PMI,
-        );
+        wr(&mut pmu, msr::IA32_DEBUGCTL, msr::DEBUGCTL_FREEZE_PERFMON_ON_PMI);
         assert_eq!(pmu.counting().len(), 2);
         assert!(pmu.add_events(CounterId::Gp(0), 1));
         // Not frozen until the PMI is delivered.
@@ -62,11 +57,7 @@ fn streamlined_freeze_sets_ctr_frz_v4() {
         let mut pmu = armed(&p);
         wr(&mut pmu, msr::IA32_FIXED_CTR_CTRL, 0x3);
         wr(&mut pmu, msr::IA32_PERF_GLOBAL_CTRL, 1 << 32 | 1);
-        wr(
-            &mut pmu,
-            msr::IA32_DEBUGCTL,
-            msr::DEBUGCTL_FREEZE_PERFMON_ON_PMI,
-        );
+        wr(&mut pmu, msr::IA32_DEBUGCTL, msr::DEBUGCTL_FREEZE_PERFMON_ON_PMI);
         assert!(pmu.add_events(CounterId::Gp(0), 1));
         let gen = pmu.generation();
         pmu.pmi_delivered();
@@ -74,10 +65,7 @@ fn streamlined_freeze_sets_ctr_frz_v4() {
         assert!(pmu.generation() > gen);
         // GLOBAL_CTRL unchanged, CTR_Frz set, nothing counts.
         assert_eq!(rd(&pmu, msr::IA32_PERF_GLOBAL_CTRL), 1 << 32 | 1);
-        assert_eq!(
-            rd(&pmu, msr::IA32_PERF_GLOBAL_STATUS),
-            msr::GLOBAL_STATUS_CTR_FRZ | 1
-        );
+        assert_eq!(rd(&pmu, msr::IA32_PERF_GLOBAL_STATUS), msr::GLOBAL_STATUS_CTR_FRZ | 1);
         assert!(pmu.counting().is_empty());
         let s = pmu.counter(CounterId::Gp(0));
         assert!(s.enabled && !s.counting);
@@ -86,11 +74,7 @@ fn streamlined_freeze_sets_ctr_frz_v4() {
         assert!(pmu.frozen());
         // Clearing CTR_Frz does.
         let gen = pmu.generation();
-        wr(
-            &mut pmu,
-            msr::IA32_PERF_GLOBAL_STATUS_RESET,
-            msr::GLOBAL_STATUS_CTR_FRZ,
-        );
+        wr(&mut pmu, msr::IA32_PERF_GLOBAL_STATUS_RESET, msr::GLOBAL_STATUS_CTR_FRZ);
         assert!(!pmu.frozen());
         assert!(pmu.generation() > gen);
         assert_eq!(pmu.counting().len(), 2);
@@ -101,11 +85,7 @@ fn streamlined_freeze_sets_ctr_frz_v4() {
 fn status_set_ctr_frz_freezes_v4() {
     let mut pmu = armed(&skylake());
     assert!(pmu.counter(CounterId::Gp(0)).counting);
-    wr(
-        &mut pmu,
-        msr::IA32_PERF_GLOBAL_STATUS_SET,
-        msr::GLOBAL_STATUS_CTR_FRZ,
-    );
+    wr(&mut pmu, msr::IA32_PERF_GLOBAL_STATUS_SET, msr::GLOBAL_STATUS_CTR_FRZ);
     assert!(pmu.frozen());
     assert!(!pmu.counter(CounterId::Gp(0)).counting);
 }
@@ -118,10 +98,7 @@ fn freeze_lbrs_on_pmi() {
     wr(&mut pmu, msr::IA32_DEBUGCTL, dbg);
     assert!(pmu.add_events(CounterId::Gp(0), 1));
     pmu.pmi_delivered();
-    assert_eq!(
-        rd(&pmu, msr::IA32_DEBUGCTL),
-        msr::DEBUGCTL_FREEZE_LBRS_ON_PMI
-    );
+    assert_eq!(rd(&pmu, msr::IA32_DEBUGCTL), msr::DEBUGCTL_FREEZE_LBRS_ON_PMI);
     assert_eq!(pmu.global_ctrl(), 0xF, "perfmon not frozen without bit 12");
     // Streamlined: LBR_Frz set, DEBUGCTL unchanged, counters not frozen.
     let mut pmu = armed(&skylake());
@@ -137,20 +114,12 @@ fn freeze_lbrs_on_pmi() {
 fn no_freeze_without_a_pending_pmi() {
     for p in [nehalem(), skylake()] {
         let mut pmu = armed(&p);
-        wr(
-            &mut pmu,
-            msr::IA32_DEBUGCTL,
-            msr::DEBUGCTL_FREEZE_PERFMON_ON_PMI,
-        );
+        wr(&mut pmu, msr::IA32_DEBUGCTL, msr::DEBUGCTL_FREEZE_PERFMON_ON_PMI);
         let before = pmu.clone();
         pmu.pmi_delivered();
         assert_eq!(pmu, before);
         // Overflow without INT: no PMI, so nothing to freeze either.
-        wr(
-            &mut pmu,
-            msr::IA32_PERFEVTSEL0,
-            EN_INT & !msr::PERFEVTSEL_INT,
-        );
+        wr(&mut pmu, msr::IA32_PERFEVTSEL0, EN_INT & !msr::PERFEVTSEL_INT);
         assert!(pmu.add_events(CounterId::Gp(0), 1));
         assert!(!pmu.pmi_pending());
         pmu.pmi_delivered();

@@ -6,11 +6,7 @@ use super::*;
 fn bumps(pmu: &mut Pmu, msr: u32, value: u64, expect: bool) {
     let gen = pmu.generation();
     wr(pmu, msr, value);
-    assert_eq!(
-        pmu.generation() != gen,
-        expect,
-        "wrmsr({msr:#x}, {value:#x})"
-    );
+    assert_eq!(pmu.generation() != gen, expect, "wrmsr({msr:#x}, {value:#x})");
 }
 
 #[test]
@@ -38,30 +34,10 @@ fn counter_writes_always_bump() {
 #[test]
 fn freeze_changes_bump() {
     let mut pmu = Pmu::new(&skylake());
-    bumps(
-        &mut pmu,
-        msr::IA32_PERF_GLOBAL_STATUS_SET,
-        msr::GLOBAL_STATUS_CTR_FRZ,
-        true,
-    );
-    bumps(
-        &mut pmu,
-        msr::IA32_PERF_GLOBAL_STATUS_SET,
-        msr::GLOBAL_STATUS_CTR_FRZ,
-        false,
-    );
-    bumps(
-        &mut pmu,
-        msr::IA32_PERF_GLOBAL_STATUS_RESET,
-        msr::GLOBAL_STATUS_CTR_FRZ,
-        true,
-    );
-    bumps(
-        &mut pmu,
-        msr::IA32_PERF_GLOBAL_STATUS_RESET,
-        msr::GLOBAL_STATUS_CTR_FRZ,
-        false,
-    );
+    bumps(&mut pmu, msr::IA32_PERF_GLOBAL_STATUS_SET, msr::GLOBAL_STATUS_CTR_FRZ, true);
+    bumps(&mut pmu, msr::IA32_PERF_GLOBAL_STATUS_SET, msr::GLOBAL_STATUS_CTR_FRZ, false);
+    bumps(&mut pmu, msr::IA32_PERF_GLOBAL_STATUS_RESET, msr::GLOBAL_STATUS_CTR_FRZ, true);
+    bumps(&mut pmu, msr::IA32_PERF_GLOBAL_STATUS_RESET, msr::GLOBAL_STATUS_CTR_FRZ, false);
 }
 
 #[test]
@@ -69,12 +45,7 @@ fn non_counting_changes_do_not_bump() {
     let mut pmu = Pmu::new(&skylake());
     bumps(&mut pmu, msr::IA32_PERF_GLOBAL_STATUS_SET, 1, false);
     bumps(&mut pmu, msr::IA32_PERF_GLOBAL_OVF_CTRL, 1, false);
-    bumps(
-        &mut pmu,
-        msr::IA32_DEBUGCTL,
-        msr::DEBUGCTL_FREEZE_PERFMON_ON_PMI,
-        false,
-    );
+    bumps(&mut pmu, msr::IA32_DEBUGCTL, msr::DEBUGCTL_FREEZE_PERFMON_ON_PMI, false);
     bumps(&mut pmu, msr::IA32_MISC_ENABLE, 1, false);
     bumps(&mut pmu, msr::IA32_PEBS_ENABLE, 1, false);
     bumps(&mut pmu, msr::IA32_DS_AREA, 0x1000, false);
@@ -98,16 +69,8 @@ fn failed_writes_do_not_bump() {
 #[test]
 fn legacy_freeze_bumps_only_if_global_ctrl_changes() {
     let mut pmu = Pmu::new(&nehalem());
-    wr(
-        &mut pmu,
-        msr::IA32_DEBUGCTL,
-        msr::DEBUGCTL_FREEZE_PERFMON_ON_PMI,
-    );
-    wr(
-        &mut pmu,
-        msr::IA32_PERFEVTSEL0,
-        msr::PERFEVTSEL_INT | msr::PERFEVTSEL_EN,
-    );
+    wr(&mut pmu, msr::IA32_DEBUGCTL, msr::DEBUGCTL_FREEZE_PERFMON_ON_PMI);
+    wr(&mut pmu, msr::IA32_PERFEVTSEL0, msr::PERFEVTSEL_INT | msr::PERFEVTSEL_EN);
     wr(&mut pmu, msr::IA32_PERF_GLOBAL_CTRL, 0);
     wr(&mut pmu, msr::IA32_PMC0, 0xFFFF_FFFF);
     pmu.add_events(CounterId::Gp(0), 1);

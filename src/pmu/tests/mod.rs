@@ -98,25 +98,14 @@ fn all_profiles() -> Vec<(&'static str, PmuProfile)> {
 #[track_caller]
 fn assert_wr_gp(pmu: &mut Pmu, msr: u32, value: u64) {
     let before = pmu.clone();
-    assert_eq!(
-        pmu.wrmsr(msr, value),
-        Err(GpFault),
-        "wrmsr({msr:#x}, {value:#x}) should #GP"
-    );
-    assert_eq!(
-        *pmu, before,
-        "wrmsr({msr:#x}, {value:#x}) changed state on #GP"
-    );
+    assert_eq!(pmu.wrmsr(msr, value), Err(GpFault), "wrmsr({msr:#x}, {value:#x}) should #GP");
+    assert_eq!(*pmu, before, "wrmsr({msr:#x}, {value:#x}) changed state on #GP");
 }
 
 /// Assert a write succeeds.
 #[track_caller]
 fn wr(pmu: &mut Pmu, msr: u32, value: u64) {
-    assert_eq!(
-        pmu.wrmsr(msr, value),
-        Ok(()),
-        "wrmsr({msr:#x}, {value:#x}) should succeed"
-    );
+    assert_eq!(pmu.wrmsr(msr, value), Ok(()), "wrmsr({msr:#x}, {value:#x}) should succeed");
 }
 
 /// Read that must succeed.

@@ -8,10 +8,7 @@ struct Lcg(u64);
 
 impl Lcg {
     fn next(&mut self) -> u64 {
-        self.0 = self
-            .0
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
+        self.0 = self.0.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
         // Mix the high bits down: the low bits of an LCG are weak.
         self.0 ^ (self.0 >> 29)
     }
@@ -75,19 +72,9 @@ fn check_invariants(pmu: &Pmu, ctx: &str) {
     for id in pmu.counter_ids() {
         let s = pmu.counter(id);
         let mask = counter::width_mask(s.width);
-        assert_eq!(
-            s.value & !mask,
-            0,
-            "{ctx}: {id} value {:#x} exceeds width {}",
-            s.value,
-            s.width
-        );
+        assert_eq!(s.value & !mask, 0, "{ctx}: {id} value {:#x} exceeds width {}", s.value, s.width);
         let global = p.version == 1 || pmu.global_ctrl() & (1 << id.status_bit()) != 0;
-        assert_eq!(
-            s.counting,
-            s.enabled && global && !pmu.frozen(),
-            "{ctx}: {id} counting"
-        );
+        assert_eq!(s.counting, s.enabled && global && !pmu.frozen(), "{ctx}: {id} counting");
         let msr = match id {
             CounterId::Gp(i) => msr::IA32_PMC0 + u32::from(i),
             CounterId::Fixed(i) => msr::IA32_FIXED_CTR0 + u32::from(i),
@@ -98,45 +85,21 @@ fn check_invariants(pmu: &Pmu, ctx: &str) {
     let inuse = expected_inuse(pmu);
     assert_eq!(pmu.global_inuse(), inuse, "{ctx}: INUSE");
     if p.version >= 4 {
-        assert_eq!(
-            pmu.rdmsr(msr::IA32_PERF_GLOBAL_INUSE),
-            Ok(inuse),
-            "{ctx}: INUSE rdmsr"
-        );
+        assert_eq!(pmu.rdmsr(msr::IA32_PERF_GLOBAL_INUSE), Ok(inuse), "{ctx}: INUSE rdmsr");
     }
     if p.version >= 2 {
         let l = regs::Layout::new(p);
-        assert_eq!(
-            pmu.global_ctrl() & !l.global_ctrl_valid,
-            0,
-            "{ctx}: GLOBAL_CTRL"
-        );
-        assert_eq!(
-            pmu.fixed_ctr_ctrl() & !l.fixed_ctr_ctrl_valid,
-            0,
-            "{ctx}: FIXED_CTR_CTRL"
-        );
+        assert_eq!(pmu.global_ctrl() & !l.global_ctrl_valid, 0, "{ctx}: GLOBAL_CTRL");
+        assert_eq!(pmu.fixed_ctr_ctrl() & !l.fixed_ctr_ctrl_valid, 0, "{ctx}: FIXED_CTR_CTRL");
         // CondChgd is never set and ASCI never exists.
-        assert_eq!(
-            pmu.global_status() & (1 << 63 | 1 << 60),
-            0,
-            "{ctx}: STATUS"
-        );
+        assert_eq!(pmu.global_status() & (1 << 63 | 1 << 60), 0, "{ctx}: STATUS");
     }
     if p.version < 4 {
         assert!(!pmu.frozen());
     }
     let misc = pmu.misc_enable();
-    assert_eq!(
-        misc & (1 << 11 | 1 << 12),
-        1 << 11 | 1 << 12,
-        "{ctx}: MISC_ENABLE RO bits"
-    );
-    assert_eq!(
-        misc & (1 << 7) != 0,
-        p.misc_enable_perfmon,
-        "{ctx}: MISC_ENABLE[7]"
-    );
+    assert_eq!(misc & (1 << 11 | 1 << 12), 1 << 11 | 1 << 12, "{ctx}: MISC_ENABLE RO bits");
+    assert_eq!(misc & (1 << 7) != 0, p.misc_enable_perfmon, "{ctx}: MISC_ENABLE[7]");
     assert!(counter::is_canonical_48(pmu.ds_area()));
 }
 
@@ -158,17 +121,11 @@ fn random_accesses_keep_invariants() {
                         Ok(()) => {
                             writes_ok += 1;
                             assert!(Pmu::owns(msr), "{ctx}: wrote unowned {msr:#x}");
-                            assert!(
-                                pmu.rdmsr(msr).is_ok(),
-                                "{ctx}: {msr:#x} writable, not readable"
-                            );
+                            assert!(pmu.rdmsr(msr).is_ok(), "{ctx}: {msr:#x} writable, not readable");
                         }
                         Err(GpFault) => {
                             faults += 1;
-                            assert_eq!(
-                                pmu, before,
-                                "{ctx}: #GP on wrmsr({msr:#x}, {value:#x}) changed state"
-                            );
+                            assert_eq!(pmu, before, "{ctx}: #GP on wrmsr({msr:#x}, {value:#x}) changed state");
                         }
                     }
                 }
@@ -191,11 +148,7 @@ fn random_accesses_keep_invariants() {
                         let before = pmu.counter(id);
                         let overflowed = pmu.add_events(id, n);
                         let expect = counter::add_events(before.value, n, before.width);
-                        assert_eq!(
-                            (pmu.counter(id).value, overflowed),
-                            expect,
-                            "{ctx}: add_events"
-                        );
+                        assert_eq!((pmu.counter(id).value, overflowed), expect, "{ctx}: add_events");
                         if overflowed && p.version >= 2 {
                             assert_ne!(pmu.global_status() & (1 << id.status_bit()), 0, "{ctx}");
                         }

@@ -5,26 +5,11 @@ use super::super::{describe_leaf_0a, PmuProfile, Profile};
 /// (name, CPUID.01H:EAX, CPUID.0AH [eax, ebx, ecx, edx], IA32_PERF_CAPABILITIES).
 const EXPECTED: &[(&str, u32, [u32; 4], u64)] = &[
     ("core2", 0x0001_067A, [0x0728_0202, 0, 0, 0x0503], 0x10C2),
-    (
-        "icelake",
-        0x0007_06E5,
-        [0x0830_0805, 0, 0xF, 0x0604],
-        0xF4C5,
-    ),
+    ("icelake", 0x0007_06E5, [0x0830_0805, 0, 0xF, 0x0604], 0xF4C5),
     ("nehalem", 0x0001_06A5, [0x0730_0403, 0, 0, 0x0603], 0x11C3),
-    (
-        "nehalem-llc-masked",
-        0x0001_06A5,
-        [0x0730_0403, 0x18, 0, 0x0603],
-        0x11C3,
-    ),
+    ("nehalem-llc-masked", 0x0001_06A5, [0x0730_0403, 0x18, 0, 0x0603], 0x11C3),
     ("no-pmu", 0x0005_06E3, [0, 0, 0, 0], 0),
-    (
-        "sandybridge",
-        0x0002_06A7,
-        [0x0730_0403, 0, 0, 0x0603],
-        0x31C3,
-    ),
+    ("sandybridge", 0x0002_06A7, [0x0730_0403, 0, 0, 0x0603], 0x31C3),
     ("skylake", 0x0005_06E3, [0x0730_0404, 0, 0, 0x0603], 0x33C5),
 ];
 
@@ -44,10 +29,7 @@ fn every_builtin_loads_validates_and_matches_its_documented_registers() {
         p.validate().unwrap_or_else(|e| panic!("{name}: {e}"));
         assert_eq!(p.leaf1_eax(), leaf1, "{name} CPUID.01H:EAX");
         assert_eq!(p.pmu.leaf_0a(), leaf_0a, "{name} CPUID.0AH");
-        assert_eq!(
-            p.pmu.perf_capabilities, caps,
-            "{name} IA32_PERF_CAPABILITIES"
-        );
+        assert_eq!(p.pmu.perf_capabilities, caps, "{name} IA32_PERF_CAPABILITIES");
         assert_eq!(p.vendor, "GenuineIntel");
         assert_eq!(p.vendor_regs(), [0x756E_6547, 0x4965_6E69, 0x6C65_746E]);
         assert!(!p.description.is_empty());
@@ -92,24 +74,12 @@ fn describe_decodes_leaf_0a() {
     let text = lines.join("\n");
     assert!(text.contains("EAX=0x07300403"), "{text}");
     assert!(text.contains("version 3"), "{text}");
-    assert!(
-        text.contains("4 general-purpose counters x 48 bits"),
-        "{text}"
-    );
-    assert!(
-        text.contains("3 fixed-function counters x 48 bits"),
-        "{text}"
-    );
+    assert!(text.contains("4 general-purpose counters x 48 bits"), "{text}");
+    assert!(text.contains("3 fixed-function counters x 48 bits"), "{text}");
     assert!(text.contains("EBX length 7"), "{text}");
-    let llc = lines
-        .iter()
-        .find(|l| l.contains("LLC Misses"))
-        .expect("LLC line");
+    let llc = lines.iter().find(|l| l.contains("LLC Misses")).expect("LLC line");
     assert!(llc.contains("unavailable"), "{llc}");
-    let slots = lines
-        .iter()
-        .find(|l| l.contains("Topdown Slots"))
-        .expect("slots line");
+    let slots = lines.iter().find(|l| l.contains("Topdown Slots")).expect("slots line");
     assert!(slots.contains("not enumerated"), "{slots}");
 
     let icelake = Profile::load("icelake").expect("loads").pmu;
@@ -119,9 +89,6 @@ fn describe_decodes_leaf_0a() {
 
     let none = Profile::load("no-pmu").expect("loads").pmu;
     let text = describe_leaf_0a(&none).join("\n");
-    assert!(
-        text.contains("no architectural performance monitoring"),
-        "{text}"
-    );
+    assert!(text.contains("no architectural performance monitoring"), "{text}");
     assert!(text.contains("PDCM = 0"), "{text}");
 }

@@ -63,10 +63,7 @@ fn load_by_path_names_the_profile_after_the_file_stem() {
 fn load_by_name() {
     let p = Profile::load("nehalem").expect("loads");
     assert_eq!(p.name, "nehalem");
-    assert_eq!(
-        Profile::load(Profile::DEFAULT).expect("default").name,
-        "skylake"
-    );
+    assert_eq!(Profile::load(Profile::DEFAULT).expect("default").name, "skylake");
 }
 
 #[test]
@@ -99,38 +96,22 @@ fn toml_syntax_error_names_the_file_on_one_line() {
 fn toml_type_error_names_the_line() {
     let text = NEHALEM.replace("gp = 4", "gp = 300");
     let e = err(Profile::from_toml("resources/profiles/bad.toml", &text));
-    assert_mentions(
-        &e.to_string(),
-        &[
-            "resources/profiles/bad.toml: line 9, column 6",
-            "`gp = 300`",
-            "u8",
-        ],
-    );
+    assert_mentions(&e.to_string(), &["resources/profiles/bad.toml: line 9, column 6", "`gp = 300`", "u8"]);
 }
 
 #[test]
 fn unknown_key_is_rejected() {
     let text = NEHALEM.replace("gp = 4", "gp = 4\nanythread-deprecated = true");
     let e = err(Profile::from_toml("x.toml", &text));
-    assert_mentions(
-        &e.to_string(),
-        &["x.toml: ", "unknown field", "anythread-deprecated"],
-    );
+    assert_mentions(&e.to_string(), &["x.toml: ", "unknown field", "anythread-deprecated"]);
     let text = NEHALEM.replace("stepping = 5", "stepping = 5\nbrand = \"x\"");
-    assert_mentions(
-        &err(Profile::from_toml("x.toml", &text)).to_string(),
-        &["unknown field", "brand"],
-    );
+    assert_mentions(&err(Profile::from_toml("x.toml", &text)).to_string(), &["unknown field", "brand"]);
 }
 
 #[test]
 fn missing_required_key_is_rejected() {
     let text = NEHALEM.replace("version = 3\n", "");
-    assert_mentions(
-        &err(Profile::from_toml("x.toml", &text)).to_string(),
-        &["x.toml: ", "version"],
-    );
+    assert_mentions(&err(Profile::from_toml("x.toml", &text)).to_string(), &["x.toml: ", "version"]);
 }
 
 #[test]
@@ -145,7 +126,8 @@ fn validation_errors_name_the_file() {
 
 #[test]
 fn pmu_defaults_make_version_0_short() {
-    let text = "description = \"d\"\nvendor = \"GenuineIntel\"\nfamily = 6\nmodel = 0x5E\nstepping = 3\n[pmu]\nversion = 0\n";
+    let text =
+        "description = \"d\"\nvendor = \"GenuineIntel\"\nfamily = 6\nmodel = 0x5E\nstepping = 3\n[pmu]\nversion = 0\n";
     let p = Profile::from_toml("short.toml", text).expect("loads");
     assert_eq!(p.pmu.leaf_0a(), [0; 4]);
     assert!(!p.pmu.misc_enable_perfmon, "default is version > 0");
@@ -154,9 +136,7 @@ fn pmu_defaults_make_version_0_short() {
 
 #[test]
 fn misc_enable_perfmon_defaults_to_true_from_version_1() {
-    let text = NEHALEM
-        .replace("misc-enable-perfmon = true\n", "")
-        .replace("nominal-mhz = 2667\n", "");
+    let text = NEHALEM.replace("misc-enable-perfmon = true\n", "").replace("nominal-mhz = 2667\n", "");
     let p = Profile::from_toml("x.toml", &text).expect("loads");
     assert!(p.pmu.misc_enable_perfmon);
     assert_eq!(p.pmu.nominal_mhz, 2000);

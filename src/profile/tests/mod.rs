@@ -25,10 +25,7 @@ pub(super) fn error_of(profile: &Profile) -> String {
 pub(super) fn assert_mentions(message: &str, needles: &[&str]) {
     assert!(!message.contains('\n'), "not one line: {message}");
     for needle in needles {
-        assert!(
-            message.contains(needle),
-            "{message:?} does not mention {needle:?}"
-        );
+        assert!(message.contains(needle), "{message:?} does not mention {needle:?}");
     }
 }
 

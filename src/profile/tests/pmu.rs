@@ -96,18 +96,9 @@ fn arch_events_match_table_18_1() {
     for (i, ev) in ARCH_EVENTS.iter().enumerate() {
         assert_eq!(usize::from(ev.bit), i);
     }
-    assert_eq!(
-        (ARCH_EVENTS[1].event_select, ARCH_EVENTS[1].fixed),
-        (0xC0, Some(0))
-    );
-    assert_eq!(
-        (ARCH_EVENTS[4].event_select, ARCH_EVENTS[4].umask),
-        (0x2E, 0x41)
-    );
-    assert_eq!(
-        (ARCH_EVENTS[7].event_select, ARCH_EVENTS[7].fixed),
-        (0xA4, Some(3))
-    );
+    assert_eq!((ARCH_EVENTS[1].event_select, ARCH_EVENTS[1].fixed), (0xC0, Some(0)));
+    assert_eq!((ARCH_EVENTS[4].event_select, ARCH_EVENTS[4].umask), (0x2E, 0x41));
+    assert_eq!((ARCH_EVENTS[7].event_select, ARCH_EVENTS[7].fixed), (0xA4, Some(3)));
 }
 
 #[test]
@@ -117,11 +108,7 @@ fn leaf1_eax_uses_extended_family_and_model() {
     p.family = 0xF;
     p.model = 0x6;
     p.stepping = 5;
-    assert_eq!(
-        p.leaf1_eax(),
-        0x0000_0F65,
-        "family 0xF has extended family 0"
-    );
+    assert_eq!(p.leaf1_eax(), 0x0000_0F65, "family 0xF has extended family 0");
     p.family = 0x19;
     p.model = 0x21;
     p.stepping = 0;

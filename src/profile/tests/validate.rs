@@ -20,10 +20,7 @@ fn version(v: u8) -> Profile {
             p.fixed_width = 0;
         }
         if v == 0 {
-            *p = PmuProfile {
-                misc_enable_perfmon: false,
-                ..zero_pmu()
-            };
+            *p = PmuProfile { misc_enable_perfmon: false, ..zero_pmu() };
         }
     })
 }
@@ -58,15 +55,7 @@ fn starting_points_are_valid() {
 #[test]
 fn version_above_5() {
     let e = error_of(&with(|p| p.version = 6));
-    assert_mentions(
-        &e,
-        &[
-            "skylake: ",
-            "pmu.version = 6",
-            "0..=5",
-            "CPUID.0AH:EAX[7:0]",
-        ],
-    );
+    assert_mentions(&e, &["skylake: ", "pmu.version = 6", "0..=5", "CPUID.0AH:EAX[7:0]"]);
 }
 
 #[test]
@@ -79,9 +68,7 @@ fn version_0_needs_every_field_zero() {
         ("pmu.fixed = 3", |p| p.fixed = 3),
         ("pmu.fixed-width = 48", |p| p.fixed_width = 48),
         ("pmu.fixed-bitmap = 0x1", |p| p.fixed_bitmap = 1),
-        ("pmu.perf-capabilities = 0x2000", |p| {
-            p.perf_capabilities = 0x2000
-        }),
+        ("pmu.perf-capabilities = 0x2000", |p| p.perf_capabilities = 0x2000),
     ];
     for (field, f) in cases {
         let mut p = version(0);
@@ -95,26 +82,14 @@ fn version_0_needs_every_field_zero() {
 fn gp_count_1_to_8() {
     for gp in [0, 9] {
         let e = error_of(&with(|p| p.gp = gp));
-        assert_mentions(
-            &e,
-            &[
-                &format!("pmu.gp = {gp}"),
-                "1..=8",
-                "CPUID.0AH:EAX[15:8]",
-                "0xC1-0xC8",
-                "0x186-0x18D",
-            ],
-        );
+        assert_mentions(&e, &[&format!("pmu.gp = {gp}"), "1..=8", "CPUID.0AH:EAX[15:8]", "0xC1-0xC8", "0x186-0x18D"]);
     }
 }
 
 #[test]
 fn gp_width_32_to_64() {
     let e = error_of(&with(|p| p.gp_width = 70));
-    assert_eq!(
-        e,
-        "skylake: pmu.gp-width = 70: counter width must be 32..=64 bits (CPUID.0AH:EAX[23:16])"
-    );
+    assert_eq!(e, "skylake: pmu.gp-width = 70: counter width must be 32..=64 bits (CPUID.0AH:EAX[23:16])");
     let e = error_of(&with(|p| p.gp_width = 31));
     assert_mentions(&e, &["pmu.gp-width = 31", "32..=64"]);
 }
@@ -141,24 +116,13 @@ fn version_1_has_no_fixed_counters() {
 #[test]
 fn fixed_count_at_most_4() {
     let e = error_of(&with(|p| p.fixed = 5));
-    assert_mentions(
-        &e,
-        &[
-            "pmu.fixed = 5",
-            "0..=4",
-            "CPUID.0AH:EDX[4:0]",
-            "0x309-0x30C",
-        ],
-    );
+    assert_mentions(&e, &["pmu.fixed = 5", "0..=4", "CPUID.0AH:EDX[4:0]", "0x309-0x30C"]);
 }
 
 #[test]
 fn fixed_width_32_to_64_when_fixed_counters_exist() {
     let e = error_of(&with(|p| p.fixed_width = 16));
-    assert_mentions(
-        &e,
-        &["pmu.fixed-width = 16", "32..=64", "CPUID.0AH:EDX[12:5]"],
-    );
+    assert_mentions(&e, &["pmu.fixed-width = 16", "32..=64", "CPUID.0AH:EDX[12:5]"]);
     let mut p = version(5);
     p.pmu.fixed = 0;
     p.pmu.fixed_bitmap = 0b1000;
@@ -169,95 +133,49 @@ fn fixed_width_32_to_64_when_fixed_counters_exist() {
 #[test]
 fn fixed_width_0_without_fixed_counters() {
     let e = error_of(&with(|p| p.fixed = 0));
-    assert_mentions(
-        &e,
-        &[
-            "pmu.fixed-width = 48",
-            "must be 0 when there are no fixed-function counters",
-        ],
-    );
+    assert_mentions(&e, &["pmu.fixed-width = 48", "must be 0 when there are no fixed-function counters"]);
 }
 
 #[test]
 fn fixed_bitmap_only_from_version_5() {
     let e = error_of(&with(|p| p.fixed_bitmap = 0b1000));
-    assert_mentions(
-        &e,
-        &[
-            "pmu.fixed-bitmap = 0x8",
-            "before version 5",
-            "CPUID.0AH:ECX",
-        ],
-    );
+    assert_mentions(&e, &["pmu.fixed-bitmap = 0x8", "before version 5", "CPUID.0AH:ECX"]);
 }
 
 #[test]
 fn fixed_bitmap_only_bits_0_to_3() {
     let mut p = version(5);
     p.pmu.fixed_bitmap = 0x10;
-    assert_mentions(
-        &error_of(&p),
-        &["pmu.fixed-bitmap = 0x10", "bits 0..=3", "IA32_FIXED_CTR0-3"],
-    );
+    assert_mentions(&error_of(&p), &["pmu.fixed-bitmap = 0x10", "bits 0..=3", "IA32_FIXED_CTR0-3"]);
 }
 
 #[test]
 fn ebx_length_at_most_8() {
     let e = error_of(&with(|p| p.ebx_length = 9));
-    assert_mentions(
-        &e,
-        &[
-            "pmu.ebx-length = 9",
-            "0..=8",
-            "Table 18-1",
-            "CPUID.0AH:EAX[31:24]",
-        ],
-    );
+    assert_mentions(&e, &["pmu.ebx-length = 9", "0..=8", "Table 18-1", "CPUID.0AH:EAX[31:24]"]);
 }
 
 #[test]
 fn ebx_length_at_least_1_from_version_1() {
     let e = error_of(&with(|p| p.ebx_length = 0));
-    assert_mentions(
-        &e,
-        &["pmu.ebx-length = 0", ">= 1 for version >= 1", "bit 0"],
-    );
+    assert_mentions(&e, &["pmu.ebx-length = 0", ">= 1 for version >= 1", "bit 0"]);
 }
 
 #[test]
 fn ebx_unavailable_only_below_ebx_length() {
     let e = error_of(&with(|p| p.ebx_unavailable = 0x80));
-    assert_mentions(
-        &e,
-        &[
-            "pmu.ebx-unavailable = 0x80",
-            "pmu.ebx-length = 7",
-            "EBX bits beyond EAX[31:24]",
-        ],
-    );
-    with(|p| p.ebx_unavailable = 0x7F)
-        .validate()
-        .expect("bits 0-6 may be set");
+    assert_mentions(&e, &["pmu.ebx-unavailable = 0x80", "pmu.ebx-length = 7", "EBX bits beyond EAX[31:24]"]);
+    with(|p| p.ebx_unavailable = 0x7F).validate().expect("bits 0-6 may be set");
 }
 
 #[test]
 fn perf_capabilities_reserved_bits() {
     for bit in [18, 20, 63] {
         let e = error_of(&with(|p| p.perf_capabilities |= 1 << bit));
-        assert_mentions(
-            &e,
-            &[
-                "pmu.perf-capabilities = ",
-                "reserved",
-                "MSR 0x345",
-                "0xBFFFF",
-            ],
-        );
+        assert_mentions(&e, &["pmu.perf-capabilities = ", "reserved", "MSR 0x345", "0xBFFFF"]);
     }
     for bit in [15, 16, 17, 19] {
-        with(|p| p.perf_capabilities |= 1 << bit)
-            .validate()
-            .unwrap_or_else(|e| panic!("bit {bit}: {e}"));
+        with(|p| p.perf_capabilities |= 1 << bit).validate().unwrap_or_else(|e| panic!("bit {bit}: {e}"));
     }
 }
 
@@ -265,28 +183,16 @@ fn perf_capabilities_reserved_bits() {
 fn fw_write_needs_version_2() {
     let mut p = version(1);
     p.pmu.perf_capabilities = PmuProfile::FW_WRITE | 0xC1;
-    assert_mentions(
-        &error_of(&p),
-        &[
-            "pmu.perf-capabilities = 0x20C1",
-            "FW_WRITE (bit 13)",
-            "version >= 2",
-            "18.2.5",
-        ],
-    );
+    assert_mentions(&error_of(&p), &["pmu.perf-capabilities = 0x20C1", "FW_WRITE (bit 13)", "version >= 2", "18.2.5"]);
     p.pmu.perf_capabilities = 0xC1;
-    p.validate()
-        .expect("version 1 may have PERF_CAPABILITIES without FW_WRITE");
+    p.validate().expect("version 1 may have PERF_CAPABILITIES without FW_WRITE");
 }
 
 #[test]
 fn nominal_mhz_100_to_10000() {
     for mhz in [99, 10_001] {
         let e = error_of(&with(|p| p.nominal_mhz = mhz));
-        assert_mentions(
-            &e,
-            &[&format!("pmu.nominal-mhz = {mhz}"), "100..=10000 MHz"],
-        );
+        assert_mentions(&e, &[&format!("pmu.nominal-mhz = {mhz}"), "100..=10000 MHz"]);
     }
     let mut p = version(0);
     p.pmu.nominal_mhz = 0;
@@ -295,12 +201,7 @@ fn nominal_mhz_100_to_10000() {
 
 #[test]
 fn vendor_12_printable_ascii() {
-    for vendor in [
-        "GenuineInte",
-        "GenuineIntel!",
-        "Genuine\tntel",
-        "GenuineIntél",
-    ] {
+    for vendor in ["GenuineInte", "GenuineIntel!", "Genuine\tntel", "GenuineIntél"] {
         let mut p = sample();
         p.vendor = vendor.to_string();
         let e = error_of(&p);
@@ -314,14 +215,7 @@ fn family_1_to_0x10e() {
         let mut p = sample();
         p.family = family;
         let e = error_of(&p);
-        assert_mentions(
-            &e,
-            &[
-                &format!("family = 0x{family:X}"),
-                "0x1..=0x10E",
-                "CPUID.01H:EAX",
-            ],
-        );
+        assert_mentions(&e, &[&format!("family = 0x{family:X}"), "0x1..=0x10E", "CPUID.01H:EAX"]);
     }
 }
 
@@ -330,13 +224,9 @@ fn extended_model_only_for_family_6_and_f() {
     let mut p = sample();
     p.family = 5;
     let e = error_of(&p);
-    assert_mentions(
-        &e,
-        &["model = 0x5E", "family 0x6 or >= 0xF", "extended model"],
-    );
+    assert_mentions(&e, &["model = 0x5E", "family 0x6 or >= 0xF", "extended model"]);
     p.family = 0x19;
-    p.validate()
-        .expect("family 0x19 may use the extended model");
+    p.validate().expect("family 0x19 may use the extended model");
 }
 
 #[test]

@@ -51,11 +51,7 @@ fn segment(desc: u64, sel: u16) -> kvm_segment {
     }
 }
 
-pub fn install(
-    mem: &GuestMemoryMmap,
-    sregs: &mut kvm_sregs,
-    mode: Mode,
-) -> Result<(), super::super::VmmError> {
+pub fn install(mem: &GuestMemoryMmap, sregs: &mut kvm_sregs, mode: Mode) -> Result<(), super::super::VmmError> {
     let code_flags = match mode {
         Mode::Long => 0xA09B,      // present, code exec/read, L=1, G=1
         Mode::Protected => 0xC09B, // present, code exec/read, D=1, G=1
@@ -97,10 +93,7 @@ mod tests {
     #[test]
     fn segments_decode_their_descriptor() {
         let cs = segment(descriptor(0xA09B, 0, 0xF_FFFF), CODE_SEL);
-        assert_eq!(
-            (cs.l, cs.db, cs.g, cs.present, cs.type_, cs.s),
-            (1, 0, 1, 1, 0xB, 1)
-        );
+        assert_eq!((cs.l, cs.db, cs.g, cs.present, cs.type_, cs.s), (1, 0, 1, 1, 0xB, 1));
         assert_eq!(cs.limit, 0xFFFF_FFFF);
         let ds = segment(descriptor(0xC093, 0, 0xF_FFFF), DATA_SEL);
         assert_eq!((ds.l, ds.db, ds.type_), (0, 1, 3));

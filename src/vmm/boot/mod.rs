@@ -37,12 +37,7 @@ pub struct Entry {
 }
 
 /// Writes the GDT (and, for long mode, the page tables) and loads the vCPU's registers.
-pub fn enter(
-    vcpu: &VcpuFd,
-    mem: &GuestMemoryMmap,
-    ram_size: u64,
-    e: &Entry,
-) -> Result<(), super::VmmError> {
+pub fn enter(vcpu: &VcpuFd, mem: &GuestMemoryMmap, ram_size: u64, e: &Entry) -> Result<(), super::VmmError> {
     let kvm = |op| move |source| super::VmmError::Kvm { op, source };
     let mut sregs: kvm_sregs = vcpu.get_sregs().map_err(kvm("KVM_GET_SREGS"))?;
     gdt::install(mem, &mut sregs, e.mode)?;
@@ -77,7 +72,6 @@ pub fn enter(
 }
 
 pub(crate) fn write(mem: &GuestMemoryMmap, addr: u64, bytes: &[u8]) -> Result<(), super::VmmError> {
-    mem.write_slice(bytes, GuestAddress(addr)).map_err(|e| {
-        super::VmmError::Memory(format!("writing {} bytes at {addr:#x}: {e}", bytes.len()))
-    })
+    mem.write_slice(bytes, GuestAddress(addr))
+        .map_err(|e| super::VmmError::Memory(format!("writing {} bytes at {addr:#x}: {e}", bytes.len())))
 }

@@ -23,18 +23,10 @@ pub fn pde(n: u64, ram_size: u64) -> Option<u64> {
 }
 
 pub fn install(mem: &GuestMemoryMmap, ram_size: u64) -> Result<(), super::super::VmmError> {
-    super::write(
-        mem,
-        PML4_ADDR,
-        &(PDPT_ADDR | PRESENT | WRITABLE).to_le_bytes(),
-    )?;
-    let pdpt: Vec<u8> = (0..4u64)
-        .flat_map(|i| ((PD_ADDR + i * 0x1000) | PRESENT | WRITABLE).to_le_bytes())
-        .collect();
+    super::write(mem, PML4_ADDR, &(PDPT_ADDR | PRESENT | WRITABLE).to_le_bytes())?;
+    let pdpt: Vec<u8> = (0..4u64).flat_map(|i| ((PD_ADDR + i * 0x1000) | PRESENT | WRITABLE).to_le_bytes()).collect();
     super::write(mem, PDPT_ADDR, &pdpt)?;
-    let pds: Vec<u8> = (0..4 * 512u64)
-        .flat_map(|n| pde(n, ram_size).unwrap_or(0).to_le_bytes())
-        .collect();
+    let pds: Vec<u8> = (0..4 * 512u64).flat_map(|n| pde(n, ram_size).unwrap_or(0).to_le_bytes()).collect();
     super::write(mem, PD_ADDR, &pds)
 }
 

@@ -36,11 +36,7 @@ impl FwCfg {
         items.insert(FW_CFG_CMDLINE_SIZE, (c.len() as u32).to_le_bytes().to_vec());
         items.insert(FW_CFG_CMDLINE_DATA, c);
         items.insert(FW_CFG_FILE_DIR, 0u32.to_be_bytes().to_vec()); // no files
-        FwCfg {
-            items,
-            selected: 0,
-            offset: 0,
-        }
+        FwCfg { items, selected: 0, offset: 0 }
     }
 
     pub fn write(&mut self, port: u16, data: &[u8]) {
@@ -56,11 +52,7 @@ impl FwCfg {
             data.fill(0);
             return;
         }
-        let item = self
-            .items
-            .get(&self.selected)
-            .map(Vec::as_slice)
-            .unwrap_or(&[]);
+        let item = self.items.get(&self.selected).map(Vec::as_slice).unwrap_or(&[]);
         for b in data.iter_mut() {
             *b = item.get(self.offset).copied().unwrap_or(0);
             self.offset += 1;
@@ -89,19 +81,13 @@ mod tests {
         assert_eq!(read_item(&mut f, FW_CFG_SIGNATURE, 4), b"QEMU");
         assert_eq!(read_item(&mut f, FW_CFG_NB_CPUS, 2), [1, 0]);
         assert_eq!(read_item(&mut f, FW_CFG_MAX_CPUS, 2), [1, 0]);
-        assert_eq!(
-            read_item(&mut f, FW_CFG_RAM_SIZE, 8),
-            (64u64 << 20).to_le_bytes()
-        );
+        assert_eq!(read_item(&mut f, FW_CFG_RAM_SIZE, 8), (64u64 << 20).to_le_bytes());
     }
 
     #[test]
     fn selecting_rewinds_and_reading_past_the_end_gives_zero() {
         let mut f = FwCfg::new(1 << 20, 1, "");
-        assert_eq!(
-            read_item(&mut f, FW_CFG_SIGNATURE, 6),
-            [b'Q', b'E', b'M', b'U', 0, 0]
-        );
+        assert_eq!(read_item(&mut f, FW_CFG_SIGNATURE, 6), [b'Q', b'E', b'M', b'U', 0, 0]);
         assert_eq!(read_item(&mut f, FW_CFG_SIGNATURE, 2), b"QE");
         assert_eq!(read_item(&mut f, 0x7777, 2), [0, 0]);
     }

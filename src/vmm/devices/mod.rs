@@ -23,11 +23,7 @@ pub struct PioBus {
 
 impl PioBus {
     pub fn new(serial: serial::SerialPort, fw_cfg: fw_cfg::FwCfg) -> Self {
-        PioBus {
-            serial,
-            fw_cfg,
-            unhandled: BTreeMap::new(),
-        }
+        PioBus { serial, fw_cfg, unhandled: BTreeMap::new() }
     }
 
     pub fn write(&mut self, port: u16, data: &[u8]) -> PioAction {

@@ -27,10 +27,7 @@ pub struct SerialPort {
 
 impl SerialPort {
     pub fn new(trigger: IrqTrigger, out: Output) -> Self {
-        SerialPort {
-            uart: vm_superio::Serial::new(trigger, out),
-            output_error: None,
-        }
+        SerialPort { uart: vm_superio::Serial::new(trigger, out), output_error: None }
     }
 
     pub fn write(&mut self, offset: u16, data: &[u8]) {

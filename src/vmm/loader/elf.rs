@@ -32,30 +32,16 @@ pub fn parse(bytes: &[u8]) -> Result<Image, KernelError> {
         .program_headers
         .iter()
         .filter(|p| p.p_type == PT_LOAD && p.p_memsz > 0)
-        .map(|p| Segment {
-            paddr: p.p_paddr,
-            offset: p.p_offset,
-            filesz: p.p_filesz,
-            memsz: p.p_memsz,
-        })
+        .map(|p| Segment { paddr: p.p_paddr, offset: p.p_offset, filesz: p.p_filesz, memsz: p.p_memsz })
         .collect();
     if segments.is_empty() {
         return Err(KernelError::NoLoadableSegments);
     }
-    Ok(Image {
-        is_64: elf.is_64,
-        entry: elf.entry,
-        segments,
-    })
+    Ok(Image { is_64: elf.is_64, entry: elf.entry, segments })
 }
 
 /// Loads every segment (zero-filling memsz beyond filesz); returns the end of the highest one.
-pub fn load(
-    mem: &GuestMemoryMmap,
-    ram_size: u64,
-    bytes: &[u8],
-    image: &Image,
-) -> Result<u64, KernelError> {
+pub fn load(mem: &GuestMemoryMmap, ram_size: u64, bytes: &[u8], image: &Image) -> Result<u64, KernelError> {
     let mut end = 0;
     for (i, s) in image.segments.iter().enumerate() {
         let what = format!("segment {i}");
@@ -69,21 +55,12 @@ pub fn load(
         let data = usize::try_from(s.offset)
             .ok()
             .and_then(|o| bytes.get(o..o.checked_add(usize::try_from(s.filesz).ok()?)?))
-            .ok_or_else(|| {
-                KernelError::BadElf(format!("{what}: file data beyond the end of the image"))
-            })?;
+            .ok_or_else(|| KernelError::BadElf(format!("{what}: file data beyond the end of the image")))?;
         write_mem(mem, s.paddr, data)?;
-        write_mem(
-            mem,
-            s.paddr + s.filesz,
-            &vec![0; (s.memsz - s.filesz) as usize],
-        )?;
+        write_mem(mem, s.paddr + s.filesz, &vec![0; (s.memsz - s.filesz) as usize])?;
         end = end.max(s.paddr + s.memsz);
     }
-    let inside = image
-        .segments
-        .iter()
-        .any(|s| (s.paddr..s.paddr + s.memsz).contains(&image.entry));
+    let inside = image.segments.iter().any(|s| (s.paddr..s.paddr + s.memsz).contains(&image.entry));
     if !inside {
         return Err(KernelError::EntryOutside(image.entry));
     }

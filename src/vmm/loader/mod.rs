@@ -24,13 +24,10 @@ pub enum KernelError {
     BadElf(String),
     #[error("it has no loadable segments")]
     NoLoadableSegments,
-    #[error("{what} at {start:#x}..{end:#x} does not fit in guest RAM ({ram_mib} MiB); use --memory to give the guest more")]
-    DoesNotFit {
-        what: String,
-        start: u64,
-        end: u64,
-        ram_mib: u64,
-    },
+    #[error(
+        "{what} at {start:#x}..{end:#x} does not fit in guest RAM ({ram_mib} MiB); use --memory to give the guest more"
+    )]
+    DoesNotFit { what: String, start: u64, end: u64, ram_mib: u64 },
     #[error("{what} at {start:#x}..{end:#x} overlaps emon's boot area below {BOOT_AREA_END:#x}; link the kernel at 1 MiB or above")]
     OverlapsBootArea { what: String, start: u64, end: u64 },
     #[error("its entry point {0:#x} is not inside a loaded segment")]
@@ -108,30 +105,18 @@ pub fn load(
 
 /// Checks that `[start, start+len)` is in RAM and above the boot area.
 fn check_range(what: &str, start: u64, len: u64, ram_size: u64) -> Result<(), KernelError> {
-    let end = start
-        .checked_add(len)
-        .ok_or_else(|| KernelError::BadElf(format!("{what} wraps around")))?;
+    let end = start.checked_add(len).ok_or_else(|| KernelError::BadElf(format!("{what} wraps around")))?;
     if end > ram_size {
-        return Err(KernelError::DoesNotFit {
-            what: what.into(),
-            start,
-            end,
-            ram_mib: ram_size >> 20,
-        });
+        return Err(KernelError::DoesNotFit { what: what.into(), start, end, ram_mib: ram_size >> 20 });
     }
     if start < BOOT_AREA_END && len > 0 {
-        return Err(KernelError::OverlapsBootArea {
-            what: what.into(),
-            start,
-            end,
-        });
+        return Err(KernelError::OverlapsBootArea { what: what.into(), start, end });
     }
     Ok(())
 }
 
 fn write_mem(mem: &GuestMemoryMmap, addr: u64, bytes: &[u8]) -> Result<(), KernelError> {
-    mem.write_slice(bytes, GuestAddress(addr))
-        .map_err(|e| KernelError::Memory(e.to_string()))
+    mem.write_slice(bytes, GuestAddress(addr)).map_err(|e| KernelError::Memory(e.to_string()))
 }
 
 /// Writes a NUL-terminated command line exactly as given (QEMU keeps the trailing space of
@@ -140,10 +125,8 @@ fn write_cmdline(mem: &GuestMemoryMmap, addr: u64, cmdline: &str) -> Result<(), 
     if cmdline.len() >= CMDLINE_MAX {
         return Err(KernelError::CmdlineTooLong(cmdline.len()));
     }
-    let mut c = linux_loader::cmdline::Cmdline::new(CMDLINE_MAX)
-        .map_err(|e| KernelError::BadCmdline(e.to_string()))?;
-    c.insert_str(cmdline)
-        .map_err(|e| KernelError::BadCmdline(e.to_string()))?;
+    let mut c = linux_loader::cmdline::Cmdline::new(CMDLINE_MAX).map_err(|e| KernelError::BadCmdline(e.to_string()))?;
+    c.insert_str(cmdline).map_err(|e| KernelError::BadCmdline(e.to_string()))?;
     let mut bytes = cmdline.as_bytes().to_vec();
     bytes.push(0);
     write_mem(mem, addr, &bytes)

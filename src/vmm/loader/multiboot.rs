@@ -44,27 +44,21 @@ fn u32_at(b: &[u8], off: usize) -> Option<u32> {
 impl MultibootHeader {
     /// Finds a header with a valid checksum, 32-bit aligned in the first 8 KiB (spec 3.1.1).
     pub fn find(image: &[u8]) -> Option<MultibootHeader> {
-        (0..SEARCH_LIMIT.min(image.len()).saturating_sub(11))
-            .step_by(4)
-            .find_map(|offset| {
-                let magic = u32_at(image, offset)?;
-                let flags = u32_at(image, offset + 4)?;
-                let checksum = u32_at(image, offset + 8)?;
-                if magic != HEADER_MAGIC || magic.wrapping_add(flags).wrapping_add(checksum) != 0 {
-                    return None;
-                }
-                let addresses = if flags & FLAG_AOUT_KLUDGE != 0 {
-                    let f = |i: usize| u32_at(image, offset + 12 + 4 * i);
-                    Some([f(0)?, f(1)?, f(2)?, f(3)?, f(4)?])
-                } else {
-                    None
-                };
-                Some(MultibootHeader {
-                    offset,
-                    flags,
-                    addresses,
-                })
-            })
+        (0..SEARCH_LIMIT.min(image.len()).saturating_sub(11)).step_by(4).find_map(|offset| {
+            let magic = u32_at(image, offset)?;
+            let flags = u32_at(image, offset + 4)?;
+            let checksum = u32_at(image, offset + 8)?;
+            if magic != HEADER_MAGIC || magic.wrapping_add(flags).wrapping_add(checksum) != 0 {
+                return None;
+            }
+            let addresses = if flags & FLAG_AOUT_KLUDGE != 0 {
+                let f = |i: usize| u32_at(image, offset + 12 + 4 * i);
+                Some([f(0)?, f(1)?, f(2)?, f(3)?, f(4)?])
+            } else {
+                None
+            };
+            Some(MultibootHeader { offset, flags, addresses })
+        })
     }
 }
 
@@ -89,9 +83,7 @@ pub fn load(
         }
     };
     if entry > u32::MAX as u64 {
-        return Err(KernelError::MultibootAddresses(format!(
-            "entry {entry:#x} is above 4 GiB"
-        )));
+        return Err(KernelError::MultibootAddresses(format!("entry {entry:#x} is above 4 GiB")));
     }
     // QEMU passes "<kernel path> <user arguments>" (hw/i386/multiboot.c).
     write_cmdline(mem, CMDLINE_ADDR, &format!("{} {}", kernel.name, args))?;
@@ -119,9 +111,7 @@ fn load_aout_kludge(
 ) -> Result<(u64, u64), KernelError> {
     let bad = |m: String| Err(KernelError::MultibootAddresses(m));
     if load_addr > header_addr {
-        return bad(format!(
-            "load_addr {load_addr:#x} is above header_addr {header_addr:#x}"
-        ));
+        return bad(format!("load_addr {load_addr:#x} is above header_addr {header_addr:#x}"));
     }
     let file_start = (offset as u64).checked_sub((header_addr - load_addr) as u64);
     let Some(file_start) = file_start else {
@@ -130,32 +120,16 @@ fn load_aout_kludge(
             header_addr - load_addr
         ));
     };
-    let load_end = if load_end_addr == 0 {
-        load_addr as u64 + (image.len() as u64 - file_start)
-    } else {
-        load_end_addr as u64
-    };
-    if load_end < load_addr as u64
-        || file_start + (load_end - load_addr as u64) > image.len() as u64
-    {
+    let load_end =
+        if load_end_addr == 0 { load_addr as u64 + (image.len() as u64 - file_start) } else { load_end_addr as u64 };
+    if load_end < load_addr as u64 || file_start + (load_end - load_addr as u64) > image.len() as u64 {
         return bad(format!("load_end_addr {load_end:#x} is outside the file"));
     }
-    let end = if bss_end_addr == 0 {
-        load_end
-    } else {
-        bss_end_addr as u64
-    };
+    let end = if bss_end_addr == 0 { load_end } else { bss_end_addr as u64 };
     if end < load_end {
-        return bad(format!(
-            "bss_end_addr {end:#x} is below load_end_addr {load_end:#x}"
-        ));
+        return bad(format!("bss_end_addr {end:#x} is below load_end_addr {load_end:#x}"));
     }
-    check_range(
-        "kernel image",
-        load_addr as u64,
-        end - load_addr as u64,
-        ram_size,
-    )?;
+    check_range("kernel image", load_addr as u64, end - load_addr as u64, ram_size)?;
     let data = &image[file_start as usize..(file_start + load_end - load_addr as u64) as usize];
     write_mem(mem, load_addr as u64, data)?;
     write_mem(mem, load_end, &vec![0; (end - load_end) as usize])?;
@@ -177,10 +151,7 @@ fn build_info(
         let mut bytes = s.as_bytes().to_vec();
         bytes.push(0);
         if addr + bytes.len() as u64 > MB_STRINGS_END {
-            return Err(KernelError::Module(
-                s.into(),
-                "module names are too long for the boot area".into(),
-            ));
+            return Err(KernelError::Module(s.into(), "module names are too long for the boot area".into()));
         }
         write_mem(mem, addr, &bytes)?;
         strings += bytes.len() as u64;
@@ -192,13 +163,8 @@ fn build_info(
     let mut next = (kernel_end + 0xFFF) & !0xFFF;
     let mut mods = Vec::new();
     for m in modules {
-        check_range(
-            &format!("module {}", m.name),
-            next,
-            m.data.len() as u64,
-            ram_size,
-        )
-        .map_err(|e| KernelError::Module(m.name.clone(), e.to_string()))?;
+        check_range(&format!("module {}", m.name), next, m.data.len() as u64, ram_size)
+            .map_err(|e| KernelError::Module(m.name.clone(), e.to_string()))?;
         write_mem(mem, next, &m.data)?;
         let name = put_string(&m.name)?;
         for v in [next as u32, (next + m.data.len() as u64) as u32, name, 0] {
@@ -207,10 +173,7 @@ fn build_info(
         next = (next + m.data.len() as u64 + 0xFFF) & !0xFFF;
     }
     if mods.len() as u64 > MB_STRINGS_ADDR - MB_MODS_ADDR {
-        return Err(KernelError::Module(
-            "(all)".into(),
-            "too many modules".into(),
-        ));
+        return Err(KernelError::Module("(all)".into(), "too many modules".into()));
     }
     write_mem(mem, MB_MODS_ADDR, &mods)?;
 
@@ -260,10 +223,7 @@ mod tests {
     fn finds_an_aligned_header_with_a_valid_checksum() {
         let h = MultibootHeader::find(&header(3)).expect("header");
         assert_eq!((h.offset, h.flags, h.addresses), (64, 3, None));
-        assert!(MultibootHeader::find(&header(1 << 16))
-            .unwrap()
-            .addresses
-            .is_some());
+        assert!(MultibootHeader::find(&header(1 << 16)).unwrap().addresses.is_some());
     }
 
     #[test]
