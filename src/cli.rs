@@ -1,4 +1,5 @@
 //! The `emon` command line.
+use crate::backend::{self, BackendKind};
 use crate::guests;
 use crate::profile::Profile;
 use crate::vmm::{self, loader, SerialOut, VmConfig};
@@ -61,6 +62,9 @@ struct RunArgs {
     /// Unknown non-PMU MSRs read as 0 and ignore writes instead of raising #GP.
     #[arg(long)]
     ignore_msrs: bool,
+    /// What makes the guest's counters count.
+    #[arg(long, value_enum, default_value_t = BackendKind::Auto)]
+    backend: BackendKind,
     /// Log exits and print statistics and the PMU state at the end.
     #[arg(long, short)]
     verbose: bool,
@@ -151,6 +155,10 @@ fn run(args: RunArgs) -> Result<ExitCode, CliError> {
         Some(s) => Some(Duration::from_secs_f64(s)),
         None => None,
     };
+    let (backend, why) = backend::select(args.backend).map_err(CliError)?;
+    if args.verbose {
+        eprintln!("emon: backend {}: {why}", backend.name());
+    }
     tracing::debug!("profile {} ({}), kernel {}", profile.name, profile.description, kernel.name);
     let config = VmConfig {
         profile,
@@ -161,6 +169,7 @@ fn run(args: RunArgs) -> Result<ExitCode, CliError> {
         timeout,
         serial: args.serial.map(SerialOut::File).unwrap_or(SerialOut::Stdout),
         ignore_msrs: args.ignore_msrs,
+        backend,
     };
     let report = vmm::run(config)?;
     if let vmm::VcpuStop::Shutdown { registers, .. } = &report.stop {
@@ -183,6 +192,11 @@ fn print_statistics(r: &vmm::RunReport) {
         e.total, e.pio, e.mmio, e.msr, e.interrupted, e.other
     );
     eprintln!("PMU MSRs: {} reads, {} writes; #GP injected: {}", r.msr.pmu_reads, r.msr.pmu_writes, r.msr.gp_injected);
+    eprintln!("{}", r.backend);
+    eprintln!(
+        "PMIs: {} fixed-vector, {} NMI, {} masked, {} dropped",
+        r.pmis.fixed, r.pmis.nmi, r.pmis.masked, r.pmis.dropped
+    );
     for (msr, n) in &r.msr.unknown {
         eprintln!("  non-PMU MSR {msr:#x}: {n} accesses");
     }

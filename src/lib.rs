@@ -3,8 +3,10 @@
 //!
 //! - [`profile`]: the PMU a guest sees (CPUID leaf 0x0A and friends), from TOML profiles.
 //! - [`pmu`]: the virtual PMU, a pure state machine over the architectural perfmon MSRs.
+//! - [`backend`]: what makes the counters count (precise single-stepping; host perf events).
 //! - [`vmm`]: KVM setup, boot paths, devices, MSR trapping and the exit loop.
 //! - [`cli`]: the `emon` command line.
+pub mod backend;
 pub mod cli;
 pub mod guests;
 pub mod pmu;

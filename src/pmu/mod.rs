@@ -44,6 +44,15 @@ pub enum CounterId {
 }
 
 impl CounterId {
+    /// The counter whose value MSR `msr` is (IA32_PMCi, IA32_A_PMCi or IA32_FIXED_CTRi).
+    pub fn from_msr(msr: u32) -> Option<CounterId> {
+        match decode::Reg::decode(msr)? {
+            decode::Reg::Pmc(i) | decode::Reg::APmc(i) => Some(CounterId::Gp(i)),
+            decode::Reg::FixedCtr(i) => Some(CounterId::Fixed(i)),
+            _ => None,
+        }
+    }
+
     /// Bit of this counter in IA32_PERF_GLOBAL_CTRL / _STATUS / _OVF_CTRL / _INUSE:
     /// `Gp(i)` -> i, `Fixed(i)` -> 32 + i.
     pub fn status_bit(self) -> u32 {

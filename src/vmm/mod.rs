@@ -52,6 +52,8 @@ pub enum VmmError {
     Setup(String),
     #[error("the guest stopped unexpectedly: {0}")]
     Guest(String),
+    #[error("counting backend: {0}")]
+    Backend(#[from] crate::backend::BackendError),
 }
 
 /// Where the guest's COM1 output goes.
@@ -73,6 +75,8 @@ pub struct VmConfig {
     pub serial: SerialOut,
     /// Unknown non-PMU MSRs read as 0 and ignore writes instead of raising #GP.
     pub ignore_msrs: bool,
+    /// What makes the counters count.
+    pub backend: Box<dyn crate::backend::Backend>,
 }
 
 /// How a run ended, and what happened during it.
@@ -86,6 +90,9 @@ pub struct RunReport {
     pub serial_error: Option<String>,
     /// The PMU state at the end of the run.
     pub pmu: Pmu,
+    pub pmis: vcpu::PmiStats,
+    /// The backend's one-line account of the run.
+    pub backend: String,
 }
 
 /// Exit statuses for the ways a run can end other than the debug-exit port.
@@ -230,8 +237,11 @@ pub fn run(config: VmConfig) -> Result<RunReport, VmmError> {
     let done_vcpu = done.try_clone().map_err(|e| VmmError::Setup(format!("eventfd: {e}")))?;
     let mut vcpu = vcpu::Vcpu {
         fd: vcpu_fd,
+        mem: mem.clone(),
         bus,
         pmu: Pmu::new(&config.profile.pmu),
+        backend: config.backend,
+        pmis: Default::default(),
         msrs: msr::MsrDispatch { ignore_unknown: config.ignore_msrs, stats: Default::default() },
         stats: ExitStats::default(),
         stop: stop.clone(),
@@ -269,6 +279,8 @@ pub fn run(config: VmConfig) -> Result<RunReport, VmmError> {
         unhandled_ports: vcpu.bus.unhandled,
         serial_error: vcpu.bus.serial.output_error,
         pmu: vcpu.pmu,
+        pmis: vcpu.pmis,
+        backend: vcpu.backend.summary(),
     })
 }
 

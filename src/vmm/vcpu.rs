@@ -3,10 +3,14 @@
 use super::devices::{PioAction, PioBus};
 use super::kick::{self, StopReason, StopRequest};
 use super::msr::MsrDispatch;
+use super::pmi::{self, PmiDelivery};
 use super::VmmError;
+use crate::backend::{Backend, Cx, Next as BackendNext};
+use crate::pmu::CounterId;
 use crate::pmu::Pmu;
 use kvm_ioctls::{VcpuExit, VcpuFd};
 use std::sync::Arc;
+use vm_memory::GuestMemoryMmap;
 
 /// Exit counts, for the summary and `--verbose`.
 #[derive(Debug, Default, Clone)]
@@ -32,17 +36,33 @@ pub enum VcpuStop {
     Stopped(StopReason),
 }
 
+/// PMIs delivered, by how.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct PmiStats {
+    pub fixed: u64,
+    pub nmi: u64,
+    pub masked: u64,
+    pub dropped: u64,
+}
+
 pub struct Vcpu {
     pub fd: VcpuFd,
+    pub mem: GuestMemoryMmap,
     pub bus: PioBus,
     pub pmu: Pmu,
+    pub backend: Box<dyn Backend>,
     pub msrs: MsrDispatch,
     pub stats: ExitStats,
+    pub pmis: PmiStats,
     pub stop: Arc<StopRequest>,
 }
 
 enum Next {
     Continue,
+    /// A single-step exit: one instruction retired, the vCPU is at this RIP.
+    Stepped(u64),
+    /// KVM_RUN returned EINTR (a kick or a signal): nothing retired.
+    Interrupted,
     Stop(VcpuStop),
     Shutdown(String),
 }
@@ -59,12 +79,28 @@ impl Vcpu {
     }
 
     fn run_loop(&mut self) -> Result<VcpuStop, VmmError> {
+        // Whether the vCPU is between instructions (rather than inside one, at an MSR or I/O exit).
+        let mut at_boundary = true;
         loop {
             if let Some(reason) = self.stop.get() {
                 return Ok(VcpuStop::Stopped(reason));
             }
+            if self.pmu.pmi_pending() {
+                self.deliver_pmi()?;
+            }
+            let mut cx = Cx { fd: &mut self.fd, pmu: &mut self.pmu, mem: &self.mem };
+            if self.backend.before_run(&mut cx, at_boundary)? == BackendNext::Retired {
+                at_boundary = true;
+                continue;
+            }
             match self.step()? {
-                Next::Continue => {}
+                Next::Continue => at_boundary = false,
+                Next::Interrupted => {}
+                Next::Stepped(pc) => {
+                    let mut cx = Cx { fd: &mut self.fd, pmu: &mut self.pmu, mem: &self.mem };
+                    self.backend.on_debug_exit(&mut cx, pc)?;
+                    at_boundary = true;
+                }
                 Next::Stop(s) => return Ok(s),
                 Next::Shutdown(why) => {
                     return Ok(VcpuStop::Shutdown { why, registers: dump_registers(&self.fd) });
@@ -73,13 +109,29 @@ impl Vcpu {
         }
     }
 
+    /// Delivers the pending PMI as LVTPC says, then applies FREEZE_PERFMON_ON_PMI.
+    fn deliver_pmi(&mut self) -> Result<(), VmmError> {
+        match pmi::deliver(&self.fd)? {
+            PmiDelivery::Fixed(_) => self.pmis.fixed += 1,
+            PmiDelivery::Nmi => self.pmis.nmi += 1,
+            PmiDelivery::Masked => self.pmis.masked += 1,
+            PmiDelivery::Dropped { mode, vector } => {
+                self.pmis.dropped += 1;
+                tracing::debug!("PMI dropped: LVTPC delivery mode {mode:#b}, vector {vector}");
+            }
+        }
+        self.pmu.pmi_delivered();
+        Ok(())
+    }
+
     fn step(&mut self) -> Result<Next, VmmError> {
         let exit = match self.fd.run() {
             Ok(exit) => exit,
             Err(e) if e.errno() == libc::EINTR || e.errno() == libc::EAGAIN => {
+                // Nothing retired: the boundary state is unchanged.
                 self.stats.interrupted += 1;
                 self.fd.set_kvm_immediate_exit(0);
-                return Ok(Next::Continue);
+                return Ok(Next::Interrupted);
             }
             Err(source) => return Err(VmmError::Kvm { op: "KVM_RUN", source }),
         };
@@ -99,6 +151,9 @@ impl Vcpu {
             }
             VcpuExit::X86Rdmsr(exit) => {
                 self.stats.msr += 1;
+                if Pmu::owns(exit.index) {
+                    self.backend.sync(&mut self.pmu);
+                }
                 match self.msrs.read(&mut self.pmu, exit.index) {
                     Some(v) => *exit.data = v,
                     None => *exit.error = 1,
@@ -109,6 +164,8 @@ impl Vcpu {
                 self.stats.msr += 1;
                 if !self.msrs.write(&mut self.pmu, exit.index, exit.data) {
                     *exit.error = 1;
+                } else if let Some(id) = CounterId::from_msr(exit.index) {
+                    self.backend.counter_written(id);
                 }
                 Next::Continue
             }
@@ -123,6 +180,7 @@ impl Vcpu {
                 tracing::debug!("unhandled MMIO write at {addr:#x}");
                 Next::Continue
             }
+            VcpuExit::Debug(d) => Next::Stepped(d.pc),
             VcpuExit::Shutdown => Next::Shutdown("triple fault (KVM_EXIT_SHUTDOWN)".into()),
             VcpuExit::SystemEvent(kind, _) => Next::Shutdown(format!("system event {kind} (shutdown or reset)")),
             VcpuExit::Hlt => Next::Shutdown("HLT with no interrupt source".into()),

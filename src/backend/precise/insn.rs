@@ -91,10 +91,30 @@ fn classify(i: &Instruction) -> Insn {
     };
     let changes_mode = matches!(
         m,
-        Iret | Iretd | Iretq | Syscall | Sysret | Sysretq | Sysenter | Sysexit | Sysexitq | Retf | Int | Int3 | Into
-            | Lgdt | Lidt | Lldt | Ltr | Mov_cr | Rsm | Swapgs | Wrmsr
+        Iret | Iretd
+            | Iretq
+            | Syscall
+            | Sysret
+            | Sysretq
+            | Sysenter
+            | Sysexit
+            | Sysexitq
+            | Retf
+            | Int
+            | Int3
+            | Into
+            | Lgdt
+            | Lidt
+            | Lldt
+            | Ltr
+            | Rsm
+            | Swapgs
+            | Wrmsr
     ) || (matches!(m, Jmp | Call) && is_far(i))
-        || (m == Mov && (0..i.op_count()).any(|n| i.op_kind(n) == OpKind::Register && i.op_register(n).is_segment_register()));
+        || (m == Mov
+            && (0..i.op_count()).any(|n| {
+                i.op_kind(n) == OpKind::Register && (i.op_register(n).is_segment_register() || i.op_register(n).is_cr())
+            }));
     Insn { len: i.len() as u8, flow, branch, mem_operands, class_cycles, special, changes_mode }
 }
 
@@ -103,7 +123,8 @@ fn is_near_direct(i: &Instruction) -> bool {
 }
 
 fn is_far(i: &Instruction) -> bool {
-    matches!(i.op0_kind(), OpKind::FarBranch16 | OpKind::FarBranch32) || i.op0_kind() == OpKind::Memory && i.is_jmp_far_indirect()
+    matches!(i.op0_kind(), OpKind::FarBranch16 | OpKind::FarBranch32)
+        || i.op0_kind() == OpKind::Memory && i.is_jmp_far_indirect()
         || i.is_call_far_indirect()
 }
 
@@ -122,12 +143,14 @@ mod tests {
         assert_eq!(d(&[0x75, 0xFE]).flow, Flow::Direct { target: 0x1000, conditional: true }); // jnz $
         assert_eq!(d(&[0xC3]).flow, Flow::Indirect); // ret
         assert_eq!(d(&[0xFF, 0xE0]).flow, Flow::Indirect); // jmp rax
-        assert_eq!(d(&[0xE8, 0, 0, 0, 0]).flow, Flow::Direct { target: 0x1005, conditional: false }); // call
+        assert_eq!(d(&[0xE8, 0, 0, 0, 0]).flow, Flow::Direct { target: 0x1005, conditional: false });
+        // call
     }
 
     #[test]
     fn counts_branches_but_not_faults() {
-        for b in [&[0xC3][..], &[0xEB, 0], &[0x75, 0], &[0xE8, 0, 0, 0, 0], &[0x48, 0xCF], &[0xCD, 0x80], &[0x0F, 0x05]] {
+        for b in [&[0xC3][..], &[0xEB, 0], &[0x75, 0], &[0xE8, 0, 0, 0, 0], &[0x48, 0xCF], &[0xCD, 0x80], &[0x0F, 0x05]]
+        {
             assert!(d(b).branch, "{b:x?}");
         }
         for b in [&[0x90][..], &[0x0F, 0x0B], &[0xCC], &[0x0F, 0xA2]] {

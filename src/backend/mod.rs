@@ -1,0 +1,78 @@
+//! Counting backends: what makes the virtual PMU's counters advance. The VMM drives a backend
+//! from the PMU model: before each KVM_RUN (so it can arm itself when counters go live), on
+//! single-step exits, when the guest writes a counter, and before the guest reads one.
+//!
+//! - [`precise`]: counts exactly by single-stepping the guest (any host, deterministic).
+//! - perf: host perf events (a later issue).
+pub mod precise;
+
+use crate::pmu::{CounterId, Pmu};
+use kvm_ioctls::VcpuFd;
+use thiserror::Error;
+use vm_memory::GuestMemoryMmap;
+
+/// What a backend works with at each call: the vCPU, the PMU model and guest memory.
+pub struct Cx<'a> {
+    pub fd: &'a mut VcpuFd,
+    pub pmu: &'a mut Pmu,
+    pub mem: &'a GuestMemoryMmap,
+}
+
+/// What the VMM does after `before_run`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Next {
+    /// Enter the guest.
+    Run,
+    /// The backend completed the instruction at RIP itself (it emulated it): the vCPU is at the
+    /// next instruction boundary; call `before_run` again (after delivering any PMI).
+    Retired,
+}
+
+#[derive(Debug, Error)]
+pub enum BackendError {
+    #[error("{op} failed: {source}")]
+    Kvm { op: &'static str, source: kvm_ioctls::Error },
+}
+
+pub(crate) fn kvm_err(op: &'static str) -> impl Fn(kvm_ioctls::Error) -> BackendError {
+    move |source| BackendError::Kvm { op, source }
+}
+
+/// A counting backend.
+pub trait Backend: Send {
+    fn name(&self) -> &'static str;
+    /// Before each KVM_RUN. `at_boundary`: the vCPU is between two instructions (the previous
+    /// exit completed one), as opposed to in the middle of one (an MSR or I/O exit).
+    fn before_run(&mut self, cx: &mut Cx, at_boundary: bool) -> Result<Next, BackendError>;
+    /// A single-step exit: the vCPU retired one instruction and is at `pc`.
+    fn on_debug_exit(&mut self, cx: &mut Cx, pc: u64) -> Result<(), BackendError>;
+    /// The guest wrote counter `id` with WRMSR (the write does not count itself).
+    fn counter_written(&mut self, _id: CounterId) {}
+    /// Brings the model's counter values up to date before the guest reads one.
+    fn sync(&mut self, _pmu: &mut Pmu) {}
+    /// One line for the run summary.
+    fn summary(&self) -> String;
+}
+
+/// `--backend`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum BackendKind {
+    /// perf when the host can count the guest's events in hardware, precise otherwise.
+    Auto,
+    /// Exact counts by single-stepping the guest.
+    Precise,
+    /// Host perf events.
+    Perf,
+}
+
+/// The backend for `kind`, and why it was chosen.
+pub fn select(kind: BackendKind) -> Result<(Box<dyn Backend>, String), String> {
+    match kind {
+        BackendKind::Precise => Ok((Box::new(precise::Precise::new()), "requested with --backend precise".into())),
+        BackendKind::Auto => Ok((
+            Box::new(precise::Precise::new()),
+            "auto: this build has no perf backend yet, so counting uses the precise backend".into(),
+        )),
+        BackendKind::Perf => Err("--backend perf: the perf backend is not available in this version of emon".into()),
+    }
+}

@@ -1,0 +1,335 @@
+//! The precise backend: exact, deterministic counts by single-stepping the guest.
+//!
+//! While at least one counter is counting, every KVM_RUN executes one guest instruction
+//! (KVM_GUESTDBG_SINGLESTEP) and ends in a debug exit; each exit is one retired instruction,
+//! which is decoded (iced-x86) and attributed to the counters that were counting when it began.
+//! An interrupt or exception delivered before a step shows up as a RIP that does not follow
+//! from the instruction at the previous one: the handler's first instruction is what retired.
+//! HLT (which KVM steps over) and RDPMC (which has no userspace exit) are emulated. When no
+//! counter is counting the guest runs free.
+pub mod events;
+pub mod guest_view;
+pub mod insn;
+
+use super::{kvm_err, Backend, BackendError, Cx, Next};
+use crate::pmu::CounterId;
+use events::Armed;
+use guest_view::CpuMode;
+use insn::{Flow, Insn, Special};
+use kvm_bindings::{kvm_guest_debug, kvm_mp_state, KVM_GUESTDBG_ENABLE, KVM_GUESTDBG_SINGLESTEP, KVM_MP_STATE_HALTED};
+use std::collections::HashMap;
+use std::sync::Arc;
+
+/// An instruction that has started (the vCPU was entered at its RIP) but not yet retired.
+#[derive(Debug, Clone)]
+struct Pending {
+    rip: u64,
+    cpl: u8,
+    /// The counters that were counting when it began.
+    armed: Arc<[Armed]>,
+    /// The vCPU cannot retire the instruction at `rip` before an event is delivered (it is
+    /// halted, or an exception was injected).
+    expect_event: bool,
+}
+
+/// What the backend did, for the run summary.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Stats {
+    pub steps: u64,
+    pub retired: u64,
+    pub events: u64,
+    pub hlt: u64,
+    pub rdpmc: u64,
+    pub arm_changes: u64,
+}
+
+const GP_SLOTS: usize = 8;
+
+pub struct Precise {
+    stepping: bool,
+    /// RIP at the current instruction boundary, when known without a register read.
+    rip: Option<u64>,
+    /// Cached CPU mode; `None` after anything that may change it.
+    mode: Option<CpuMode>,
+    armed: Arc<[Armed]>,
+    armed_generation: Option<u64>,
+    pending: Option<Pending>,
+    /// Set when HLT was emulated: the next retired instruction is an event handler's.
+    halted: bool,
+    /// CMASK condition of the previous counted instruction, per counter (edge detect).
+    edges: [bool; GP_SLOTS + 4],
+    cache: HashMap<u64, Option<Insn>>,
+    cache_cr3: u64,
+    pub stats: Stats,
+}
+
+impl Default for Precise {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Precise {
+    pub fn new() -> Precise {
+        Precise {
+            stepping: false,
+            rip: None,
+            mode: None,
+            armed: Arc::from(Vec::new()),
+            armed_generation: None,
+            pending: None,
+            halted: false,
+            edges: [false; GP_SLOTS + 4],
+            cache: HashMap::new(),
+            cache_cr3: 0,
+            stats: Stats::default(),
+        }
+    }
+
+    fn set_stepping(&mut self, cx: &mut Cx, on: bool) -> Result<(), BackendError> {
+        let control = if on { KVM_GUESTDBG_ENABLE | KVM_GUESTDBG_SINGLESTEP } else { 0 };
+        cx.fd
+            .set_guest_debug(&kvm_guest_debug { control, ..Default::default() })
+            .map_err(kvm_err("KVM_SET_GUEST_DEBUG"))?;
+        self.stepping = on;
+        self.stats.arm_changes += 1;
+        if on {
+            self.mode = None;
+            self.rip = None;
+        }
+        Ok(())
+    }
+
+    fn refresh_armed(&mut self, cx: &Cx) {
+        let g = cx.pmu.generation();
+        if self.armed_generation != Some(g) {
+            self.armed = cx.pmu.counting().iter().map(Armed::new).collect::<Vec<_>>().into();
+            self.armed_generation = Some(g);
+        }
+    }
+
+    fn mode(&mut self, cx: &mut Cx) -> Result<CpuMode, BackendError> {
+        if let Some(m) = self.mode {
+            return Ok(m);
+        }
+        let m = CpuMode::from_sregs(&cx.fd.get_sregs().map_err(kvm_err("KVM_GET_SREGS"))?);
+        if m.cr3 != self.cache_cr3 {
+            self.cache.clear();
+            self.cache_cr3 = m.cr3;
+        }
+        self.mode = Some(m);
+        Ok(m)
+    }
+
+    fn rip(&mut self, cx: &mut Cx) -> Result<u64, BackendError> {
+        match self.rip {
+            Some(r) => Ok(r),
+            None => {
+                let r = cx.fd.get_regs().map_err(kvm_err("KVM_GET_REGS"))?.rip;
+                self.rip = Some(r);
+                Ok(r)
+            }
+        }
+    }
+
+    /// The instruction at linear address `rip` (decoded once per address and CR3).
+    fn decode(&mut self, cx: &Cx, mode: &CpuMode, rip: u64) -> Option<Insn> {
+        *self.cache.entry(rip).or_insert_with(|| insn::decode(&mode.fetch(cx.mem, rip), rip, mode.bitness))
+    }
+
+    /// Attributes one retired instruction to the counters in `armed`.
+    fn retire(&mut self, cx: &mut Cx, armed: &[Armed], i: &Insn, rip: u64, cpl: u8, taken: bool) {
+        self.stats.retired += 1;
+        for a in armed {
+            let slot = match a.id {
+                CounterId::Gp(n) => n as usize,
+                CounterId::Fixed(n) => GP_SLOTS + n as usize,
+            };
+            let n = a.model.increment(i, rip, taken);
+            let inc = a.advance(n, cpl, &mut self.edges[slot.min(self.edges.len() - 1)]);
+            if inc > 0 {
+                cx.pmu.add_events(a.id, inc);
+            }
+        }
+    }
+
+    /// The handler whose first instruction, retired, leaves the vCPU at `pc`: the event that
+    /// was delivered before the pending instruction.
+    fn event_handler(&mut self, cx: &Cx, mode: &CpuMode, pc: u64) -> Option<(u64, Insn)> {
+        let mut branch_match = None;
+        for v in 0..=255u8 {
+            let Some(h) = mode.idt_handler(cx.mem, v) else { continue };
+            let Some(i) = self.decode(cx, mode, h) else { continue };
+            if h + i.len as u64 == pc && matches!(i.flow, Flow::Next) {
+                return Some((h, i));
+            }
+            if branch_match.is_none() && follows(&i, h, pc) {
+                branch_match = Some((h, i));
+            }
+        }
+        branch_match
+    }
+
+    fn emulate_hlt(&mut self, cx: &mut Cx, p: Pending, i: &Insn) -> Result<Next, BackendError> {
+        self.retire(cx, &p.armed, i, p.rip, p.cpl, false);
+        let mut regs = cx.fd.get_regs().map_err(kvm_err("KVM_GET_REGS"))?;
+        regs.rip = p.rip + i.len as u64;
+        cx.fd.set_regs(&regs).map_err(kvm_err("KVM_SET_REGS"))?;
+        cx.fd.set_mp_state(kvm_mp_state { mp_state: KVM_MP_STATE_HALTED }).map_err(kvm_err("KVM_SET_MP_STATE"))?;
+        self.rip = Some(regs.rip);
+        self.halted = true;
+        self.stats.hlt += 1;
+        Ok(Next::Retired)
+    }
+
+    fn emulate_rdpmc(&mut self, cx: &mut Cx, mut p: Pending, i: &Insn, mode: &CpuMode) -> Result<Next, BackendError> {
+        self.stats.rdpmc += 1;
+        let mut regs = cx.fd.get_regs().map_err(kvm_err("KVM_GET_REGS"))?;
+        match cx.pmu.rdpmc(regs.rcx as u32, p.cpl, mode.pce()) {
+            Ok(v) => {
+                regs.rax = v & 0xFFFF_FFFF;
+                regs.rdx = v >> 32;
+                regs.rip = p.rip + i.len as u64;
+                cx.fd.set_regs(&regs).map_err(kvm_err("KVM_SET_REGS"))?;
+                self.retire(cx, &p.armed, i, p.rip, p.cpl, false);
+                self.rip = Some(regs.rip);
+                Ok(Next::Retired)
+            }
+            Err(_) => {
+                // Hardware raises #GP(0); the faulting RDPMC does not retire.
+                let mut ev = cx.fd.get_vcpu_events().map_err(kvm_err("KVM_GET_VCPU_EVENTS"))?;
+                ev.exception.injected = 1;
+                ev.exception.nr = 13;
+                ev.exception.has_error_code = 1;
+                ev.exception.error_code = 0;
+                cx.fd.set_vcpu_events(&ev).map_err(kvm_err("KVM_SET_VCPU_EVENTS"))?;
+                p.expect_event = true;
+                self.pending = Some(p);
+                Ok(Next::Run)
+            }
+        }
+    }
+}
+
+/// Whether executing `i` at `rip` can leave the vCPU at `pc`.
+fn follows(i: &Insn, rip: u64, pc: u64) -> bool {
+    let next = rip + i.len as u64;
+    match i.flow {
+        Flow::Next => pc == next,
+        Flow::Direct { target, .. } => pc == target || pc == next,
+        Flow::Indirect | Flow::Other => true,
+    }
+}
+
+/// Whether `i` at `rip`, having left the vCPU at `pc`, was a taken branch.
+fn taken(i: &Insn, rip: u64, pc: u64) -> bool {
+    match i.flow {
+        Flow::Next => false,
+        Flow::Direct { target, .. } => pc == target && target != rip + i.len as u64,
+        Flow::Indirect => true,
+        Flow::Other => pc != rip + i.len as u64,
+    }
+}
+
+/// An instruction emon could not fetch or decode: it still counts as one instruction.
+const UNKNOWN: Insn = Insn {
+    len: 0,
+    flow: Flow::Other,
+    branch: false,
+    mem_operands: 0,
+    class_cycles: 0,
+    special: Special::None,
+    changes_mode: true,
+};
+
+impl Backend for Precise {
+    fn name(&self) -> &'static str {
+        "precise"
+    }
+
+    fn before_run(&mut self, cx: &mut Cx, at_boundary: bool) -> Result<Next, BackendError> {
+        self.refresh_armed(cx);
+        if !at_boundary {
+            // In the middle of an instruction (an MSR or I/O exit): start stepping as soon as a
+            // counter goes live, but never stop before the instruction retires (the WRMSR that
+            // disables a counter still counts).
+            if !self.armed.is_empty() && !self.stepping {
+                self.set_stepping(cx, true)?;
+            }
+            return Ok(Next::Run);
+        }
+        if self.armed.is_empty() {
+            if self.stepping {
+                self.set_stepping(cx, false)?;
+            }
+            self.pending = None;
+            self.halted = false;
+            return Ok(Next::Run);
+        }
+        if !self.stepping {
+            self.set_stepping(cx, true)?;
+        }
+        let rip = self.rip(cx)?;
+        let mode = self.mode(cx)?;
+        let p =
+            Pending { rip, cpl: mode.cpl, armed: self.armed.clone(), expect_event: std::mem::take(&mut self.halted) };
+        if !p.expect_event {
+            match self.decode(cx, &mode, rip) {
+                Some(i) if i.special == Special::Hlt => return self.emulate_hlt(cx, p, &i),
+                Some(i) if i.special == Special::Rdpmc => return self.emulate_rdpmc(cx, p, &i, &mode),
+                _ => {}
+            }
+        }
+        self.pending = Some(p);
+        Ok(Next::Run)
+    }
+
+    fn on_debug_exit(&mut self, cx: &mut Cx, pc: u64) -> Result<(), BackendError> {
+        self.stats.steps += 1;
+        let Some(p) = self.pending.take() else {
+            // The first step after counting started mid-instruction: that instruction began
+            // before any counter was counting.
+            self.rip = Some(pc);
+            return Ok(());
+        };
+        let mode = self.mode(cx)?;
+        let at_rip = self.decode(cx, &mode, p.rip);
+        let (i, rip, cpl) = match at_rip {
+            Some(i) if !p.expect_event && follows(&i, p.rip, pc) => (i, p.rip, p.cpl),
+            None if !p.expect_event => (UNKNOWN, p.rip, p.cpl),
+            _ => {
+                // An interrupt or exception was delivered first: its handler's first
+                // instruction retired, at the handler's privilege level.
+                self.stats.events += 1;
+                self.mode = None;
+                let mode = self.mode(cx)?;
+                match self.event_handler(cx, &mode, pc) {
+                    Some((h, i)) => (i, h, mode.cpl),
+                    None => (UNKNOWN, pc, mode.cpl),
+                }
+            }
+        };
+        self.retire(cx, &p.armed, &i, rip, cpl, taken(&i, rip, pc));
+        if i.changes_mode {
+            self.mode = None;
+        }
+        self.rip = Some(pc);
+        Ok(())
+    }
+
+    fn counter_written(&mut self, id: CounterId) {
+        if let Some(p) = &mut self.pending {
+            if p.armed.iter().any(|a| a.id == id) {
+                p.armed = p.armed.iter().filter(|a| a.id != id).copied().collect::<Vec<_>>().into();
+            }
+        }
+    }
+
+    fn summary(&self) -> String {
+        let s = &self.stats;
+        format!(
+            "precise backend: {} instructions single-stepped, {} interrupts/exceptions seen while stepping, {} HLT and {} RDPMC emulated, stepping switched {} times",
+            s.retired, s.events, s.hlt, s.rdpmc, s.arm_changes
+        )
+    }
+}
