@@ -584,7 +584,13 @@ fn expect_reserved_bits(name: fmt::Arguments, msr: u32, base: u64, reserved: u64
 
 /// Puts every register back to its power-on value (counting stopped first, GLOBAL_STATUS cleared).
 fn reset(p: &Pmu) {
+    // Stop every counter through its own enable first: counters really count under emon, and
+    // v1 has no GLOBAL_CTRL, so only PERFEVTSEL.EN stops them.
+    for i in 0..p.gp {
+        wr(IA32_PERFEVTSEL0 + u32::from(i), 0);
+    }
     if p.version >= 2 {
+        wr(IA32_FIXED_CTR_CTRL, 0);
         wr(IA32_PERF_GLOBAL_CTRL, 0);
     }
     for r in Reg::all().filter(|r| r.exists(p) && !r.read_only() && !r.command()) {
