@@ -31,6 +31,11 @@ enum Command {
     Profiles,
     /// Show the CPUID leaves emon would present under a profile.
     Cpuid(ProfileArgs),
+    /// Measure the precise backend against bare single-stepping, and a trapped PMU MSR exit
+    /// against a port-I/O exit, in one run.
+    Bench(BenchArgs),
+    /// The architectural events of a profile: available in CPUID, and counted by the precise backend.
+    Events(ProfileArgs),
 }
 
 #[derive(Args, Debug)]
@@ -41,6 +46,18 @@ struct ProfileArgs {
     /// Override profile fields, e.g. version=4,gp=8,gp-width=48,fixed=3,ebx-unavailable=0x18.
     #[arg(long, value_name = "K=V,...")]
     pmu: Vec<String>,
+}
+
+#[derive(Args, Debug)]
+struct BenchArgs {
+    #[command(flatten)]
+    profile: ProfileArgs,
+    /// Loop iterations stepped in each of the two stepping runs (2 instructions each).
+    #[arg(long, default_value_t = 50_000)]
+    iterations: u64,
+    /// Exits of each kind timed.
+    #[arg(long, default_value_t = 20_000)]
+    exits: u64,
 }
 
 #[derive(Args, Debug)]
@@ -100,6 +117,8 @@ pub fn main() -> ExitCode {
         Command::Guests => list_guests(),
         Command::Profiles => list_profiles(),
         Command::Cpuid(args) => show_cpuid(&args),
+        Command::Bench(args) => bench(&args),
+        Command::Events(args) => list_events(&args),
     };
     match result {
         Ok(code) => code,
@@ -241,5 +260,72 @@ fn show_cpuid(args: &ProfileArgs) -> Result<ExitCode, CliError> {
     for line in crate::profile::describe_leaf_0a(&profile.pmu) {
         println!("  {line}");
     }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn bench(args: &BenchArgs) -> Result<ExitCode, CliError> {
+    let profile = load_profile(&args.profile)?;
+    let hz = crate::bench::tsc_hz();
+    let f = crate::bench::measure(&profile, args.iterations, args.exits).map_err(CliError)?;
+    let per = |tsc: u64, n: u64| tsc as f64 / n as f64;
+    let ips = |tsc: u64| f.loop_instructions as f64 / (tsc as f64 / hz);
+    println!("emon bench (profile {}, TSC {:.0} MHz); ratios are from this one run", profile.name, hz / 1e6);
+    println!(
+        "  precise backend:   {} instructions counted in {:.1} TSC ticks each = {:.0} instructions/s",
+        f.loop_instructions,
+        per(f.precise_tsc, f.loop_instructions),
+        ips(f.precise_tsc)
+    );
+    println!(
+        "  bare single-step:  {} instructions stepped in {:.1} TSC ticks each = {:.0} instructions/s",
+        f.loop_instructions,
+        per(f.bare_tsc, f.loop_instructions),
+        ips(f.bare_tsc)
+    );
+    println!("  precise / bare single-step rate: {:.3}x", f.precise_vs_bare());
+    println!("  trapped PMU MSR exit (RDMSR IA32_PERF_GLOBAL_CTRL): {:.0} ticks", per(f.pmu_msr_tsc, f.exits));
+    println!("  port I/O exit (OUT 0x80):                          {:.0} ticks", per(f.port_io_tsc, f.exits));
+    println!("  in-kernel MSR exit (RDMSR IA32_TIME_STAMP_COUNTER): {:.0} ticks", per(f.kvm_msr_tsc, f.exits));
+    println!("  PMU MSR exit / port I/O exit: {:.3}x", f.pmu_msr_vs_port_io());
+    println!("  in-kernel MSR exit / port I/O exit: {:.3}x", f.kvm_msr_vs_port_io());
+    Ok(ExitCode::SUCCESS)
+}
+
+fn list_events(args: &ProfileArgs) -> Result<ExitCode, CliError> {
+    use crate::backend::precise::events::Model;
+    let p = load_profile(args)?;
+    println!(
+        "architectural events under profile {} (CPUID.0AH EBX length {}, EBX {:#x}):",
+        p.name, p.pmu.ebx_length, p.pmu.ebx_unavailable
+    );
+    println!("{:<3} {:<28} {:<12} {:<10} {:<16} precise backend", "bit", "event", "select/umask", "fixed", "CPUID");
+    for e in &crate::profile::ARCH_EVENTS {
+        let cpuid = if e.bit >= p.pmu.ebx_length {
+            "not enumerated"
+        } else if p.pmu.arch_event_available(e.bit) {
+            "available"
+        } else {
+            "unavailable"
+        };
+        let fixed = match e.fixed {
+            Some(i) if p.pmu.fixed_supported(i) => format!("FIXED_CTR{i}"),
+            _ => "-".into(),
+        };
+        let precise = match Model::of(e.event_select, e.umask) {
+            Model::Unsupported => "unsupported: counts 0",
+            Model::BranchMisses => "counted (static predictor)",
+            Model::CoreCycles | Model::RefCycles | Model::Slots => "counted (cost model)",
+            _ => "counted exactly",
+        };
+        println!(
+            "{:<3} {:<28} {:<12} {:<10} {:<16} {precise}",
+            e.bit,
+            e.name,
+            format!("{:#04x}/{:#04x}", e.event_select, e.umask),
+            fixed,
+            cpuid
+        );
+    }
+    println!("Any other event select/umask counts 0 under the precise backend.");
     Ok(ExitCode::SUCCESS)
 }

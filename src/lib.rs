@@ -7,6 +7,7 @@
 //! - [`vmm`]: KVM setup, boot paths, devices, MSR trapping and the exit loop.
 //! - [`cli`]: the `emon` command line.
 pub mod backend;
+pub mod bench;
 pub mod cli;
 pub mod guests;
 pub mod pmu;

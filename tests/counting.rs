@@ -60,3 +60,29 @@ fn perf_backend_is_refused_clearly_until_it_exists() {
     assert_eq!(r.status, 2, "{}", r.stderr);
     assert!(r.stderr.contains("--backend perf"), "{}", r.stderr);
 }
+
+#[test]
+fn events_lists_support_per_profile() {
+    let r = emon(&["events", "--profile", "nehalem-llc-masked"]);
+    r.assert_status(0);
+    let line = |bit: &str| r.stdout.lines().find(|l| l.starts_with(bit)).unwrap_or_else(|| panic!("{}", r.stdout));
+    assert!(line("1 ").contains("Instructions Retired") && line("1 ").contains("counted exactly"), "{}", r.stdout);
+    assert!(line("1 ").contains("FIXED_CTR0"), "{}", r.stdout);
+    assert!(line("3 ").contains("unavailable") && line("3 ").contains("unsupported: counts 0"), "{}", r.stdout);
+}
+
+#[test]
+fn bench_reports_ratios_from_one_run() {
+    if !kvm_available() {
+        return;
+    }
+    let r = emon(&["bench", "--iterations", "5000", "--exits", "2000"]);
+    r.assert_status(0);
+    let ratio = |key: &str| -> f64 {
+        let l = r.stdout.lines().find(|l| l.contains(key)).unwrap_or_else(|| panic!("no {key}: {}", r.stdout));
+        l.rsplit(' ').next().unwrap().trim_end_matches('x').parse().unwrap()
+    };
+    // The precise backend's own work per step is small next to a single-step exit.
+    assert!(ratio("precise / bare single-step rate") > 0.75, "{}", r.stdout);
+    assert!(ratio("PMU MSR exit / port I/O exit") > 0.0, "{}", r.stdout);
+}

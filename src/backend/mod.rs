@@ -5,6 +5,7 @@
 //! - [`precise`]: counts exactly by single-stepping the guest (any host, deterministic).
 //! - perf: host perf events (a later issue).
 pub mod precise;
+pub mod stepper;
 
 use crate::pmu::{CounterId, Pmu};
 use kvm_ioctls::VcpuFd;

@@ -1,0 +1,63 @@
+//! Benchmark probes for `emon bench`: a counted or stepped instruction loop, and the cost of trapped PMU MSR, port I/O and in-kernel MSR exits, timed with RDTSC.
+#![no_std]
+#![no_main]
+
+use core::arch::asm;
+use emon_guest::cpu::{cpuid, rdmsr, wrmsr};
+use emon_guest::{dec, println};
+
+emon_guest::entry!(main);
+
+const IA32_PMC0: u32 = 0xC1;
+const IA32_PERFEVTSEL0: u32 = 0x186;
+const IA32_PERF_GLOBAL_CTRL: u32 = 0x38F;
+const IA32_TIME_STAMP_COUNTER: u32 = 0x10;
+
+fn rdtsc() -> u64 {
+    let (lo, hi): (u32, u32);
+    // SAFETY: RDTSC has no side effects.
+    unsafe { asm!("lfence", "rdtsc", out("eax") lo, out("edx") hi, options(nostack)) };
+    ((hi as u64) << 32) | lo as u64
+}
+
+/// `mov rcx, n; 1: dec rcx; jnz 1b`: 2n + 1 instructions.
+fn spin(n: u64) {
+    // SAFETY: register-only loop.
+    unsafe { asm!("2:", "dec {n}", "jnz 2b", n = inout(reg) n => _, options(nostack, nomem)) };
+}
+
+fn time(f: impl FnOnce()) -> u64 {
+    let t0 = rdtsc();
+    f();
+    rdtsc() - t0
+}
+
+fn main(boot: &emon_guest::BootInfo) -> i32 {
+    let n: u64 = boot.arg("n").and_then(|v| v.parse().ok()).unwrap_or(10_000);
+    match boot.arg("mode").unwrap_or("") {
+        "loop-counted" => {
+            let version = cpuid(0xA, 0).eax & 0xFF;
+            wrmsr(IA32_PMC0, 0);
+            if version >= 2 {
+                wrmsr(IA32_PERF_GLOBAL_CTRL, 1);
+            }
+            wrmsr(IA32_PERFEVTSEL0, 0x4300C0); // EN | OS | USR, instructions retired
+            let tsc = time(|| spin(n));
+            wrmsr(IA32_PERFEVTSEL0, 0);
+            println!("bench loop instructions={} tsc={} counted={}", dec(2 * n + 1), dec(tsc), dec(rdmsr(IA32_PMC0)));
+        }
+        "loop" => {
+            let tsc = time(|| spin(n));
+            println!("bench loop instructions={} tsc={}", dec(2 * n + 1), dec(tsc));
+        }
+        "exits" => {
+            let pmu = time(|| (0..n).for_each(|_| drop(rdmsr(IA32_PERF_GLOBAL_CTRL))));
+            // SAFETY: port 0x80 is emon's ignored POST-code port.
+            let pio = time(|| (0..n).for_each(|_| unsafe { asm!("out 0x80, al", in("al") 0u8, options(nostack, nomem)) }));
+            let kvm = time(|| (0..n).for_each(|_| drop(rdmsr(IA32_TIME_STAMP_COUNTER))));
+            println!("bench exits n={} pmu_msr_tsc={} port_io_tsc={} kvm_msr_tsc={}", dec(n), dec(pmu), dec(pio), dec(kvm));
+        }
+        m => println!("bench: unknown mode '{m}' (loop, loop-counted, exits)"),
+    }
+    0
+}

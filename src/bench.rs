@@ -1,0 +1,96 @@
+//! `emon bench`: the precise backend's instruction rate against the bare single-step rate, and
+//! the cost of a trapped PMU MSR exit against a plain port-I/O exit, measured in one invocation.
+use crate::backend::{precise::Precise, stepper::BareStep, Backend};
+use crate::profile::Profile;
+use crate::vmm::{self, loader::Kernel, SerialOut, VcpuStop, VmConfig};
+use std::time::Duration;
+
+/// One guest run's `bench` line, as key=value pairs.
+fn run(profile: &Profile, backend: Box<dyn Backend>, args: &str) -> Result<Vec<(String, u64)>, String> {
+    let image = crate::guests::find("bench").ok_or("the bench guest is not built in")?.to_vec();
+    let out = std::env::temp_dir().join(format!("emon-bench-{}.txt", std::process::id()));
+    let config = VmConfig {
+        profile: profile.clone(),
+        kernel: Kernel { name: "guest:bench".into(), image },
+        cmdline: args.into(),
+        modules: vec![],
+        memory_mib: 64,
+        timeout: Some(Duration::from_secs(600)),
+        serial: SerialOut::File(out.clone()),
+        ignore_msrs: false,
+        backend,
+    };
+    let report = vmm::run(config).map_err(|e| e.to_string())?;
+    let text = std::fs::read_to_string(&out).map_err(|e| e.to_string())?;
+    let _ = std::fs::remove_file(&out);
+    if report.stop != VcpuStop::DebugExit(0) {
+        return Err(format!("the bench guest failed: {}\n{text}", report.summary()));
+    }
+    let line =
+        text.lines().find(|l| l.starts_with("bench ")).ok_or_else(|| format!("no result from the guest:\n{text}"))?;
+    Ok(line
+        .split_whitespace()
+        .filter_map(|kv| kv.split_once('='))
+        .filter_map(|(k, v)| Some((k.to_owned(), v.parse().ok()?)))
+        .collect())
+}
+
+fn get(kv: &[(String, u64)], key: &str) -> Result<u64, String> {
+    kv.iter().find(|(k, _)| k == key).map(|(_, v)| *v).ok_or_else(|| format!("the guest did not report {key}"))
+}
+
+/// The measurements of one `emon bench`.
+pub struct Figures {
+    pub loop_instructions: u64,
+    pub precise_tsc: u64,
+    pub bare_tsc: u64,
+    pub exits: u64,
+    pub pmu_msr_tsc: u64,
+    pub port_io_tsc: u64,
+    pub kvm_msr_tsc: u64,
+}
+
+impl Figures {
+    /// Precise-backend instructions per second over bare single-steps per second.
+    pub fn precise_vs_bare(&self) -> f64 {
+        self.bare_tsc as f64 / self.precise_tsc as f64
+    }
+    pub fn pmu_msr_vs_port_io(&self) -> f64 {
+        self.pmu_msr_tsc as f64 / self.port_io_tsc as f64
+    }
+    pub fn kvm_msr_vs_port_io(&self) -> f64 {
+        self.kvm_msr_tsc as f64 / self.port_io_tsc as f64
+    }
+}
+
+pub fn measure(profile: &Profile, iterations: u64, exits: u64) -> Result<Figures, String> {
+    let precise = run(profile, Box::new(Precise::new()), &format!("mode=loop-counted n={iterations}"))?;
+    let bare = run(profile, Box::new(BareStep::default()), &format!("mode=loop n={iterations}"))?;
+    let exit = run(profile, Box::new(Precise::new()), &format!("mode=exits n={exits}"))?;
+    let loop_instructions = get(&precise, "instructions")?;
+    // The counted region is the loop plus the RDTSC sequences around it.
+    let counted = get(&precise, "counted")?;
+    if !(loop_instructions..loop_instructions + 64).contains(&counted) {
+        return Err(format!("the precise backend counted {counted} for a loop of {loop_instructions} instructions"));
+    }
+    Ok(Figures {
+        loop_instructions,
+        precise_tsc: get(&precise, "tsc")?,
+        bare_tsc: get(&bare, "tsc")?,
+        exits,
+        pmu_msr_tsc: get(&exit, "pmu_msr_tsc")?,
+        port_io_tsc: get(&exit, "port_io_tsc")?,
+        kvm_msr_tsc: get(&exit, "kvm_msr_tsc")?,
+    })
+}
+
+/// The host's TSC rate (the guest's TSC runs at the same rate under KVM), measured over 100 ms.
+pub fn tsc_hz() -> f64 {
+    // SAFETY: RDTSC has no side effects.
+    let t0 = unsafe { core::arch::x86_64::_rdtsc() };
+    let w0 = std::time::Instant::now();
+    std::thread::sleep(Duration::from_millis(100));
+    // SAFETY: as above.
+    let t1 = unsafe { core::arch::x86_64::_rdtsc() };
+    (t1 - t0) as f64 / w0.elapsed().as_secs_f64()
+}
