@@ -4,7 +4,7 @@ mod common;
 use common::*;
 use emon::profile::Profile;
 
-const COUNTING_GUESTS: &[&str] = &["count-instructions", "pmi-overflow", "freeze-on-pmi"];
+const COUNTING_GUESTS: &[&str] = &["count-instructions", "pmi-overflow", "freeze-on-pmi", "step-events"];
 
 fn run_guest(profile: &str, guest: &str) -> Run {
     let g = format!("guest:{guest}");
@@ -50,7 +50,7 @@ fn seed_experiment_counts() {
     assert!(r.stdout.contains("foo(N=100): IA32_PMC0 = 207 (0xcf)"), "{}", r.stdout);
     // 15-4: the counter advances by the handler's 104 instructions, then is frozen.
     let r = run_guest("nehalem", "freeze-on-pmi");
-    assert!(r.stdout.contains("first PMI (no freeze): IA32_PMC0 35 then 139"), "{}", r.stdout);
+    assert!(r.stdout.contains("first PMI (no freeze): IA32_PMC0 36 then 140"), "{}", r.stdout);
     assert!(r.stdout.contains("second PMI (freeze): IA32_PMC0 0 then 0"), "{}", r.stdout);
 }
 

@@ -217,6 +217,14 @@ fn gate(addr: u64, ist: u64, dpl: u64) -> Gate {
     Gate([lo, addr >> 32])
 }
 
+/// Points vector `v` straight at `handler` (no stub, no saved state: the handler must preserve
+/// every register and end with IRETQ). For tests that need to know every instruction a handler
+/// retires.
+pub fn set_raw_gate(v: u8, handler: u64) {
+    // SAFETY: single CPU; the gate is rewritten whole.
+    unsafe { (*(&raw mut IDT))[v as usize] = gate(handler, 0, 0) }
+}
+
 /// Makes vector `v` callable with `int v` from CPL 3.
 pub fn allow_user(v: u8) {
     let table = (&raw const emon_isr_table) as u64;

@@ -139,6 +139,7 @@ impl Vcpu {
         Ok(match exit {
             VcpuExit::IoOut(port, data) => {
                 self.stats.pio += 1;
+                tracing::trace!("out {port:#x}");
                 match self.bus.write(port, data) {
                     PioAction::Continue => Next::Continue,
                     PioAction::Exit(code) => Next::Stop(VcpuStop::DebugExit(code)),
@@ -146,6 +147,7 @@ impl Vcpu {
             }
             VcpuExit::IoIn(port, data) => {
                 self.stats.pio += 1;
+                tracing::trace!("in {port:#x}");
                 self.bus.read(port, data);
                 Next::Continue
             }

@@ -22,6 +22,9 @@ pub enum Special {
     Hlt,
     /// No userspace exit exists for RDPMC: emon emulates it while stepping.
     Rdpmc,
+    /// IRET restores RFLAGS.TF, so the single-step trap lands after the instruction it returns
+    /// to: emon reads the return address from the frame before it executes.
+    Iret,
 }
 
 /// A decoded guest instruction.
@@ -87,6 +90,7 @@ fn classify(i: &Instruction) -> Insn {
     let special = match m {
         Hlt => Special::Hlt,
         Rdpmc => Special::Rdpmc,
+        Iret | Iretd | Iretq => Special::Iret,
         _ => Special::None,
     };
     let changes_mode = matches!(

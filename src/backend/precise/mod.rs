@@ -30,7 +30,12 @@ struct Pending {
     /// The vCPU cannot retire the instruction at `rip` before an event is delivered (it is
     /// halted, or an exception was injected).
     expect_event: bool,
+    /// For an IRET: where it returns (read from the frame before it ran).
+    iret_target: Option<u64>,
 }
+
+/// At most this many instructions retire in one step whose traps were lost.
+const MAX_LOST_TRAPS: usize = 64;
 
 /// What the backend did, for the run summary.
 #[derive(Debug, Default, Clone, Copy)]
@@ -41,6 +46,8 @@ pub struct Stats {
     pub hlt: u64,
     pub rdpmc: u64,
     pub arm_changes: u64,
+    /// Instructions that retired without their own single-step trap.
+    pub lost_traps: u64,
 }
 
 const GP_SLOTS: usize = 8;
@@ -170,6 +177,40 @@ impl Precise {
         branch_match
     }
 
+    /// The RIP an IRET at the current boundary returns to: the first slot of its frame.
+    fn iret_target(&mut self, cx: &mut Cx, mode: &CpuMode) -> Result<Option<u64>, BackendError> {
+        let rsp = cx.fd.get_regs().map_err(kvm_err("KVM_GET_REGS"))?.rsp;
+        let width = if mode.bitness == 64 { 8 } else { 4 };
+        let Some(pa) = mode.translate(cx.mem, rsp) else { return Ok(None) };
+        let mut b = [0u8; 8];
+        if vm_memory::Bytes::read_slice(cx.mem, &mut b[..width], vm_memory::GuestAddress(pa)).is_err() {
+            return Ok(None);
+        }
+        Ok(Some(u64::from_le_bytes(b)))
+    }
+
+    /// The instructions that retired from `from` up to `pc` along straight-line code (the
+    /// last one may be a direct branch to `pc`): what a step retired beyond its first
+    /// instruction when the host lost single-step traps (after port I/O completes, and after
+    /// IRET, whose restored TF traps one instruction late).
+    fn walk(&mut self, cx: &Cx, mode: &CpuMode, from: u64, pc: u64) -> Option<Vec<(u64, Insn)>> {
+        let mut out = Vec::new();
+        let mut a = from;
+        while out.len() <= MAX_LOST_TRAPS {
+            if a == pc {
+                return Some(out);
+            }
+            let i = self.decode(cx, mode, a)?;
+            out.push((a, i));
+            match i.flow {
+                Flow::Next => a += i.len as u64,
+                Flow::Direct { target, .. } if target == pc || a + i.len as u64 == pc => return Some(out),
+                _ => return None,
+            }
+        }
+        None
+    }
+
     fn emulate_hlt(&mut self, cx: &mut Cx, p: Pending, i: &Insn) -> Result<Next, BackendError> {
         self.retire(cx, &p.armed, i, p.rip, p.cpl, false);
         let mut regs = cx.fd.get_regs().map_err(kvm_err("KVM_GET_REGS"))?;
@@ -271,12 +312,18 @@ impl Backend for Precise {
         }
         let rip = self.rip(cx)?;
         let mode = self.mode(cx)?;
-        let p =
-            Pending { rip, cpl: mode.cpl, armed: self.armed.clone(), expect_event: std::mem::take(&mut self.halted) };
+        let mut p = Pending {
+            rip,
+            cpl: mode.cpl,
+            armed: self.armed.clone(),
+            expect_event: std::mem::take(&mut self.halted),
+            iret_target: None,
+        };
         if !p.expect_event {
             match self.decode(cx, &mode, rip) {
                 Some(i) if i.special == Special::Hlt => return self.emulate_hlt(cx, p, &i),
                 Some(i) if i.special == Special::Rdpmc => return self.emulate_rdpmc(cx, p, &i, &mode),
+                Some(i) if i.special == Special::Iret => p.iret_target = self.iret_target(cx, &mode)?,
                 _ => {}
             }
         }
@@ -287,6 +334,7 @@ impl Backend for Precise {
     fn on_debug_exit(&mut self, cx: &mut Cx, pc: u64) -> Result<(), BackendError> {
         self.stats.steps += 1;
         let Some(p) = self.pending.take() else {
+            tracing::trace!(pc = format_args!("{pc:#x}"), "step with nothing pending");
             // The first step after counting started mid-instruction: that instruction began
             // before any counter was counting.
             self.rip = Some(pc);
@@ -294,6 +342,36 @@ impl Backend for Precise {
         };
         let mode = self.mode(cx)?;
         let at_rip = self.decode(cx, &mode, p.rip);
+        let iret_elsewhere = |i: &Insn| i.special == Special::Iret && p.iret_target.is_some_and(|t| t != pc);
+        if let Some(i) = at_rip.filter(|i| !p.expect_event && (!follows(i, p.rip, pc) || iret_elsewhere(i))) {
+            // Traps lost: the pending instruction and a straight-line run after it retired.
+            let landing = match i.special {
+                Special::Iret => p.iret_target,
+                _ if i.flow == Flow::Next => Some(p.rip + i.len as u64),
+                _ => None,
+            };
+            if let Some(run) = landing.and_then(|l| self.walk(cx, &mode, l, pc)) {
+                tracing::trace!(
+                    pending = format_args!("{:#x}", p.rip),
+                    pc = format_args!("{pc:#x}"),
+                    extra = run.len(),
+                    "lost traps"
+                );
+                let end = run.first().map_or(pc, |(a, _)| *a);
+                self.retire(cx, &p.armed, &i, p.rip, p.cpl, taken(&i, p.rip, end));
+                if i.changes_mode {
+                    self.mode = None;
+                }
+                let cpl = self.mode(cx)?.cpl;
+                for (n, (a, j)) in run.iter().enumerate() {
+                    let next = run.get(n + 1).map_or(pc, |(b, _)| *b);
+                    self.retire(cx, &p.armed, j, *a, cpl, taken(j, *a, next));
+                }
+                self.stats.lost_traps += run.len() as u64;
+                self.rip = Some(pc);
+                return Ok(());
+            }
+        }
         let (i, rip, cpl) = match at_rip {
             Some(i) if !p.expect_event && follows(&i, p.rip, pc) => (i, p.rip, p.cpl),
             None if !p.expect_event => (UNKNOWN, p.rip, p.cpl),
@@ -309,6 +387,12 @@ impl Backend for Precise {
                 }
             }
         };
+        tracing::trace!(
+            pending = format_args!("{:#x}", p.rip),
+            retired = format_args!("{rip:#x}"),
+            pc = format_args!("{pc:#x}"),
+            "step"
+        );
         self.retire(cx, &p.armed, &i, rip, cpl, taken(&i, rip, pc));
         if i.changes_mode {
             self.mode = None;
@@ -328,8 +412,8 @@ impl Backend for Precise {
     fn summary(&self) -> String {
         let s = &self.stats;
         format!(
-            "precise backend: {} instructions single-stepped, {} interrupts/exceptions seen while stepping, {} HLT and {} RDPMC emulated, stepping switched {} times",
-            s.retired, s.events, s.hlt, s.rdpmc, s.arm_changes
+            "precise backend: {} instructions counted ({} without their own single-step trap), {} interrupts/exceptions seen while stepping, {} HLT and {} RDPMC emulated, stepping switched {} times",
+            s.retired, s.lost_traps, s.events, s.hlt, s.rdpmc, s.arm_changes
         )
     }
 }
