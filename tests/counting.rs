@@ -87,3 +87,20 @@ fn bench_reports_ratios_from_one_run() {
     assert!(ratio("precise / bare single-step rate") > 0.8, "{}", r.stdout);
     assert!(ratio("PMU MSR exit / port I/O exit") > 0.0, "{}", r.stdout);
 }
+
+#[test]
+fn max_valued_counters_overflow_at_every_width() {
+    if !kvm_available() {
+        return;
+    }
+    // Legacy 32-bit writes sign-extend to the width; full-width writes go through IA32_A_PMC0.
+    for w in ["32", "40", "48", "63", "64"] {
+        let spec = format!("gp-width={w}");
+        let r = emon(&["run", "--profile", "skylake", "--pmu", &spec, "guest:pmi-overflow"]);
+        r.assert_status(0).assert_no_failures();
+        assert!(r.stdout.contains("PASS: full-width write through IA32_A_PMC0: the PMI handler ran once"), "{w}");
+    }
+    // Version 1: no GLOBAL_CTRL/STATUS, the PMI still arrives.
+    let r = emon(&["run", "--profile", "core2", "--pmu", "version=1,fixed=0,fixed-width=0", "guest:pmi-overflow"]);
+    r.assert_status(0).assert_no_failures();
+}
