@@ -13,6 +13,7 @@ pub mod fmt;
 pub mod idt;
 mod mem;
 pub mod pio;
+pub mod pmu;
 pub mod report;
 pub mod serial;
 mod start;

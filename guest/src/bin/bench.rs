@@ -5,12 +5,10 @@
 use core::arch::asm;
 use emon_guest::cpu::{cpuid, rdmsr, wrmsr};
 use emon_guest::{dec, println};
+use emon_guest::pmu::{IA32_PERFEVTSEL0, IA32_PERF_GLOBAL_CTRL, IA32_PMC0};
 
 emon_guest::entry!(main);
 
-const IA32_PMC0: u32 = 0xC1;
-const IA32_PERFEVTSEL0: u32 = 0x186;
-const IA32_PERF_GLOBAL_CTRL: u32 = 0x38F;
 const IA32_TIME_STAMP_COUNTER: u32 = 0x10;
 
 fn rdtsc() -> u64 {

@@ -8,17 +8,12 @@
 #![no_main]
 
 use core::arch::asm;
-use emon_guest::cpu::{cpuid, rdmsr, wrmsr};
+use emon_guest::cpu::{rdmsr, wrmsr};
 use emon_guest::{check_eq, dec, println, skip};
+use emon_guest::pmu::{Perfmon, EVENT_INSTRUCTIONS, IA32_FIXED_CTR0, IA32_FIXED_CTR_CTRL, IA32_PERFEVTSEL0, IA32_PERF_GLOBAL_CTRL, IA32_PERF_GLOBAL_OVF_CTRL, IA32_PMC0};
 
 emon_guest::entry!(main);
 
-const IA32_PMC0: u32 = 0xC1;
-const IA32_PERFEVTSEL0: u32 = 0x186;
-const IA32_FIXED_CTR0: u32 = 0x309;
-const IA32_FIXED_CTR_CTRL: u32 = 0x38D;
-const IA32_PERF_GLOBAL_CTRL: u32 = 0x38F;
-const IA32_PERF_GLOBAL_OVF_CTRL: u32 = 0x390;
 
 /// foo(): `mov ecx, N; 1: dec ecx; jnz 1b; ret` — 2N+2 instructions (N >= 1).
 fn expected(n: u32, stop_insns: u64) -> u64 {
@@ -83,9 +78,9 @@ fn run_fixed0(n: u32, global: u64) {
 }
 
 fn main(_boot: &emon_guest::BootInfo) -> i32 {
-    let a = cpuid(0xA, 0);
-    let (version, gp, len) = (a.eax & 0xFF, (a.eax >> 8) & 0xFF, a.eax >> 24);
-    let inst_available = len > 1 && a.ebx & 2 == 0;
+    let pmu = Perfmon::from_cpuid();
+    let (version, gp) = (pmu.version, pmu.gp);
+    let inst_available = pmu.event_available(EVENT_INSTRUCTIONS);
     println!("count-instructions: perfmon v{version}, {gp} GP counters, instructions-retired event available: {inst_available}");
     if version == 0 || gp == 0 || !inst_available {
         skip!("instructions retired on IA32_PMC0: no architectural instructions-retired event");
@@ -116,8 +111,7 @@ fn main(_boot: &emon_guest::BootInfo) -> i32 {
     run_pmc0(500, 0x5300C0);
     check_eq!(rdmsr(IA32_PMC0), first, "the same function counts the same twice");
 
-    let fixed0 = version >= 2 && ((a.edx & 0x1F) > 0 || (version >= 5 && a.ecx & 1 != 0));
-    if fixed0 {
+    if pmu.fixed_supported(0) {
         wrmsr(IA32_PERF_GLOBAL_CTRL, 0);
         wrmsr(IA32_FIXED_CTR_CTRL, 0x3); // FIXED_CTR0 EN = 3 (all rings)
         for n in [1u32, 100] {

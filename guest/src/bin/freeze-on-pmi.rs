@@ -12,21 +12,12 @@
 
 use core::arch::asm;
 use core::sync::atomic::{AtomicU64, Ordering::SeqCst};
-use emon_guest::cpu::{cpuid, enable_interrupts, rdmsr, wrmsr};
+use emon_guest::cpu::{enable_interrupts, rdmsr, wrmsr};
 use emon_guest::{apic, check, check_eq, dec, idt, println, skip};
+use emon_guest::pmu::{Perfmon, EVENT_INSTRUCTIONS, APIC_PERFMON_VECTOR, DEBUGCTL_FREEZE_PERFMON_ON_PMI, EVTSEL_INSTRUCTIONS_INT, GLOBAL_STATUS_CTR_FRZ, IA32_DEBUGCTL, IA32_PERFEVTSEL0, IA32_PERF_GLOBAL_CTRL, IA32_PERF_GLOBAL_STATUS, IA32_PERF_GLOBAL_STATUS_RESET, IA32_PMC0};
 
 emon_guest::entry!(main);
 
-const IA32_PMC0: u32 = 0xC1;
-const IA32_PERFEVTSEL0: u32 = 0x186;
-const IA32_DEBUGCTL: u32 = 0x1D9;
-const IA32_PERF_GLOBAL_STATUS: u32 = 0x38E;
-const IA32_PERF_GLOBAL_CTRL: u32 = 0x38F;
-const IA32_PERF_GLOBAL_STATUS_RESET: u32 = 0x390;
-const DEBUGCTL_FREEZE_PERFMON_ON_PMI: u64 = 1 << 12;
-const GLOBAL_STATUS_CTR_FRZ: u64 = 1 << 59;
-const APIC_PERFMON_VECTOR: u8 = 0x33;
-const EVTSEL_INST_INT: u64 = 0x5300C0;
 /// Instructions retired between the two reads of IA32_PMC0 in the handler.
 const WORK: u64 = 104;
 
@@ -80,7 +71,7 @@ fn overflow_once() {
     HANDLED.store(0, SeqCst);
     wrmsr(IA32_PERF_GLOBAL_CTRL, 0);
     wrmsr(IA32_PMC0, 0xFFFF_FFFF);
-    wrmsr(IA32_PERFEVTSEL0, EVTSEL_INST_INT);
+    wrmsr(IA32_PERFEVTSEL0, EVTSEL_INSTRUCTIONS_INT);
     wrmsr(IA32_PERF_GLOBAL_CTRL, 1);
     // SAFETY: plain instructions for the counter to count.
     unsafe { asm!("nop", "nop", "nop") };
@@ -89,10 +80,10 @@ fn overflow_once() {
 }
 
 fn main(_boot: &emon_guest::BootInfo) -> i32 {
-    let a = cpuid(0xA, 0);
-    let (version, gp, len) = (a.eax & 0xFF, (a.eax >> 8) & 0xFF, a.eax >> 24);
+    let pmu = Perfmon::from_cpuid();
+    let (version, gp) = (pmu.version, pmu.gp);
     println!("freeze-on-pmi: perfmon v{version}, {gp} GP counters");
-    if version < 2 || gp == 0 || len < 2 || a.ebx & 2 != 0 {
+    if version < 2 || gp == 0 || !pmu.event_available(EVENT_INSTRUCTIONS) {
         skip!("FREEZE_PERFMON_ON_PMI: needs perfmon v2+ and the instructions-retired event");
         return emon_guest::summary();
     }

@@ -13,22 +13,13 @@
 
 use core::arch::asm;
 use core::sync::atomic::{AtomicU64, Ordering::SeqCst};
-use emon_guest::cpu::{cpuid, enable_interrupts, rdmsr, rdmsr_safe, wrmsr};
+use emon_guest::cpu::{enable_interrupts, rdmsr, wrmsr};
 use emon_guest::{apic, check, check_eq, dec, idt, println, skip};
+use emon_guest::pmu::{Perfmon, EVENT_INSTRUCTIONS, APIC_PERFMON_VECTOR, EVTSEL_INSTRUCTIONS_INT, IA32_A_PMC0, IA32_PERFEVTSEL0, IA32_PERF_GLOBAL_CTRL, IA32_PERF_GLOBAL_OVF_CTRL, IA32_PERF_GLOBAL_STATUS, IA32_PMC0};
 
 emon_guest::entry!(main);
 
-const IA32_PMC0: u32 = 0xC1;
-const IA32_A_PMC0: u32 = 0x4C1;
-const IA32_PERFEVTSEL0: u32 = 0x186;
-const IA32_PERF_CAPABILITIES: u32 = 0x345;
-const IA32_PERF_GLOBAL_STATUS: u32 = 0x38E;
-const IA32_PERF_GLOBAL_CTRL: u32 = 0x38F;
-const IA32_PERF_GLOBAL_OVF_CTRL: u32 = 0x390;
-const APIC_PERFMON_VECTOR: u8 = 0x33;
 const NMI_VECTOR: u8 = 2;
-/// EN | INT | OS | USR, event 0xC0 (instructions retired): the walkthrough's 0x5300C0.
-const EVTSEL_INST_INT: u64 = 0x5300C0;
 
 static HANDLED: AtomicU64 = AtomicU64::new(0);
 static STATUS_IN_HANDLER: AtomicU64 = AtomicU64::new(0);
@@ -87,7 +78,7 @@ fn experiment(version: u32, width: u32, c: &Case) {
     HANDLED.store(0, SeqCst);
     STATUS_IN_HANDLER.store(0, SeqCst);
     apic::write(apic::LVT_PMC, c.lvtpc);
-    let max = if width >= 64 { u64::MAX } else { (1u64 << width) - 1 };
+    let max = Perfmon::max(width as u8);
     if c.full_width {
         wrmsr(IA32_A_PMC0, max);
     } else {
@@ -95,10 +86,10 @@ fn experiment(version: u32, width: u32, c: &Case) {
     }
     check_eq!(rdmsr(IA32_PMC0), max, "{}: IA32_PMC0 holds its maximum", c.name);
     let expected_rip = if version >= 2 {
-        wrmsr(IA32_PERFEVTSEL0, EVTSEL_INST_INT);
+        wrmsr(IA32_PERFEVTSEL0, EVTSEL_INSTRUCTIONS_INT);
         run_overflow(IA32_PERF_GLOBAL_CTRL, 1)
     } else {
-        run_overflow(IA32_PERFEVTSEL0, EVTSEL_INST_INT)
+        run_overflow(IA32_PERFEVTSEL0, EVTSEL_INSTRUCTIONS_INT)
     };
     wrmsr(IA32_PERFEVTSEL0, 0);
     if version >= 2 {
@@ -132,11 +123,11 @@ fn experiment(version: u32, width: u32, c: &Case) {
 }
 
 fn main(_boot: &emon_guest::BootInfo) -> i32 {
-    let a = cpuid(0xA, 0);
-    let (version, gp, width, len) = (a.eax & 0xFF, (a.eax >> 8) & 0xFF, (a.eax >> 16) & 0xFF, a.eax >> 24);
+    let pmu = Perfmon::from_cpuid();
+    let (version, gp, width) = (pmu.version as u32, pmu.gp, pmu.gp_width as u32);
     VERSION.store(version as u64, SeqCst);
     println!("pmi-overflow: perfmon v{version}, {gp} GP counters x {width} bits");
-    if version == 0 || gp == 0 || len < 2 || a.ebx & 2 != 0 {
+    if gp == 0 || !pmu.event_available(EVENT_INSTRUCTIONS) {
         skip!("PMI on counter overflow: no architectural instructions-retired event");
         return emon_guest::summary();
     }
@@ -147,8 +138,7 @@ fn main(_boot: &emon_guest::BootInfo) -> i32 {
     if version >= 2 {
         wrmsr(IA32_PERF_GLOBAL_CTRL, 0);
     }
-    let fw_write = cpuid(1, 0).ecx & (1 << 15) != 0
-        && rdmsr_safe(IA32_PERF_CAPABILITIES).is_ok_and(|caps| caps & (1 << 13) != 0);
+    let fw_write = pmu.fw_write();
     let cases = [
         Case { name: "fixed vector 0x33", lvtpc: APIC_PERFMON_VECTOR as u32, full_width: false },
         Case { name: "NMI delivery", lvtpc: apic::LVT_DELIVERY_NMI, full_width: false },

@@ -10,14 +10,12 @@
 
 use core::arch::{asm, global_asm};
 use core::sync::atomic::{AtomicU64, Ordering::SeqCst};
-use emon_guest::cpu::{cpuid, disable_interrupts, enable_interrupts, rdmsr, rdpmc, wrmsr};
+use emon_guest::cpu::{disable_interrupts, enable_interrupts, rdmsr, rdpmc, wrmsr};
 use emon_guest::{apic, catch, check, check_eq, dec, idt, println, skip};
+use emon_guest::pmu::{Perfmon, EVENT_INSTRUCTIONS, IA32_PERFEVTSEL0, IA32_PERF_GLOBAL_CTRL, IA32_PMC0};
 
 emon_guest::entry!(main);
 
-const IA32_PMC0: u32 = 0xC1;
-const IA32_PERFEVTSEL0: u32 = 0x186;
-const IA32_PERF_GLOBAL_CTRL: u32 = 0x38F;
 const IPI_VECTOR: u8 = 0x41;
 const TIMER_VECTOR: u8 = 0x42;
 /// Instructions the raw handler retires.
@@ -67,10 +65,10 @@ macro_rules! counted {
 }
 
 fn main(_boot: &emon_guest::BootInfo) -> i32 {
-    let a = cpuid(0xA, 0);
-    let (version, gp, len) = (a.eax & 0xFF, (a.eax >> 8) & 0xFF, a.eax >> 24);
+    let pmu = Perfmon::from_cpuid();
+    let (version, gp) = (pmu.version, pmu.gp);
     println!("step-events: perfmon v{version}, {gp} GP counters");
-    if version < 2 || gp == 0 || len < 2 || a.ebx & 2 != 0 {
+    if version < 2 || gp == 0 || !pmu.event_available(EVENT_INSTRUCTIONS) {
         skip!("step events: needs perfmon v2+ and the instructions-retired event");
         return emon_guest::summary();
     }
@@ -137,7 +135,7 @@ fn main(_boot: &emon_guest::BootInfo) -> i32 {
     check_eq!(fast, 8u64, "RDPMC with ECX[31] (fast read) returns the low 32 bits");
     let e = catch(|| {
         wrmsr(IA32_PERF_GLOBAL_CTRL, 1);
-        let _ = rdpmc(gp + 1);
+        let _ = rdpmc(u32::from(gp) + 1);
     });
     wrmsr(IA32_PERF_GLOBAL_CTRL, 0);
     check!(e.is_some_and(|e| e.is_gp()), "RDPMC of a counter beyond CPUID.0AH:EAX[15:8] raises #GP");

@@ -1,0 +1,115 @@
+//! The architectural performance-monitoring MSRs (SDM names) and what CPUID leaf 0x0A says about
+//! them, for guests that program the PMU.
+use crate::cpu::{cpuid, rdmsr_safe};
+
+pub const IA32_PMC0: u32 = 0xC1;
+pub const IA32_PERFEVTSEL0: u32 = 0x186;
+pub const IA32_MISC_ENABLE: u32 = 0x1A0;
+pub const IA32_DEBUGCTL: u32 = 0x1D9;
+pub const IA32_FIXED_CTR0: u32 = 0x309;
+pub const IA32_PERF_CAPABILITIES: u32 = 0x345;
+pub const IA32_FIXED_CTR_CTRL: u32 = 0x38D;
+pub const IA32_PERF_GLOBAL_STATUS: u32 = 0x38E;
+pub const IA32_PERF_GLOBAL_CTRL: u32 = 0x38F;
+/// IA32_PERF_GLOBAL_OVF_CTRL; IA32_PERF_GLOBAL_STATUS_RESET from version 4.
+pub const IA32_PERF_GLOBAL_OVF_CTRL: u32 = 0x390;
+pub const IA32_PERF_GLOBAL_STATUS_RESET: u32 = 0x390;
+pub const IA32_PERF_GLOBAL_STATUS_SET: u32 = 0x391;
+pub const IA32_PERF_GLOBAL_INUSE: u32 = 0x392;
+pub const IA32_PEBS_ENABLE: u32 = 0x3F1;
+pub const IA32_A_PMC0: u32 = 0x4C1;
+pub const IA32_DS_AREA: u32 = 0x600;
+
+pub const PERFEVTSEL_USR: u64 = 1 << 16;
+pub const PERFEVTSEL_OS: u64 = 1 << 17;
+pub const PERFEVTSEL_INT: u64 = 1 << 20;
+pub const PERFEVTSEL_EN: u64 = 1 << 22;
+/// Instructions retired (event 0xC0) at every privilege level, enabled: 0x4300C0.
+pub const EVTSEL_INSTRUCTIONS: u64 = PERFEVTSEL_EN | PERFEVTSEL_OS | PERFEVTSEL_USR | 0xC0;
+/// The walkthrough's 0x5300C0: instructions retired with a PMI on overflow.
+pub const EVTSEL_INSTRUCTIONS_INT: u64 = EVTSEL_INSTRUCTIONS | PERFEVTSEL_INT;
+pub const DEBUGCTL_FREEZE_PERFMON_ON_PMI: u64 = 1 << 12;
+pub const GLOBAL_STATUS_CTR_FRZ: u64 = 1 << 59;
+/// IA32_PERF_CAPABILITIES.FW_WRITE: full-width writes through IA32_A_PMCx.
+pub const PERF_CAPABILITIES_FW_WRITE: u64 = 1 << 13;
+/// The walkthrough's APIC_PERFMON_VECTOR.
+pub const APIC_PERFMON_VECTOR: u8 = 0x33;
+
+/// Architectural events, by their CPUID.0AH:EBX bit (SDM Table 18-1).
+pub const EVENT_CORE_CYCLES: u8 = 0;
+pub const EVENT_INSTRUCTIONS: u8 = 1;
+pub const EVENT_REF_CYCLES: u8 = 2;
+pub const EVENT_LLC_REFERENCE: u8 = 3;
+pub const EVENT_LLC_MISSES: u8 = 4;
+pub const EVENT_BRANCHES: u8 = 5;
+pub const EVENT_BRANCH_MISSES: u8 = 6;
+pub const EVENT_TOPDOWN_SLOTS: u8 = 7;
+
+/// The PMU as CPUID describes it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Perfmon {
+    /// CPUID.0AH:EAX[7:0].
+    pub version: u8,
+    /// EAX[15:8]: general-purpose counters.
+    pub gp: u8,
+    /// EAX[23:16].
+    pub gp_width: u8,
+    /// EAX[31:24]: length of the EBX event vector.
+    pub ebx_length: u8,
+    /// EBX: set bits mark unavailable events.
+    pub ebx: u32,
+    /// EDX[4:0] (v2+): contiguous fixed counters.
+    pub fixed: u8,
+    /// EDX[12:5] (v2+).
+    pub fixed_width: u8,
+    /// ECX (v5): fixed-counter bitmap.
+    pub fixed_bitmap: u32,
+    /// CPUID.01H:ECX.PDCM: IA32_PERF_CAPABILITIES exists.
+    pub pdcm: bool,
+}
+
+impl Perfmon {
+    pub fn from_cpuid() -> Perfmon {
+        let a = cpuid(0xA, 0);
+        let v = (a.eax & 0xFF) as u8;
+        Perfmon {
+            version: v,
+            gp: (a.eax >> 8) as u8,
+            gp_width: (a.eax >> 16) as u8,
+            ebx_length: (a.eax >> 24) as u8,
+            ebx: a.ebx,
+            fixed: if v >= 2 { (a.edx & 0x1F) as u8 } else { 0 },
+            fixed_width: if v >= 2 { (a.edx >> 5) as u8 } else { 0 },
+            fixed_bitmap: if v >= 5 { a.ecx } else { 0 },
+            pdcm: cpuid(1, 0).ecx & (1 << 15) != 0,
+        }
+    }
+
+    /// Architectural event `bit` is available: meaningful (below the EBX length) and clear.
+    pub fn event_available(&self, bit: u8) -> bool {
+        self.version >= 1 && bit < self.ebx_length && self.ebx & (1 << bit) == 0
+    }
+
+    /// Fixed counter `i` exists (SDM 18.2.5: v5 ECX bitmap, else EDX[4:0]).
+    pub fn fixed_supported(&self, i: u8) -> bool {
+        self.version >= 2 && (i < self.fixed || (i < 32 && self.fixed_bitmap & (1 << i) != 0))
+    }
+
+    /// IA32_PERF_CAPABILITIES, if it exists.
+    pub fn perf_capabilities(&self) -> Option<u64> {
+        self.pdcm.then(|| rdmsr_safe(IA32_PERF_CAPABILITIES).ok()).flatten()
+    }
+
+    pub fn fw_write(&self) -> bool {
+        self.perf_capabilities().is_some_and(|c| c & PERF_CAPABILITIES_FW_WRITE != 0)
+    }
+
+    /// All ones in `width` bits: a counter's maximum.
+    pub fn max(width: u8) -> u64 {
+        if width >= 64 {
+            u64::MAX
+        } else {
+            (1u64 << width) - 1
+        }
+    }
+}
