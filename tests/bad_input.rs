@@ -128,3 +128,18 @@ fn bad_memory_and_timeout_values() {
     assert_error(&emon(&["run", "--timeout=-1"]), &["--timeout"]);
     assert_error(&emon(&["run", "--timeout=0"]), &["--timeout"]);
 }
+
+#[test]
+fn missing_kvm_device_says_what_to_do() {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_emon"))
+        .args(["run", "guest:cpuid-report"])
+        .env("EMON_KVM_DEVICE", "/nonexistent/kvm")
+        .output()
+        .unwrap();
+    let r = Run {
+        status: out.status.code().unwrap_or(-1),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    };
+    assert_error(&r, &["does not exist", "no KVM", "kvm_intel or kvm_amd"]);
+}

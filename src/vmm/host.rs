@@ -13,9 +13,13 @@ pub const REQUIRED_CAPS: &[(Cap, &str, &str)] = &[
 ];
 
 pub const KVM_PATH: &str = "/dev/kvm";
+/// Overrides the KVM device path (for unusual hosts, and to test emon's errors).
+pub const KVM_DEVICE_ENV: &str = "EMON_KVM_DEVICE";
 
 pub fn open() -> Result<Kvm, VmmError> {
-    let kvm = Kvm::new().map_err(|e| match e.errno() {
+    let path = std::env::var(KVM_DEVICE_ENV).unwrap_or_else(|_| KVM_PATH.into());
+    let cpath = std::ffi::CString::new(path).map_err(|_| VmmError::NoKvm)?;
+    let kvm = Kvm::new_with_path(&cpath).map_err(|e| match e.errno() {
         libc::ENOENT => VmmError::NoKvm,
         libc::EACCES | libc::EPERM => VmmError::KvmPermission,
         _ => VmmError::Kvm { op: "open /dev/kvm", source: e },
