@@ -57,15 +57,8 @@ struct Tss {
     _reserved3: u16,
     iomap_base: u16,
 }
-static mut TSS: Tss = Tss {
-    _reserved0: 0,
-    rsp: [0; 3],
-    _reserved1: 0,
-    ist: [0; 7],
-    _reserved2: 0,
-    _reserved3: 0,
-    iomap_base: 104,
-};
+static mut TSS: Tss =
+    Tss { _reserved0: 0, rsp: [0; 3], _reserved1: 0, ist: [0; 7], _reserved2: 0, _reserved3: 0, iomap_base: 104 };
 
 static mut GDT: [u64; 7] = [
     0,
@@ -172,10 +165,7 @@ pub fn init() {
         let base = tss as u64;
         let limit = (core::mem::size_of::<Tss>() - 1) as u64;
         let gdt = &raw mut GDT;
-        (*gdt)[5] = limit
-            | ((base & 0xFF_FFFF) << 16)
-            | (0x89 << 40)
-            | (((base >> 24) & 0xFF) << 56);
+        (*gdt)[5] = limit | ((base & 0xFF_FFFF) << 16) | (0x89 << 40) | (((base >> 24) & 0xFF) << 56);
         (*gdt)[6] = base >> 32;
         let gdtr = Pointer { limit: (core::mem::size_of::<[u64; 7]>() - 1) as u16, base: gdt as u64 };
         core::arch::asm!(
@@ -245,8 +235,8 @@ pub const SPURIOUS_VECTOR: u8 = 0xFF;
 
 pub fn exception_name(v: u64) -> &'static str {
     const NAMES: [&str; 22] = [
-        "#DE", "#DB", "NMI", "#BP", "#OF", "#BR", "#UD", "#NM", "#DF", "#CSO", "#TS", "#NP", "#SS",
-        "#GP", "#PF", "#15", "#MF", "#AC", "#MC", "#XM", "#VE", "#CP",
+        "#DE", "#DB", "NMI", "#BP", "#OF", "#BR", "#UD", "#NM", "#DF", "#CSO", "#TS", "#NP", "#SS", "#GP", "#PF",
+        "#15", "#MF", "#AC", "#MC", "#XM", "#VE", "#CP",
     ];
     NAMES.get(v as usize).copied().unwrap_or("interrupt")
 }

@@ -36,11 +36,7 @@ pub fn note_failure() {
 
 /// Prints the SUMMARY line; returns the exit code (0 when nothing failed, 1 otherwise).
 pub fn summary() -> i32 {
-    let (t, f, s) = (
-        TESTS.load(Ordering::SeqCst),
-        FAILURES.load(Ordering::SeqCst),
-        SKIPPED.load(Ordering::SeqCst),
-    );
+    let (t, f, s) = (TESTS.load(Ordering::SeqCst), FAILURES.load(Ordering::SeqCst), SKIPPED.load(Ordering::SeqCst));
     crate::println!("SUMMARY: {t} tests, {f} unexpected failures, {s} skipped");
     i32::from(f != 0)
 }

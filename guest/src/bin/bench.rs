@@ -4,8 +4,8 @@
 
 use core::arch::asm;
 use emon_guest::cpu::{cpuid, rdmsr, wrmsr};
-use emon_guest::{dec, println};
 use emon_guest::pmu::{IA32_PERFEVTSEL0, IA32_PERF_GLOBAL_CTRL, IA32_PMC0};
+use emon_guest::{dec, println};
 
 emon_guest::entry!(main);
 
@@ -51,9 +51,16 @@ fn main(boot: &emon_guest::BootInfo) -> i32 {
         "exits" => {
             let pmu = time(|| (0..n).for_each(|_| drop(rdmsr(IA32_PERF_GLOBAL_CTRL))));
             // SAFETY: port 0x80 is emon's ignored POST-code port.
-            let pio = time(|| (0..n).for_each(|_| unsafe { asm!("out 0x80, al", in("al") 0u8, options(nostack, nomem)) }));
+            let pio =
+                time(|| (0..n).for_each(|_| unsafe { asm!("out 0x80, al", in("al") 0u8, options(nostack, nomem)) }));
             let kvm = time(|| (0..n).for_each(|_| drop(rdmsr(IA32_TIME_STAMP_COUNTER))));
-            println!("bench exits n={} pmu_msr_tsc={} port_io_tsc={} kvm_msr_tsc={}", dec(n), dec(pmu), dec(pio), dec(kvm));
+            println!(
+                "bench exits n={} pmu_msr_tsc={} port_io_tsc={} kvm_msr_tsc={}",
+                dec(n),
+                dec(pmu),
+                dec(pio),
+                dec(kvm)
+            );
         }
         m => println!("bench: unknown mode '{m}' (loop, loop-counted, exits)"),
     }

@@ -9,11 +9,13 @@
 
 use core::arch::asm;
 use emon_guest::cpu::{rdmsr, wrmsr};
+use emon_guest::pmu::{
+    Perfmon, EVENT_INSTRUCTIONS, IA32_FIXED_CTR0, IA32_FIXED_CTR_CTRL, IA32_PERFEVTSEL0, IA32_PERF_GLOBAL_CTRL,
+    IA32_PERF_GLOBAL_OVF_CTRL, IA32_PMC0,
+};
 use emon_guest::{check_eq, dec, println, skip};
-use emon_guest::pmu::{Perfmon, EVENT_INSTRUCTIONS, IA32_FIXED_CTR0, IA32_FIXED_CTR_CTRL, IA32_PERFEVTSEL0, IA32_PERF_GLOBAL_CTRL, IA32_PERF_GLOBAL_OVF_CTRL, IA32_PMC0};
 
 emon_guest::entry!(main);
-
 
 /// foo(): `mov ecx, N; 1: dec ecx; jnz 1b; ret` — 2N+2 instructions (N >= 1).
 fn expected(n: u32, stop_insns: u64) -> u64 {
@@ -94,7 +96,12 @@ fn main(_boot: &emon_guest::BootInfo) -> i32 {
         run_pmc0(n, 0x5300C0);
         let got = rdmsr(IA32_PMC0);
         println!("foo(N={}): IA32_PMC0 = {} ({:#x})", dec(n as u64), dec(got), got);
-        check_eq!(got, expected(n, 4), "IA32_PMC0 counts call + foo(N={}) + the 4 stopping instructions", dec(n as u64));
+        check_eq!(
+            got,
+            expected(n, 4),
+            "IA32_PMC0 counts call + foo(N={}) + the 4 stopping instructions",
+            dec(n as u64)
+        );
     }
     // OS only / USR only (the guest runs at CPL0).
     wrmsr(IA32_PMC0, 0);
@@ -118,7 +125,12 @@ fn main(_boot: &emon_guest::BootInfo) -> i32 {
             wrmsr(IA32_FIXED_CTR0, 0);
             run_fixed0(n, 1 << 32);
             let got = rdmsr(IA32_FIXED_CTR0);
-            check_eq!(got, expected(n, 4), "IA32_FIXED_CTR0 counts call + foo(N={}) + 4 via GLOBAL_CTRL", dec(n as u64));
+            check_eq!(
+                got,
+                expected(n, 4),
+                "IA32_FIXED_CTR0 counts call + foo(N={}) + 4 via GLOBAL_CTRL",
+                dec(n as u64)
+            );
         }
         wrmsr(IA32_FIXED_CTR_CTRL, 0);
         wrmsr(IA32_PERF_GLOBAL_OVF_CTRL, (1 << 32) | 1);

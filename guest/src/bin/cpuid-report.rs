@@ -67,10 +67,7 @@ fn main(_boot: &emon_guest::BootInfo) -> i32 {
     }
     if pdcm {
         match rdmsr_safe(0x345) {
-            Ok(caps) => println!(
-                "IA32_PERF_CAPABILITIES = {caps:#x} (FW_WRITE {})",
-                u64::from(caps & (1 << 13) != 0)
-            ),
+            Ok(caps) => println!("IA32_PERF_CAPABILITIES = {caps:#x} (FW_WRITE {})", u64::from(caps & (1 << 13) != 0)),
             Err(e) => println!("IA32_PERF_CAPABILITIES: exception {}", e.vector),
         }
     }

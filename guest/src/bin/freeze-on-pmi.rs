@@ -13,8 +13,12 @@
 use core::arch::asm;
 use core::sync::atomic::{AtomicU64, Ordering::SeqCst};
 use emon_guest::cpu::{enable_interrupts, rdmsr, wrmsr};
+use emon_guest::pmu::{
+    Perfmon, APIC_PERFMON_VECTOR, DEBUGCTL_FREEZE_PERFMON_ON_PMI, EVENT_INSTRUCTIONS, EVTSEL_INSTRUCTIONS_INT,
+    GLOBAL_STATUS_CTR_FRZ, IA32_DEBUGCTL, IA32_PERFEVTSEL0, IA32_PERF_GLOBAL_CTRL, IA32_PERF_GLOBAL_STATUS,
+    IA32_PERF_GLOBAL_STATUS_RESET, IA32_PMC0,
+};
 use emon_guest::{apic, check, check_eq, dec, idt, println, skip};
-use emon_guest::pmu::{Perfmon, EVENT_INSTRUCTIONS, APIC_PERFMON_VECTOR, DEBUGCTL_FREEZE_PERFMON_ON_PMI, EVTSEL_INSTRUCTIONS_INT, GLOBAL_STATUS_CTR_FRZ, IA32_DEBUGCTL, IA32_PERFEVTSEL0, IA32_PERF_GLOBAL_CTRL, IA32_PERF_GLOBAL_STATUS, IA32_PERF_GLOBAL_STATUS_RESET, IA32_PMC0};
 
 emon_guest::entry!(main);
 
@@ -98,7 +102,12 @@ fn main(_boot: &emon_guest::BootInfo) -> i32 {
     let (f, s) = (FIRST.load(SeqCst), SECOND.load(SeqCst));
     println!("first PMI (no freeze): IA32_PMC0 {} then {} in the handler", dec(f), dec(s));
     check_eq!(HANDLED.load(SeqCst), 1u64, "first PMI handled once");
-    check_eq!(s - f, WORK, "without FREEZE_PERFMON_ON_PMI the counter advances by the handler's {} instructions", dec(WORK));
+    check_eq!(
+        s - f,
+        WORK,
+        "without FREEZE_PERFMON_ON_PMI the counter advances by the handler's {} instructions",
+        dec(WORK)
+    );
     check_eq!(CTRL_IN_HANDLER.load(SeqCst), 1u64, "without freeze IA32_PERF_GLOBAL_CTRL stays enabled in the handler");
     check_eq!(STATUS_IN_HANDLER.load(SeqCst) & GLOBAL_STATUS_CTR_FRZ, 0u64, "without freeze CTR_Frz is clear");
 
@@ -110,7 +119,10 @@ fn main(_boot: &emon_guest::BootInfo) -> i32 {
     check_eq!(HANDLED.load(SeqCst), 1u64, "second PMI handled once");
     check_eq!(s, f, "with FREEZE_PERFMON_ON_PMI the counter does not advance in the handler");
     if version >= 4 {
-        check!(STATUS_IN_HANDLER.load(SeqCst) & GLOBAL_STATUS_CTR_FRZ != 0, "v4+: GLOBAL_STATUS.CTR_Frz is set in the handler");
+        check!(
+            STATUS_IN_HANDLER.load(SeqCst) & GLOBAL_STATUS_CTR_FRZ != 0,
+            "v4+: GLOBAL_STATUS.CTR_Frz is set in the handler"
+        );
         check_eq!(CTRL_IN_HANDLER.load(SeqCst), 1u64, "v4+: IA32_PERF_GLOBAL_CTRL is left alone (streamlined freeze)");
         check_eq!(rdmsr(IA32_PERF_GLOBAL_STATUS) & GLOBAL_STATUS_CTR_FRZ, 0u64, "v4+: STATUS_RESET cleared CTR_Frz");
     } else {

@@ -104,11 +104,8 @@ const MISC_WRITABLE: [(u32, &str); 7] = [
     (34, "XD Bit Disable"),
 ];
 /// Read-only bits: (bit, SDM name).
-const MISC_READ_ONLY: [(u32, &str); 3] = [
-    (7, "Performance Monitoring Available"),
-    (11, "Branch Trace Storage Unavailable"),
-    (12, "PEBS Unavailable"),
-];
+const MISC_READ_ONLY: [(u32, &str); 3] =
+    [(7, "Performance Monitoring Available"), (11, "Branch Trace Storage Unavailable"), (12, "PEBS Unavailable")];
 
 /// The value an RDMSR helper returns after an unexpected fault (already reported as a FAIL).
 const POISON: u64 = 0xDEAD_BEEF_DEAD_BEEF;
@@ -156,41 +153,22 @@ struct Pmu {
 impl Pmu {
     fn from_cpuid() -> Pmu {
         let pdcm = cpuid(1, 0).ecx & (1 << 15) != 0;
-        let a = if max_leaf() >= 0xA {
-            cpuid(0xA, 0)
-        } else {
-            Cpuid {
-                eax: 0,
-                ebx: 0,
-                ecx: 0,
-                edx: 0,
-            }
-        };
+        let a = if max_leaf() >= 0xA { cpuid(0xA, 0) } else { Cpuid { eax: 0, ebx: 0, ecx: 0, edx: 0 } };
         let version = (a.eax & 0xFF) as u8;
         let (gp, gp_width) = if version >= 1 {
-            (
-                (((a.eax >> 8) & 0xFF) as u8).min(MAX_GP),
-                ((a.eax >> 16) & 0xFF) as u8,
-            )
+            ((((a.eax >> 8) & 0xFF) as u8).min(MAX_GP), ((a.eax >> 16) & 0xFF) as u8)
         } else {
             (0, 0)
         };
         // CPUID.0AH:EDX is reserved before version 2, ECX before version 5.
-        let (fixed_count, fixed_width) = if version >= 2 {
-            ((a.edx & 0x1F) as u8, ((a.edx >> 5) & 0xFF) as u8)
-        } else {
-            (0, 0)
-        };
+        let (fixed_count, fixed_width) =
+            if version >= 2 { ((a.edx & 0x1F) as u8, ((a.edx >> 5) & 0xFF) as u8) } else { (0, 0) };
         let fixed_bitmap = if version >= 5 { a.ecx } else { 0 };
         let mut fixed = [false; MAX_FIXED as usize];
         for (i, f) in (0u8..).zip(fixed.iter_mut()) {
             *f = version >= 2 && (i < fixed_count || fixed_bitmap & (1 << i) != 0);
         }
-        let perf_capabilities = if pdcm {
-            rdmsr_safe(IA32_PERF_CAPABILITIES).unwrap_or(0)
-        } else {
-            0
-        };
+        let perf_capabilities = if pdcm { rdmsr_safe(IA32_PERF_CAPABILITIES).unwrap_or(0) } else { 0 };
         // A processor that supports 5-level paging (CPUID.(EAX=07H,ECX=0):ECX.LA57[16]) checks
         // linear addresses written to MSRs for 57-bit canonicality, whatever CR4.LA57.
         let la57 = max_leaf() >= 7 && cpuid(7, 0).ecx & (1 << 16) != 0;
@@ -230,8 +208,7 @@ impl Pmu {
 
     /// Bits 32+i of the supported fixed counters.
     fn fixed_bits(&self) -> u64 {
-        self.fixed_indices()
-            .fold(0, |m, i| m | 1u64 << (32 + u32::from(i)))
+        self.fixed_indices().fold(0, |m, i| m | 1u64 << (32 + u32::from(i)))
     }
 
     /// Every counter's bit in GLOBAL_CTRL / GLOBAL_STATUS / OVF_CTRL / INUSE.
@@ -266,8 +243,7 @@ impl Pmu {
     /// Writable bits of IA32_FIXED_CTR_CTRL: EN | PMI (| ANY) in each supported counter's field.
     fn fixed_ctr_ctrl_valid(&self) -> u64 {
         let field = FIXED_EN_ALL | FIXED_PMI | if self.any_allowed() { FIXED_ANY } else { 0 };
-        self.fixed_indices()
-            .fold(0, |m, i| m | fixed_field(i, field))
+        self.fixed_indices().fold(0, |m, i| m | fixed_field(i, field))
     }
 
     /// Bits IA32_PERF_GLOBAL_OVF_CTRL / STATUS_RESET may clear (SDM Figures 18-5, 18-11).
@@ -299,34 +275,19 @@ impl Pmu {
             (DEBUGCTL_LBR, "LBR", true),
             (DEBUGCTL_BTF, "BTF", true),
             (DEBUGCTL_FREEZE_LBRS_ON_PMI, "FREEZE_LBRS_ON_PMI", true),
-            (
-                DEBUGCTL_FREEZE_PERFMON_ON_PMI,
-                "FREEZE_PERFMON_ON_PMI",
-                self.version >= 2,
-            ),
-            (
-                DEBUGCTL_FREEZE_WHILE_SMM,
-                "FREEZE_WHILE_SMM",
-                self.perf_capabilities & PERF_CAPABILITIES_SMM_FRZ != 0,
-            ),
+            (DEBUGCTL_FREEZE_PERFMON_ON_PMI, "FREEZE_PERFMON_ON_PMI", self.version >= 2),
+            (DEBUGCTL_FREEZE_WHILE_SMM, "FREEZE_WHILE_SMM", self.perf_capabilities & PERF_CAPABILITIES_SMM_FRZ != 0),
         ]
     }
 
     fn debugctl_valid(&self) -> u64 {
-        self.debugctl_bits()
-            .iter()
-            .filter(|b| b.2)
-            .fold(0, |m, b| m | 1 << b.0)
+        self.debugctl_bits().iter().filter(|b| b.2).fold(0, |m, b| m | 1 << b.0)
     }
 
     /// IA32_MISC_ENABLE at power-on: fast strings, BTS and PEBS unavailable (no DS emulation),
     /// and "performance monitoring available" exactly when CPUID.0AH reports a PMU.
     fn misc_enable_power_on(&self) -> u64 {
-        let perfmon = if self.version >= 1 {
-            MISC_PERFMON_AVAILABLE
-        } else {
-            0
-        };
+        let perfmon = if self.version >= 1 { MISC_PERFMON_AVAILABLE } else { 0 };
         MISC_FAST_STRINGS | perfmon | MISC_BTS_UNAVAILABLE | MISC_PEBS_UNAVAILABLE
     }
 }
@@ -412,10 +373,7 @@ impl Reg {
 
     /// Read-only registers: every WRMSR #GPs.
     fn read_only(self) -> bool {
-        matches!(
-            self,
-            Reg::PerfCapabilities | Reg::GlobalStatus | Reg::GlobalInuse
-        )
+        matches!(self, Reg::PerfCapabilities | Reg::GlobalStatus | Reg::GlobalInuse)
     }
 
     /// Write-1-to-clear/set command registers (they read as 0 and hold no state).
@@ -498,13 +456,7 @@ fn rd(msr: u32) -> u64 {
 /// WRMSR that must succeed (setup and restore); a fault is reported.
 fn wr(msr: u32, value: u64) {
     if let Err(e) = wrmsr_safe(msr, value) {
-        check!(
-            false,
-            "WRMSR {:#x} <- {:#x} succeeds (got vector {})",
-            msr,
-            value,
-            e.vector
-        );
+        check!(false, "WRMSR {:#x} <- {:#x} succeeds (got vector {})", msr, value, e.vector);
     }
 }
 
@@ -512,19 +464,13 @@ fn wr(msr: u32, value: u64) {
 fn write_reads(name: fmt::Arguments, msr: u32, value: u64, want: u64) -> bool {
     let ok = match wrmsr_safe(msr, value) {
         Err(e) => {
-            println!(
-                "  WRMSR {:#x} <- {:#x}: unexpected vector {}",
-                msr, value, e.vector
-            );
+            println!("  WRMSR {:#x} <- {:#x}: unexpected vector {}", msr, value, e.vector);
             false
         }
         Ok(()) => match rdmsr_safe(msr) {
             Ok(got) if got == want => true,
             Ok(got) => {
-                println!(
-                    "  WRMSR {:#x} <- {:#x}: reads {:#x}, want {:#x}",
-                    msr, value, got, want
-                );
+                println!("  WRMSR {:#x} <- {:#x}: reads {:#x}, want {:#x}", msr, value, got, want);
                 false
             }
             Err(e) => {
@@ -544,18 +490,12 @@ fn gp_without_change(msr: u32, value: u64, observe: u32) -> bool {
     match r {
         Ok(()) => println!("  WRMSR {:#x} <- {:#x}: no exception", msr, value),
         Err(e) if !e.is_gp() => {
-            println!(
-                "  WRMSR {:#x} <- {:#x}: vector {} instead of #GP",
-                msr, value, e.vector
-            )
+            println!("  WRMSR {:#x} <- {:#x}: vector {} instead of #GP", msr, value, e.vector)
         }
         Err(_) => {}
     }
     if after != before {
-        println!(
-            "  MSR {:#x} changed from {:#x} to {:#x}",
-            observe, before, after
-        );
+        println!("  MSR {:#x} changed from {:#x} to {:#x}", observe, before, after);
     }
     is_gp(&r) && after == before
 }
@@ -573,9 +513,8 @@ fn expect_reserved_bits(name: fmt::Arguments, msr: u32, base: u64, reserved: u64
     if reserved == 0 {
         return;
     }
-    let bad = bits(reserved)
-        .filter(|&b| !gp_without_change(msr, base | 1u64 << b, observe))
-        .fold(0u64, |m, b| m | 1u64 << b);
+    let bad =
+        bits(reserved).filter(|&b| !gp_without_change(msr, base | 1u64 << b, observe)).fold(0u64, |m, b| m | 1u64 << b);
     if bad != 0 {
         println!("  bits {:#x} (of {:#x}) did not #GP cleanly", bad, reserved);
     }
@@ -608,12 +547,7 @@ fn reset(p: &Pmu) {
 
 fn needs_version(p: &Pmu, min: u8, what: &str) -> bool {
     if p.version < min {
-        skip!(
-            "{} (needs perfmon v{}, CPUID.0AH reports v{})",
-            what,
-            min,
-            p.version
-        );
+        skip!("{} (needs perfmon v{}, CPUID.0AH reports v{})", what, min, p.version);
         false
     } else {
         true
@@ -668,28 +602,13 @@ fn check_existence(p: &Pmu) {
             ""
         };
         if r.exists(p) {
-            check!(
-                read.is_ok(),
-                "{} ({:#x}) exists{}: RDMSR succeeds",
-                r,
-                msr,
-                why
-            );
+            check!(read.is_ok(), "{} ({:#x}) exists{}: RDMSR succeeds", r, msr, why);
             if let (Ok(v), false) = (read, r.read_only()) {
-                check!(
-                    wrmsr_safe(msr, v).is_ok(),
-                    "{} exists: WRMSR of its current value succeeds",
-                    r
-                );
+                check!(wrmsr_safe(msr, v).is_ok(), "{} exists: WRMSR of its current value succeeds", r);
             }
         } else {
             check!(is_gp(&read), "{} ({:#x}) absent{}: RDMSR #GPs", r, msr, why);
-            check!(
-                is_gp(&wrmsr_safe(msr, 0)),
-                "{} absent{}: WRMSR #GPs",
-                r,
-                why
-            );
+            check!(is_gp(&wrmsr_safe(msr, 0)), "{} absent{}: WRMSR #GPs", r, why);
         }
     }
 }
@@ -707,82 +626,39 @@ fn check_gp_widths(p: &Pmu) {
     let legacy: [(u64, u64, &str); 5] = [
         (0xFFFF_FFFF, m, "0xffffffff sign-extends to all ones"),
         (0x7FFF_FFFF, 0x7FFF_FFFF, "0x7fffffff stays positive"),
-        (
-            0x8000_0000,
-            0xFFFF_FFFF_8000_0000 & m,
-            "0x80000000 sign-extends",
-        ),
+        (0x8000_0000, 0xFFFF_FFFF_8000_0000 & m, "0x80000000 sign-extends"),
         (0x0000_1234_0000_0005, 5, "EDX=0x1234 is ignored"),
-        (
-            0xFFFF_FFFF_7FFF_FFFF,
-            0x7FFF_FFFF,
-            "EDX=0xffffffff is ignored",
-        ),
+        (0xFFFF_FFFF_7FFF_FFFF, 0x7FFF_FFFF, "EDX=0xffffffff is ignored"),
     ];
     for i in 0..p.gp {
         let pmc = IA32_PMC0 + u32::from(i);
         for (value, want, what) in legacy {
-            write_reads(
-                format_args!("IA32_PMC{} legacy write {} ({} bits)", i, what, w),
-                pmc,
-                value,
-                want,
-            );
+            write_reads(format_args!("IA32_PMC{} legacy write {} ({} bits)", i, what, w), pmc, value, want);
         }
         if p.fw_write() {
             let apmc = IA32_A_PMC0 + u32::from(i);
             wr(pmc, 0xFFFF_FFFF);
-            check_eq!(
-                rd(apmc),
-                m,
-                "IA32_A_PMC{} reads the value written through IA32_PMC{}",
-                i,
-                i
-            );
+            check_eq!(rd(apmc), m, "IA32_A_PMC{} reads the value written through IA32_PMC{}", i, i);
             let top = 1u64 << (w - 1) | 0x5A5A;
             write_reads(
-                format_args!(
-                    "IA32_A_PMC{} full-width write with bit {} set reads back",
-                    i,
-                    w - 1
-                ),
+                format_args!("IA32_A_PMC{} full-width write with bit {} set reads back", i, w - 1),
                 apmc,
                 top,
                 top,
             );
-            check_eq!(
-                rd(pmc),
-                top,
-                "IA32_PMC{} reads the value written through IA32_A_PMC{}",
-                i,
-                i
-            );
-            write_reads(
-                format_args!(
-                    "IA32_A_PMC{} full-width write of all {} bits reads back",
-                    i, w
-                ),
-                apmc,
-                m,
-                m,
-            );
+            check_eq!(rd(pmc), top, "IA32_PMC{} reads the value written through IA32_A_PMC{}", i, i);
+            write_reads(format_args!("IA32_A_PMC{} full-width write of all {} bits reads back", i, w), apmc, m, m);
             if w < 64 {
                 wr(apmc, 0x1234);
                 expect_reserved_bits(
-                    format_args!(
-                        "IA32_A_PMC{} write with any bit {}..63 set #GPs, counter unchanged",
-                        i, w
-                    ),
+                    format_args!("IA32_A_PMC{} write with any bit {}..63 set #GPs, counter unchanged", i, w),
                     apmc,
                     0x1234,
                     !m,
                     pmc,
                 );
             } else {
-                skip!(
-                    "IA32_A_PMC{} bits above the width (the counters are 64 bits wide)",
-                    i
-                );
+                skip!("IA32_A_PMC{} bits above the width (the counters are 64 bits wide)", i);
             }
         }
         wr(pmc, 0);
@@ -803,32 +679,12 @@ fn check_fixed_widths(p: &Pmu) {
     let m = width_mask(w);
     for i in p.fixed_indices() {
         let msr = IA32_FIXED_CTR0 + u32::from(i);
-        write_reads(
-            format_args!(
-                "IA32_FIXED_CTR{} write of all ones truncates to {} bits",
-                i, w
-            ),
-            msr,
-            u64::MAX,
-            m,
-        );
+        write_reads(format_args!("IA32_FIXED_CTR{} write of all ones truncates to {} bits", i, w), msr, u64::MAX, m);
         let top = 1u64 << (w - 1) | 3;
-        write_reads(
-            format_args!(
-                "IA32_FIXED_CTR{} write with bit {} set reads back",
-                i,
-                w - 1
-            ),
-            msr,
-            top,
-            top,
-        );
+        write_reads(format_args!("IA32_FIXED_CTR{} write with bit {} set reads back", i, w - 1), msr, top, top);
         if w < 64 {
             write_reads(
-                format_args!(
-                    "IA32_FIXED_CTR{} bits above {} are dropped without #GP",
-                    i, w
-                ),
+                format_args!("IA32_FIXED_CTR{} bits above {} are dropped without #GP", i, w),
                 msr,
                 1u64 << w | 7,
                 7,
@@ -848,12 +704,7 @@ fn check_perfevtsel(p: &Pmu) {
     let base = EVTSEL_COUNT_INSTRUCTIONS;
     for i in 0..p.gp {
         let msr = IA32_PERFEVTSEL0 + u32::from(i);
-        write_reads(
-            format_args!("IA32_PERFEVTSEL{} = 0x4300c0 reads back", i),
-            msr,
-            base,
-            base,
-        );
+        write_reads(format_args!("IA32_PERFEVTSEL{} = 0x4300c0 reads back", i), msr, base, base);
         expect_reserved_bits(
             format_args!("IA32_PERFEVTSEL{} bits 63:32 each #GP, state unchanged", i),
             msr,
@@ -871,23 +722,14 @@ fn check_perfevtsel(p: &Pmu) {
             wr(msr, base);
         } else {
             expect_gp_unchanged(
-                format_args!(
-                    "IA32_PERFEVTSEL{}.ANY (bit 21) #GPs {}, state unchanged",
-                    i,
-                    p.any_reserved_reason()
-                ),
+                format_args!("IA32_PERFEVTSEL{}.ANY (bit 21) #GPs {}, state unchanged", i, p.any_reserved_reason()),
                 msr,
                 base | EVTSEL_ANY,
                 msr,
             );
         }
         let all = p.perfevtsel_valid();
-        write_reads(
-            format_args!("IA32_PERFEVTSEL{} every defined bit of 31:0 accepted", i),
-            msr,
-            all,
-            all,
-        );
+        write_reads(format_args!("IA32_PERFEVTSEL{} every defined bit of 31:0 accepted", i), msr, all, all);
         wr(msr, 0);
     }
     reset(p);
@@ -902,38 +744,22 @@ fn check_fixed_ctr_ctrl(p: &Pmu) {
     let valid = p.fixed_ctr_ctrl_valid();
     if valid != 0 {
         write_reads(
-            format_args!(
-                "IA32_FIXED_CTR_CTRL all fields of the supported counters accepted ({:#x})",
-                valid
-            ),
+            format_args!("IA32_FIXED_CTR_CTRL all fields of the supported counters accepted ({:#x})", valid),
             msr,
             valid,
             valid,
         );
     }
     // A non-zero state for the "unchanged" checks: the first supported counter enabled for CPL0.
-    let base = p
-        .fixed_indices()
-        .next()
-        .map_or(0, |i| fixed_field(i, FIXED_EN_OS));
+    let base = p.fixed_indices().next().map_or(0, |i| fixed_field(i, FIXED_EN_OS));
     for i in 0..MAX_FIXED {
         if p.fixed_exists(i) {
             let v = fixed_field(i, FIXED_EN_ALL | FIXED_PMI);
-            write_reads(
-                format_args!("IA32_FIXED_CTR_CTRL field {} EN=3|PMI accepted", i),
-                msr,
-                v,
-                v,
-            );
+            write_reads(format_args!("IA32_FIXED_CTR_CTRL field {} EN=3|PMI accepted", i), msr, v, v);
             wr(msr, base);
             let any = base | fixed_field(i, FIXED_ANY);
             if p.any_allowed() {
-                write_reads(
-                    format_args!("IA32_FIXED_CTR_CTRL field {} ANY accepted (v3+)", i),
-                    msr,
-                    any,
-                    any,
-                );
+                write_reads(format_args!("IA32_FIXED_CTR_CTRL field {} ANY accepted (v3+)", i), msr, any, any);
             } else {
                 expect_gp_unchanged(
                     format_args!(
@@ -976,20 +802,12 @@ fn check_global_ctrl(p: &Pmu) {
     let msr = IA32_PERF_GLOBAL_CTRL;
     let valid = p.counter_bits();
     write_reads(
-        format_args!(
-            "IA32_PERF_GLOBAL_CTRL enables of every counter accepted ({:#x})",
-            valid
-        ),
+        format_args!("IA32_PERF_GLOBAL_CTRL enables of every counter accepted ({:#x})", valid),
         msr,
         valid,
         valid,
     );
-    write_reads(
-        format_args!("IA32_PERF_GLOBAL_CTRL = 0 reads back"),
-        msr,
-        0,
-        0,
-    );
+    write_reads(format_args!("IA32_PERF_GLOBAL_CTRL = 0 reads back"), msr, 0, 0);
     wr(msr, 1);
     expect_reserved_bits(
         format_args!("IA32_PERF_GLOBAL_CTRL bits of absent counters and reserved bits each #GP, state unchanged"),
@@ -1010,11 +828,7 @@ fn check_ovf_ctrl(p: &Pmu) {
     let msr = IA32_PERF_GLOBAL_OVF_CTRL;
     let valid = p.ovf_ctrl_valid();
     // On v4+, a status bit set through STATUS_SET shows that a faulting write cleared nothing.
-    let pre = if p.version >= 4 {
-        1u64 << STATUS_OVF_BUFFER
-    } else {
-        0
-    };
+    let pre = if p.version >= 4 { 1u64 << STATUS_OVF_BUFFER } else { 0 };
     let set_pre = || {
         if pre != 0 {
             wr(IA32_PERF_GLOBAL_STATUS_SET, pre);
@@ -1062,9 +876,7 @@ fn check_ovf_ctrl(p: &Pmu) {
     set_pre();
     let named_mask = named.iter().fold(0u64, |m, &(b, _)| m | 1u64 << b);
     expect_reserved_bits(
-        format_args!(
-            "IA32_PERF_GLOBAL_OVF_CTRL reserved bits each #GP, IA32_PERF_GLOBAL_STATUS unchanged"
-        ),
+        format_args!("IA32_PERF_GLOBAL_OVF_CTRL reserved bits each #GP, IA32_PERF_GLOBAL_STATUS unchanged"),
         msr,
         pre,
         !valid & !named_mask,
@@ -1079,56 +891,25 @@ fn check_status_set_reset(p: &Pmu) {
     if !needs_version(p, 4, "IA32_PERF_GLOBAL_STATUS_SET/RESET") {
         return;
     }
-    let (set, reset_msr, status) = (
-        IA32_PERF_GLOBAL_STATUS_SET,
-        IA32_PERF_GLOBAL_STATUS_RESET,
-        IA32_PERF_GLOBAL_STATUS,
-    );
+    let (set, reset_msr, status) =
+        (IA32_PERF_GLOBAL_STATUS_SET, IA32_PERF_GLOBAL_STATUS_RESET, IA32_PERF_GLOBAL_STATUS);
     let valid = p.status_set_valid();
     for b in bits(valid) {
         let bit = 1u64 << b;
         wr(set, bit);
-        check_eq!(
-            rd(status),
-            bit,
-            "IA32_PERF_GLOBAL_STATUS_SET bit {} sets GLOBAL_STATUS.{}",
-            b,
-            StatusBit(b)
-        );
+        check_eq!(rd(status), bit, "IA32_PERF_GLOBAL_STATUS_SET bit {} sets GLOBAL_STATUS.{}", b, StatusBit(b));
         wr(reset_msr, bit);
-        check_eq!(
-            rd(status),
-            0,
-            "IA32_PERF_GLOBAL_STATUS_RESET bit {} clears GLOBAL_STATUS.{}",
-            b,
-            StatusBit(b)
-        );
+        check_eq!(rd(status), 0, "IA32_PERF_GLOBAL_STATUS_RESET bit {} clears GLOBAL_STATUS.{}", b, StatusBit(b));
     }
     wr(set, valid);
-    check_eq!(
-        rd(status),
-        valid,
-        "IA32_PERF_GLOBAL_STATUS_SET of every settable bit at once"
-    );
+    check_eq!(rd(status), valid, "IA32_PERF_GLOBAL_STATUS_SET of every settable bit at once");
     check_eq!(rd(set), 0, "IA32_PERF_GLOBAL_STATUS_SET reads 0");
     wr(reset_msr, 0);
-    check_eq!(
-        rd(status),
-        valid,
-        "IA32_PERF_GLOBAL_STATUS_RESET of 0 clears nothing"
-    );
+    check_eq!(rd(status), valid, "IA32_PERF_GLOBAL_STATUS_RESET of 0 clears nothing");
     wr(reset_msr, p.gp_bits());
-    check_eq!(
-        rd(status),
-        valid & !p.gp_bits(),
-        "IA32_PERF_GLOBAL_STATUS_RESET clears only the bits written"
-    );
+    check_eq!(rd(status), valid & !p.gp_bits(), "IA32_PERF_GLOBAL_STATUS_RESET clears only the bits written");
     wr(reset_msr, p.ovf_ctrl_valid());
-    check_eq!(
-        rd(status),
-        0,
-        "IA32_PERF_GLOBAL_STATUS_RESET of every bit clears GLOBAL_STATUS"
-    );
+    check_eq!(rd(status), 0, "IA32_PERF_GLOBAL_STATUS_RESET of every bit clears GLOBAL_STATUS");
     wr(set, 1);
     wr(set, 1 << STATUS_OVF_BUFFER);
     check_eq!(
@@ -1159,11 +940,7 @@ fn check_status_set_reset(p: &Pmu) {
         status,
     );
     reset(p);
-    check_eq!(
-        rd(status),
-        0,
-        "IA32_PERF_GLOBAL_STATUS is 0 again after the reset"
-    );
+    check_eq!(rd(status), 0, "IA32_PERF_GLOBAL_STATUS is 0 again after the reset");
 }
 
 /// Group 4e: read-only registers #GP on any write and keep their value.
@@ -1174,10 +951,7 @@ fn check_read_only(p: &Pmu) {
         }
         for v in [0, 1, 1u64 << STATUS_OVF_BUFFER] {
             expect_gp_unchanged(
-                format_args!(
-                    "IA32_PERF_GLOBAL_STATUS is read-only: WRMSR of {:#x} #GPs, status unchanged",
-                    v
-                ),
+                format_args!("IA32_PERF_GLOBAL_STATUS is read-only: WRMSR of {:#x} #GPs, status unchanged", v),
                 IA32_PERF_GLOBAL_STATUS,
                 v,
                 IA32_PERF_GLOBAL_STATUS,
@@ -1192,10 +966,7 @@ fn check_read_only(p: &Pmu) {
         }
         for v in [0, 1, INUSE_PMI] {
             expect_gp_unchanged(
-                format_args!(
-                    "IA32_PERF_GLOBAL_INUSE is read-only: WRMSR of {:#x} #GPs, unchanged",
-                    v
-                ),
+                format_args!("IA32_PERF_GLOBAL_INUSE is read-only: WRMSR of {:#x} #GPs, unchanged", v),
                 IA32_PERF_GLOBAL_INUSE,
                 v,
                 IA32_PERF_GLOBAL_INUSE,
@@ -1207,10 +978,7 @@ fn check_read_only(p: &Pmu) {
     if p.pdcm {
         for v in [0, p.perf_capabilities] {
             expect_gp_unchanged(
-                format_args!(
-                    "IA32_PERF_CAPABILITIES is read-only: WRMSR of {:#x} #GPs, unchanged",
-                    v
-                ),
+                format_args!("IA32_PERF_CAPABILITIES is read-only: WRMSR of {:#x} #GPs, unchanged", v),
                 IA32_PERF_CAPABILITIES,
                 v,
                 IA32_PERF_CAPABILITIES,
@@ -1228,32 +996,16 @@ fn check_inuse(p: &Pmu) {
         return;
     }
     let inuse = IA32_PERF_GLOBAL_INUSE;
-    check_eq!(
-        rd(inuse),
-        0,
-        "IA32_PERF_GLOBAL_INUSE is 0 with nothing programmed"
-    );
+    check_eq!(rd(inuse), 0, "IA32_PERF_GLOBAL_INUSE is 0 with nothing programmed");
     for i in 0..p.gp {
         let sel = IA32_PERFEVTSEL0 + u32::from(i);
         let bit = 1u64 << i;
         // (IA32_PERFEVTSELi value, expected INUSE, what it shows)
         let cases: [(u64, u64, &str); 6] = [
-            (
-                EVENT_INST_RETIRED,
-                bit,
-                "event select alone sets the counter's bit",
-            ),
-            (
-                EVTSEL_COUNT_INSTRUCTIONS,
-                bit,
-                "EN|OS|USR event 0xc0 sets the counter's bit",
-            ),
+            (EVENT_INST_RETIRED, bit, "event select alone sets the counter's bit"),
+            (EVTSEL_COUNT_INSTRUCTIONS, bit, "EN|OS|USR event 0xc0 sets the counter's bit"),
             (0x100, 0, "umask without event select sets nothing"),
-            (
-                EVTSEL_EN | EVTSEL_OS | EVTSEL_USR,
-                0,
-                "EN with event select 0 sets nothing",
-            ),
+            (EVTSEL_EN | EVTSEL_OS | EVTSEL_USR, 0, "EN with event select 0 sets nothing"),
             (EVTSEL_INT, INUSE_PMI, "INT alone sets only PMI_InUse"),
             (
                 EVTSEL_INT | EVENT_INST_RETIRED,
@@ -1263,22 +1015,10 @@ fn check_inuse(p: &Pmu) {
         ];
         for (v, want, what) in cases {
             wr(sel, v);
-            check_eq!(
-                rd(inuse),
-                want,
-                "IA32_PERF_GLOBAL_INUSE with IA32_PERFEVTSEL{} = {:#x}: {}",
-                i,
-                v,
-                what
-            );
+            check_eq!(rd(inuse), want, "IA32_PERF_GLOBAL_INUSE with IA32_PERFEVTSEL{} = {:#x}: {}", i, v, what);
         }
         wr(sel, 0);
-        check_eq!(
-            rd(inuse),
-            0,
-            "IA32_PERF_GLOBAL_INUSE clears when IA32_PERFEVTSEL{} is 0 again",
-            i
-        );
+        check_eq!(rd(inuse), 0, "IA32_PERF_GLOBAL_INUSE clears when IA32_PERFEVTSEL{} is 0 again", i);
     }
     for i in p.fixed_indices() {
         let bit = 1u64 << (32 + i);
@@ -1287,45 +1027,21 @@ fn check_inuse(p: &Pmu) {
             (FIXED_EN_USR, bit, "EN=2 (USR) sets the counter's bit"),
             (FIXED_EN_ALL, bit, "EN=3 sets the counter's bit"),
             (FIXED_PMI, INUSE_PMI, "PMI alone sets only PMI_InUse"),
-            (
-                FIXED_EN_ALL | FIXED_PMI,
-                bit | INUSE_PMI,
-                "EN=3|PMI set the counter's bit and PMI_InUse",
-            ),
+            (FIXED_EN_ALL | FIXED_PMI, bit | INUSE_PMI, "EN=3|PMI set the counter's bit and PMI_InUse"),
             (FIXED_ANY, 0, "ANY alone sets nothing"),
         ];
-        let n = if p.any_allowed() {
-            cases.len()
-        } else {
-            cases.len() - 1
-        };
+        let n = if p.any_allowed() { cases.len() } else { cases.len() - 1 };
         for &(field, want, what) in &cases[..n] {
             let v = fixed_field(i, field);
             wr(IA32_FIXED_CTR_CTRL, v);
-            check_eq!(
-                rd(inuse),
-                want,
-                "IA32_PERF_GLOBAL_INUSE with IA32_FIXED_CTR_CTRL = {:#x}: {}",
-                v,
-                what
-            );
+            check_eq!(rd(inuse), want, "IA32_PERF_GLOBAL_INUSE with IA32_FIXED_CTR_CTRL = {:#x}: {}", v, what);
         }
         wr(IA32_FIXED_CTR_CTRL, 0);
-        check_eq!(
-            rd(inuse),
-            0,
-            "IA32_PERF_GLOBAL_INUSE clears when IA32_FIXED_CTR_CTRL field {} is 0 again",
-            i
-        );
+        check_eq!(rd(inuse), 0, "IA32_PERF_GLOBAL_INUSE clears when IA32_FIXED_CTR_CTRL field {} is 0 again", i);
     }
     for i in 0..p.gp {
         wr(IA32_PEBS_ENABLE, 1 << i);
-        check_eq!(
-            rd(inuse),
-            INUSE_PMI,
-            "IA32_PERF_GLOBAL_INUSE.PMI_InUse follows IA32_PEBS_ENABLE bit {}",
-            i
-        );
+        check_eq!(rd(inuse), INUSE_PMI, "IA32_PERF_GLOBAL_INUSE.PMI_InUse follows IA32_PEBS_ENABLE bit {}", i);
     }
     wr(IA32_PEBS_ENABLE, 0);
     // Everything at once: each counter's bit, and PMI_InUse only from the one INT bit.
@@ -1340,25 +1056,13 @@ fn check_inuse(p: &Pmu) {
         want |= 1u64 << (32 + i);
     }
     wr(IA32_FIXED_CTR_CTRL, ctrl);
-    check_eq!(
-        rd(inuse),
-        want,
-        "IA32_PERF_GLOBAL_INUSE with every counter programmed"
-    );
+    check_eq!(rd(inuse), want, "IA32_PERF_GLOBAL_INUSE with every counter programmed");
     if p.gp > 0 {
         wr(IA32_PERFEVTSEL0, EVTSEL_COUNT_INSTRUCTIONS | EVTSEL_INT);
-        check_eq!(
-            rd(inuse),
-            want | INUSE_PMI,
-            "IA32_PERF_GLOBAL_INUSE with every counter programmed and PMC0 INT"
-        );
+        check_eq!(rd(inuse), want | INUSE_PMI, "IA32_PERF_GLOBAL_INUSE with every counter programmed and PMC0 INT");
     }
     reset(p);
-    check_eq!(
-        rd(inuse),
-        0,
-        "IA32_PERF_GLOBAL_INUSE is 0 again after the reset"
-    );
+    check_eq!(rd(inuse), 0, "IA32_PERF_GLOBAL_INUSE is 0 again after the reset");
 }
 
 /// Group 4f: IA32_DEBUGCTL (SDM 17.4.1; FREEZE_PERFMON_ON_PMI needs v2, FREEZE_WHILE_SMM needs
@@ -1368,19 +1072,11 @@ fn check_debugctl(p: &Pmu) {
     for (b, name, allowed) in p.debugctl_bits() {
         let v = 1u64 << b;
         if allowed {
-            write_reads(
-                format_args!("IA32_DEBUGCTL.{} (bit {}) is writable", name, b),
-                msr,
-                v,
-                v,
-            );
+            write_reads(format_args!("IA32_DEBUGCTL.{} (bit {}) is writable", name, b), msr, v, v);
         } else {
             wr(msr, 1 << DEBUGCTL_LBR);
             expect_gp_unchanged(
-                format_args!(
-                    "IA32_DEBUGCTL.{} (bit {}) #GPs on this PMU, state unchanged",
-                    name, b
-                ),
+                format_args!("IA32_DEBUGCTL.{} (bit {}) #GPs on this PMU, state unchanged", name, b),
                 msr,
                 v,
                 msr,
@@ -1389,22 +1085,11 @@ fn check_debugctl(p: &Pmu) {
         wr(msr, 0);
     }
     let valid = p.debugctl_valid();
-    write_reads(
-        format_args!("IA32_DEBUGCTL all allowed bits at once ({:#x})", valid),
-        msr,
-        valid,
-        valid,
-    );
+    write_reads(format_args!("IA32_DEBUGCTL all allowed bits at once ({:#x})", valid), msr, valid, valid);
     let base = 1u64 << DEBUGCTL_LBR;
     wr(msr, base);
     let named = p.debugctl_bits().iter().fold(0u64, |m, b| m | 1u64 << b.0);
-    expect_reserved_bits(
-        format_args!("IA32_DEBUGCTL other bits each #GP, state unchanged"),
-        msr,
-        base,
-        !named,
-        msr,
-    );
+    expect_reserved_bits(format_args!("IA32_DEBUGCTL other bits each #GP, state unchanged"), msr, base, !named, msr);
     reset(p);
 }
 
@@ -1414,20 +1099,12 @@ fn check_misc_enable(p: &Pmu) {
     let cur = p.misc_enable_power_on();
     for (b, name) in MISC_WRITABLE {
         let v = cur ^ 1u64 << b;
-        write_reads(
-            format_args!("IA32_MISC_ENABLE bit {} ({}) is writable", b, name),
-            msr,
-            v,
-            v,
-        );
+        write_reads(format_args!("IA32_MISC_ENABLE bit {} ({}) is writable", b, name), msr, v, v);
         wr(msr, cur);
     }
     for (b, name) in MISC_READ_ONLY {
         write_reads(
-            format_args!(
-                "IA32_MISC_ENABLE bit {} ({}) is read-only: a write flipping it is ignored",
-                b, name
-            ),
+            format_args!("IA32_MISC_ENABLE bit {} ({}) is read-only: a write flipping it is ignored", b, name),
             msr,
             cur ^ 1u64 << b,
             cur,
@@ -1436,18 +1113,13 @@ fn check_misc_enable(p: &Pmu) {
     // The writable part of such a write is stored.
     let tcc = 1u64 << 3;
     write_reads(
-        format_args!(
-            "IA32_MISC_ENABLE write flipping read-only bits still stores the writable bits"
-        ),
+        format_args!("IA32_MISC_ENABLE write flipping read-only bits still stores the writable bits"),
         msr,
         cur ^ MISC_PERFMON_AVAILABLE ^ MISC_BTS_UNAVAILABLE ^ MISC_PEBS_UNAVAILABLE ^ tcc,
         cur ^ tcc,
     );
     wr(msr, cur);
-    let known = MISC_WRITABLE
-        .iter()
-        .chain(MISC_READ_ONLY.iter())
-        .fold(0u64, |m, b| m | 1u64 << b.0);
+    let known = MISC_WRITABLE.iter().chain(MISC_READ_ONLY.iter()).fold(0u64, |m, b| m | 1u64 << b.0);
     expect_reserved_bits(
         format_args!("IA32_MISC_ENABLE reserved bits each #GP, state unchanged"),
         msr,
@@ -1465,18 +1137,10 @@ fn check_pebs_enable(p: &Pmu) {
     }
     let msr = IA32_PEBS_ENABLE;
     let valid = p.gp_bits();
-    write_reads(
-        format_args!("IA32_PEBS_ENABLE bits 0..{} accepted", p.gp - 1),
-        msr,
-        valid,
-        valid,
-    );
+    write_reads(format_args!("IA32_PEBS_ENABLE bits 0..{} accepted", p.gp - 1), msr, valid, valid);
     wr(msr, 1);
     expect_reserved_bits(
-        format_args!(
-            "IA32_PEBS_ENABLE bits {}..63 each #GP, state unchanged",
-            p.gp
-        ),
+        format_args!("IA32_PEBS_ENABLE bits {}..63 each #GP, state unchanged", p.gp),
         msr,
         1,
         !valid,
@@ -1498,23 +1162,12 @@ fn check_ds_area(p: &Pmu) {
     let top = (1u64 << (la - 1)) - 1; // highest canonical positive address
     let low_negative = !top; // lowest canonical negative address
     for v in [0x1000, top & !0xFFF, low_negative, !0xFFF] {
-        write_reads(
-            format_args!(
-                "IA32_DS_AREA canonical {:#x} ({} address bits) accepted",
-                v, la
-            ),
-            msr,
-            v,
-            v,
-        );
+        write_reads(format_args!("IA32_DS_AREA canonical {:#x} ({} address bits) accepted", v, la), msr, v, v);
     }
     wr(msr, 0x1000);
     for v in [top + 1, low_negative - 0x1000, 0x8000_0000_0000_0000] {
         expect_gp_unchanged(
-            format_args!(
-                "IA32_DS_AREA non-canonical {:#x} ({} address bits) #GPs, unchanged",
-                v, la
-            ),
+            format_args!("IA32_DS_AREA non-canonical {:#x} ({} address bits) #GPs, unchanged", v, la),
             msr,
             v,
             msr,
@@ -1533,19 +1186,13 @@ fn check_counting_config(p: &Pmu) {
     let m = width_mask(p.gp_width);
     for i in 0..p.gp {
         write_reads(
-            format_args!(
-                "IA32_PMC{} preset to its maximum by a legacy write of 0xffffffff",
-                i
-            ),
+            format_args!("IA32_PMC{} preset to its maximum by a legacy write of 0xffffffff", i),
             IA32_PMC0 + u32::from(i),
             0xFFFF_FFFF,
             m,
         );
         write_reads(
-            format_args!(
-                "IA32_PERFEVTSEL{} = 0x4300c0 (EN|OS|USR, no INT) reads back",
-                i
-            ),
+            format_args!("IA32_PERFEVTSEL{} = 0x4300c0 (EN|OS|USR, no INT) reads back", i),
             IA32_PERFEVTSEL0 + u32::from(i),
             EVTSEL_COUNT_INSTRUCTIONS,
             EVTSEL_COUNT_INSTRUCTIONS,
@@ -1577,22 +1224,13 @@ fn check_counting_config(p: &Pmu) {
             all,
         );
         if p.version >= 4 {
-            check_eq!(
-                rd(IA32_PERF_GLOBAL_INUSE),
-                all,
-                "IA32_PERF_GLOBAL_INUSE shows every configured counter, no PMI"
-            );
+            check_eq!(rd(IA32_PERF_GLOBAL_INUSE), all, "IA32_PERF_GLOBAL_INUSE shows every configured counter, no PMI");
         }
     }
     reset(p);
     for r in Reg::all().filter(|r| r.exists(p) && !r.read_only() && !r.command()) {
         if let Some(want) = r.power_on(p) {
-            check_eq!(
-                rd(r.msr()),
-                want,
-                "{} back at its power-on value after the round-trip",
-                r
-            );
+            check_eq!(rd(r.msr()), want, "{} back at its power-on value after the round-trip", r);
         }
     }
 }

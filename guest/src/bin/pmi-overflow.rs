@@ -14,8 +14,11 @@
 use core::arch::asm;
 use core::sync::atomic::{AtomicU64, Ordering::SeqCst};
 use emon_guest::cpu::{enable_interrupts, rdmsr, wrmsr};
+use emon_guest::pmu::{
+    Perfmon, APIC_PERFMON_VECTOR, EVENT_INSTRUCTIONS, EVTSEL_INSTRUCTIONS_INT, IA32_A_PMC0, IA32_PERFEVTSEL0,
+    IA32_PERF_GLOBAL_CTRL, IA32_PERF_GLOBAL_OVF_CTRL, IA32_PERF_GLOBAL_STATUS, IA32_PMC0,
+};
 use emon_guest::{apic, check, check_eq, dec, idt, println, skip};
-use emon_guest::pmu::{Perfmon, EVENT_INSTRUCTIONS, APIC_PERFMON_VECTOR, EVTSEL_INSTRUCTIONS_INT, IA32_A_PMC0, IA32_PERFEVTSEL0, IA32_PERF_GLOBAL_CTRL, IA32_PERF_GLOBAL_OVF_CTRL, IA32_PERF_GLOBAL_STATUS, IA32_PMC0};
 
 emon_guest::entry!(main);
 
@@ -105,7 +108,12 @@ fn experiment(version: u32, width: u32, c: &Case) {
         return;
     }
     check_eq!(HANDLED.load(SeqCst), 1u64, "{}: the PMI handler ran once", c.name);
-    check_eq!(INTERRUPTED_RIP.load(SeqCst), expected_rip, "{}: the PMI arrived right after the overflowing instruction", c.name);
+    check_eq!(
+        INTERRUPTED_RIP.load(SeqCst),
+        expected_rip,
+        "{}: the PMI arrived right after the overflowing instruction",
+        c.name
+    );
     check!(
         LVTPC_IN_HANDLER.load(SeqCst) & apic::LVT_MASKED as u64 != 0,
         "{}: LVTPC was masked on entry to the handler",
@@ -119,7 +127,12 @@ fn experiment(version: u32, width: u32, c: &Case) {
     // The counter wrapped to 0 and went on counting in the handler until it stopped it
     // (no FREEZE_PERFMON_ON_PMI here; see guest:freeze-on-pmi).
     let after = rdmsr(IA32_PMC0);
-    check!(after > 0 && after < 1000, "{}: IA32_PMC0 wrapped and counted the handler's instructions ({})", c.name, dec(after));
+    check!(
+        after > 0 && after < 1000,
+        "{}: IA32_PMC0 wrapped and counted the handler's instructions ({})",
+        c.name,
+        dec(after)
+    );
 }
 
 fn main(_boot: &emon_guest::BootInfo) -> i32 {

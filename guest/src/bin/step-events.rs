@@ -11,8 +11,8 @@
 use core::arch::{asm, global_asm};
 use core::sync::atomic::{AtomicU64, Ordering::SeqCst};
 use emon_guest::cpu::{disable_interrupts, enable_interrupts, rdmsr, rdpmc, wrmsr};
-use emon_guest::{apic, catch, check, check_eq, dec, idt, println, skip};
 use emon_guest::pmu::{Perfmon, EVENT_INSTRUCTIONS, IA32_PERFEVTSEL0, IA32_PERF_GLOBAL_CTRL, IA32_PMC0};
+use emon_guest::{apic, catch, check, check_eq, dec, idt, println, skip};
 
 emon_guest::entry!(main);
 
@@ -105,7 +105,12 @@ fn main(_boot: &emon_guest::BootInfo) -> i32 {
     // Self-IPI: ICR = vector | fixed | shorthand "self"; delivered right after the store retires.
     let n = counted!("mov r9d, 0xFEE00300", "mov dword ptr [r9], 0x40041", "nop",);
     check_eq!(RAW_HITS.load(SeqCst), 1u64, "the self-IPI was handled once");
-    check_eq!(n, 3 + HANDLER + STOP, "a self-IPI in the middle of stepping: its handler's {} instructions count", dec(HANDLER));
+    check_eq!(
+        n,
+        3 + HANDLER + STOP,
+        "a self-IPI in the middle of stepping: its handler's {} instructions count",
+        dec(HANDLER)
+    );
 
     // HLT woken by the APIC timer: HLT retires, the vCPU halts until the interrupt.
     RAW_HITS.store(0, SeqCst);

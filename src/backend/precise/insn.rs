@@ -80,7 +80,12 @@ fn classify(i: &Instruction) -> Insn {
     };
     let branch = !matches!(fc, FlowControl::Next | FlowControl::Exception | FlowControl::XbeginXabortXend)
         && !matches!(m, Ud0 | Ud1 | Ud2 | Int3 | Into | Int1);
-    let mem_operands = (0..i.op_count()).filter(|&n| i.op_kind(n) == OpKind::Memory).count() as u8;
+    // LEA and hinted NOPs have a memory operand but access no memory.
+    let mem_operands = if matches!(m, Lea | Nop) {
+        0
+    } else {
+        (0..i.op_count()).filter(|&n| i.op_kind(n) == OpKind::Memory).count() as u8
+    };
     let class_cycles = match m {
         Mul | Imul | Mulx => MUL_CYCLES,
         Div | Idiv => DIV_CYCLES,
@@ -169,6 +174,8 @@ mod tests {
         assert_eq!(d(&[0x0F, 0x30]).class_cycles, EXITING_CYCLES); // wrmsr
         assert_eq!(d(&[0x48, 0xF7, 0xF1]).class_cycles, DIV_CYCLES); // div rcx
         assert_eq!(d(&[0x48, 0x8B, 0x03]).mem_operands, 1); // mov rax, [rbx]
+        assert_eq!(d(&[0x48, 0x8D, 0x03]).mem_operands, 0); // lea rax, [rbx]
+        assert_eq!(d(&[0x0F, 0x1F, 0x40, 0x00]).mem_operands, 0); // nop dword [rax]
         assert!(d(&[0x48, 0xCF]).changes_mode); // iretq
         assert!(d(&[0x0F, 0x22, 0xD8]).changes_mode); // mov cr3, rax
         assert!(!d(&[0x90]).changes_mode);
