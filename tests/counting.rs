@@ -282,3 +282,15 @@ fn hal_emon_and_pmu_counters_pass_under_unusual_pmus() {
         check_pmu_counters(&r, &p);
     }
 }
+
+#[test]
+fn auto_says_which_backend_it_chose_and_why() {
+    if !kvm_available() {
+        return;
+    }
+    let r = emon(&["run", "--verbose"]);
+    r.assert_status(0);
+    let line = r.stderr.lines().find(|l| l.starts_with("emon: backend ")).unwrap_or_else(|| panic!("{}", r.stderr));
+    assert!(line.starts_with("emon: backend precise: auto: the host"), "{line}");
+    assert!(r.stderr.contains("precise backend:"), "{}", r.stderr);
+}

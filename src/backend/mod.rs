@@ -4,6 +4,7 @@
 //!
 //! - [`precise`]: counts exactly by single-stepping the guest (any host, deterministic).
 //! - perf: host perf events (a later issue).
+pub mod perf;
 pub mod precise;
 pub mod stepper;
 
@@ -70,10 +71,15 @@ pub enum BackendKind {
 pub fn select(kind: BackendKind) -> Result<(Box<dyn Backend>, String), String> {
     match kind {
         BackendKind::Precise => Ok((Box::new(precise::Precise::new()), "requested with --backend precise".into())),
-        BackendKind::Auto => Ok((
-            Box::new(precise::Precise::new()),
-            "auto: this build has no perf backend yet, so counting uses the precise backend".into(),
-        )),
+        BackendKind::Auto => {
+            let why = match perf::probe_hardware() {
+                Ok(()) => "auto: the host can count guest instructions in hardware, but this version of emon has no perf backend yet".into(),
+                Err(e) => format!(
+                    "auto: the host cannot count the guest's events in hardware (perf_event_open of PERF_COUNT_HW_INSTRUCTIONS with exclude_host: {e})"
+                ),
+            };
+            Ok((Box::new(precise::Precise::new()), why))
+        }
         BackendKind::Perf => Err("--backend perf: the perf backend is not available in this version of emon".into()),
     }
 }
