@@ -61,7 +61,7 @@ fn build_guests(guest_dir: &Path, target_dir: &Path) {
         "-C",
         "no-redzone=yes",
         "-C",
-        "target-feature=-sse,-sse2,-sse3,-ssse3,-sse4.1,-sse4.2,-avx,-avx2,-mmx",
+        "target-feature=-sse,-sse2,-sse3,-ssse3,-sse4.1,-sse4.2,-avx,-avx2",
         "-C",
         "link-arg=-nostartfiles",
         "-C",

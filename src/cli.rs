@@ -210,6 +210,7 @@ fn print_statistics(r: &vmm::RunReport) {
         "exits: {} total: {} port I/O, {} MMIO, {} MSR, {} interrupted, {} other",
         e.total, e.pio, e.mmio, e.msr, e.interrupted, e.other
     );
+    eprintln!("SSE instructions emulated by emon (KVM could not): {}", e.sse_emulated);
     eprintln!("PMU MSRs: {} reads, {} writes; #GP injected: {}", r.msr.pmu_reads, r.msr.pmu_writes, r.msr.gp_injected);
     eprintln!("{}", r.backend);
     eprintln!(

@@ -125,3 +125,15 @@ fn msr_semantics_passes_under_unusual_pmus() {
         r.assert_status(0).assert_no_failures();
     }
 }
+
+#[test]
+fn sse_the_host_kvm_cannot_run_is_completed_by_emon() {
+    if !kvm_available() {
+        return;
+    }
+    // core's SSE2 formatting paths (large decimals, padding) and hand-written SSE2 at CPL0; on
+    // kvm_pvm each one is completed in userspace by emon, elsewhere the CPU runs them.
+    let r = emon(&["run", "--verbose", "guest:sse-completion"]);
+    r.assert_status(0).assert_no_failures();
+    assert!(r.stderr.contains("SSE instructions emulated by emon"), "{}", r.stderr);
+}

@@ -9,6 +9,7 @@ pub mod layout;
 pub mod loader;
 pub mod msr;
 pub mod pmi;
+pub mod sse;
 pub mod supervisor;
 pub mod vcpu;
 

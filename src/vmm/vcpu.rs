@@ -4,7 +4,9 @@ use super::devices::{PioAction, PioBus};
 use super::kick::{self, StopReason, StopRequest};
 use super::msr::MsrDispatch;
 use super::pmi::{self, PmiDelivery};
+use super::sse;
 use super::VmmError;
+use crate::backend::precise::guest_view::CpuMode;
 use crate::backend::{Backend, Cx, Next as BackendNext};
 use crate::pmu::CounterId;
 use crate::pmu::Pmu;
@@ -21,6 +23,8 @@ pub struct ExitStats {
     pub msr: u64,
     pub interrupted: u64,
     pub other: u64,
+    /// Instructions KVM could not emulate that emon completed itself (SSE, see `sse`).
+    pub sse_emulated: u64,
 }
 
 /// Why the vCPU stopped.
@@ -193,8 +197,24 @@ impl Vcpu {
                 )))
             }
             VcpuExit::InternalError => {
-                let why = internal_error(&mut self.fd);
-                return Err(VmmError::Guest(format!("KVM internal error ({why})\n{}", dump_registers(&self.fd))));
+                let (suberror, data) = internal_error_data(&mut self.fd);
+                match self.emulate_sse(suberror, &data) {
+                    Ok(rip) => {
+                        self.stats.sse_emulated += 1;
+                        // One instruction retired, as after a single step.
+                        Next::Stepped(rip)
+                    }
+                    Err(failure) => {
+                        let long_mode = self.fd.get_sregs().map(|s| s.cs.l == 1).unwrap_or(true);
+                        let why = explain_internal_error(suberror, &data, long_mode);
+                        let failure =
+                            failure.map(|f| format!("; emon's SSE emulator failed too: {f}")).unwrap_or_default();
+                        return Err(VmmError::Guest(format!(
+                            "KVM internal error ({why}{failure})\n{}",
+                            dump_registers(&self.fd)
+                        )));
+                    }
+                }
             }
             other => {
                 self.stats.other += 1;
@@ -205,15 +225,43 @@ impl Vcpu {
     }
 }
 
-/// KVM_EXIT_INTERNAL_ERROR explained: for an emulation failure, the instruction KVM could not
-/// emulate, decoded.
-fn internal_error(fd: &mut VcpuFd) -> String {
-    let long_mode = fd.get_sregs().map(|s| s.cs.l == 1).unwrap_or(true);
+impl Vcpu {
+    /// Completes in userspace an instruction KVM's emulator failed on, if it is an SSE
+    /// instruction `sse` knows in 64-bit code (kvm_pvm sends all SSE of CPL0 code to its
+    /// emulator). Returns the RIP after it. `Err(None)`: not such a failure (no instruction
+    /// bytes, not 64-bit); `Err(Some(why))`: the emulator could not do it either.
+    fn emulate_sse(&mut self, suberror: u32, data: &[u64]) -> Result<u64, Option<String>> {
+        const EMULATION: u32 = 1;
+        const FLAG_INSTRUCTION_BYTES: u64 = 1;
+        let raw: Vec<u8> = data.iter().skip(1).flat_map(|w| w.to_le_bytes()).collect();
+        if suberror != EMULATION || data.first().is_none_or(|f| f & FLAG_INSTRUCTION_BYTES == 0) || raw.is_empty() {
+            return Err(None);
+        }
+        let bytes = &raw[1..1 + (raw[0] as usize).min(raw.len() - 1)];
+        let sregs = self.fd.get_sregs().map_err(|e| Some(format!("KVM_GET_SREGS: {e}")))?;
+        let mode = CpuMode::from_sregs(&sregs);
+        if mode.bitness != 64 {
+            return Err(None);
+        }
+        let mut regs = self.fd.get_regs().map_err(|e| Some(format!("KVM_GET_REGS: {e}")))?;
+        let mut fpu = self.fd.get_fpu().map_err(|e| Some(format!("KVM_GET_FPU: {e}")))?;
+        let rip = regs.rip;
+        let mut m = sse::VcpuMachine { regs: &mut regs, fpu: &mut fpu, mem: &self.mem, mode };
+        let next = sse::emulate(bytes, rip, &mut m).map_err(|e| Some(e.to_string()))?;
+        regs.rip = next;
+        self.fd.set_fpu(&fpu).map_err(|e| Some(format!("KVM_SET_FPU: {e}")))?;
+        self.fd.set_regs(&regs).map_err(|e| Some(format!("KVM_SET_REGS: {e}")))?;
+        Ok(next)
+    }
+}
+
+/// KVM_EXIT_INTERNAL_ERROR's suberror and data.
+fn internal_error_data(fd: &mut VcpuFd) -> (u32, Vec<u64>) {
     // SAFETY: called right after KVM_RUN returned KVM_EXIT_INTERNAL_ERROR, so `internal` is the
     // active member of the exit union.
     let i = unsafe { fd.get_kvm_run().__bindgen_anon_1.internal };
     let n = (i.ndata as usize).min(i.data.len());
-    explain_internal_error(i.suberror, &i.data[..n], long_mode)
+    (i.suberror, i.data[..n].to_vec())
 }
 
 /// KVM_INTERNAL_ERROR_EMULATION with KVM_INTERNAL_ERROR_EMULATION_FLAG_INSTRUCTION_BYTES:
