@@ -113,3 +113,33 @@ impl Perfmon {
         }
     }
 }
+
+/// IA32_FIXED_CTR_CTRL field bits (per fixed counter, 4 bits each): EN (1 = OS, 2 = USR, 3 = all), PMI.
+pub const FIXED_EN_OS: u64 = 1;
+pub const FIXED_EN_USR: u64 = 2;
+pub const FIXED_EN_ALL: u64 = 3;
+pub const FIXED_PMI: u64 = 8;
+
+/// WRMSR(`msr`, `value`) to start counting, then one `nop`: the first counted instruction.
+/// Returns the address right after that `nop`, where a PMI from a counter that the `nop` wrapped
+/// arrives with zero skid (emon's precise backend).
+pub fn start_and_retire_one(msr: u32, value: u64) -> u64 {
+    let after_first: u64;
+    // SAFETY: writes one PMU MSR; the clobbered registers are declared.
+    unsafe {
+        core::arch::asm!(
+            "lea {after}, [rip + 2f]",
+            "wrmsr",  // counting starts after this instruction
+            "nop",    // the first counted instruction
+            "2:",
+            "nop",
+            "nop",
+            "nop",
+            after = out(reg) after_first,
+            in("ecx") msr,
+            in("eax") value as u32,
+            in("edx") (value >> 32) as u32,
+        );
+    }
+    after_first
+}

@@ -25,15 +25,12 @@
 
 use core::arch::asm;
 use emon_guest::cpu::{cpuid, rdmsr, vendor, wrmsr};
+use emon_guest::pmu::{IA32_PERFEVTSEL0, IA32_PERF_GLOBAL_CTRL, IA32_PMC0, PERFEVTSEL_EN};
 use emon_guest::{check, check_eq, dec, println, skip};
 
 emon_guest::entry!(main);
 
-const IA32_PMC0: u32 = 0xC1;
-const IA32_PERFEVTSEL0: u32 = 0x186;
-const IA32_PERF_GLOBAL_CTRL: u32 = 0x38F;
 /// PERFEVTSEL.EN, which the HAL ORs into a source's value to start counting.
-const EVTSEL_EN: u64 = 1 << 22;
 
 struct Source {
     value: u8,
@@ -219,7 +216,7 @@ fn main(_boot: &emon_guest::BootInfo) -> i32 {
             let (want, what, rule) = expected(s.select, n);
             wrmsr(IA32_PERFEVTSEL0, s.select as u64);
             wrmsr(IA32_PMC0, 0);
-            measure(n, IA32_PERFEVTSEL0, s.select as u64 | EVTSEL_EN, s.select as u64);
+            measure(n, IA32_PERFEVTSEL0, s.select as u64 | PERFEVTSEL_EN, s.select as u64);
             wrmsr(IA32_PERFEVTSEL0, 0);
             let got = rdmsr(IA32_PMC0);
             println!(

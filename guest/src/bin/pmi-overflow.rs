@@ -11,12 +11,11 @@
 #![no_std]
 #![no_main]
 
-use core::arch::asm;
 use core::sync::atomic::{AtomicU64, Ordering::SeqCst};
 use emon_guest::cpu::{enable_interrupts, rdmsr, wrmsr};
 use emon_guest::pmu::{
-    Perfmon, APIC_PERFMON_VECTOR, EVENT_INSTRUCTIONS, EVTSEL_INSTRUCTIONS_INT, IA32_A_PMC0, IA32_PERFEVTSEL0,
-    IA32_PERF_GLOBAL_CTRL, IA32_PERF_GLOBAL_OVF_CTRL, IA32_PERF_GLOBAL_STATUS, IA32_PMC0,
+    start_and_retire_one, Perfmon, APIC_PERFMON_VECTOR, EVENT_INSTRUCTIONS, EVTSEL_INSTRUCTIONS_INT, IA32_A_PMC0,
+    IA32_PERFEVTSEL0, IA32_PERF_GLOBAL_CTRL, IA32_PERF_GLOBAL_OVF_CTRL, IA32_PERF_GLOBAL_STATUS, IA32_PMC0,
 };
 use emon_guest::{apic, check, check_eq, dec, idt, println, skip};
 
@@ -48,29 +47,6 @@ fn pmi_handler(regs: &mut idt::Regs) {
     }
 }
 
-/// Enables counting with the instruction right before the first counted one, and returns the
-/// address right after that first counted instruction: where a zero-skid PMI interrupts.
-fn run_overflow(enable_msr: u32, enable_value: u64) -> u64 {
-    let after_first: u64;
-    // SAFETY: writes one PMU MSR; the clobbered registers are declared.
-    unsafe {
-        asm!(
-            "lea {after}, [rip + 2f]",
-            "wrmsr",  // counting starts after this instruction
-            "nop",    // the first counted instruction: the counter wraps
-            "2:",
-            "nop",
-            "nop",
-            "nop",
-            after = out(reg) after_first,
-            in("ecx") enable_msr,
-            in("eax") enable_value as u32,
-            in("edx") (enable_value >> 32) as u32,
-        );
-    }
-    after_first
-}
-
 struct Case {
     name: &'static str,
     lvtpc: u32,
@@ -90,9 +66,9 @@ fn experiment(version: u32, width: u32, c: &Case) {
     check_eq!(rdmsr(IA32_PMC0), max, "{}: IA32_PMC0 holds its maximum", c.name);
     let expected_rip = if version >= 2 {
         wrmsr(IA32_PERFEVTSEL0, EVTSEL_INSTRUCTIONS_INT);
-        run_overflow(IA32_PERF_GLOBAL_CTRL, 1)
+        start_and_retire_one(IA32_PERF_GLOBAL_CTRL, 1)
     } else {
-        run_overflow(IA32_PERFEVTSEL0, EVTSEL_INSTRUCTIONS_INT)
+        start_and_retire_one(IA32_PERFEVTSEL0, EVTSEL_INSTRUCTIONS_INT)
     };
     wrmsr(IA32_PERFEVTSEL0, 0);
     if version >= 2 {

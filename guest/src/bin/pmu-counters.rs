@@ -46,29 +46,17 @@
 use core::arch::asm;
 use core::sync::atomic::{AtomicU64, Ordering::SeqCst};
 use emon_guest::cpu::{cpuid, enable_interrupts, rdmsr, wrmsr};
+use emon_guest::pmu::{
+    start_and_retire_one, APIC_PERFMON_VECTOR, FIXED_EN_ALL, FIXED_EN_OS, FIXED_EN_USR, FIXED_PMI, IA32_FIXED_CTR0,
+    IA32_FIXED_CTR_CTRL, IA32_PERFEVTSEL0, IA32_PERF_GLOBAL_CTRL, IA32_PERF_GLOBAL_OVF_CTRL, IA32_PERF_GLOBAL_STATUS,
+    IA32_PMC0, PERFEVTSEL_EN, PERFEVTSEL_INT, PERFEVTSEL_OS, PERFEVTSEL_USR,
+};
 use emon_guest::{apic, check, check_eq, dec, idt, println, skip};
 
 emon_guest::entry!(main);
 
-const IA32_PMC0: u32 = 0xC1;
-const IA32_PERFEVTSEL0: u32 = 0x186;
-const IA32_FIXED_CTR0: u32 = 0x309;
-const IA32_FIXED_CTR_CTRL: u32 = 0x38D;
-const IA32_PERF_GLOBAL_STATUS: u32 = 0x38E;
-const IA32_PERF_GLOBAL_CTRL: u32 = 0x38F;
-const IA32_PERF_GLOBAL_OVF_CTRL: u32 = 0x390;
-
-const EVTSEL_USR: u64 = 1 << 16;
-const EVTSEL_OS: u64 = 1 << 17;
-const EVTSEL_INT: u64 = 1 << 20;
-const EVTSEL_EN: u64 = 1 << 22;
 /// IA32_FIXED_CTR_CTRL field bits (4 per counter).
-const FIXED_EN_OS: u64 = 1;
-const FIXED_EN_USR: u64 = 2;
-const FIXED_EN_ALL: u64 = 3;
-const FIXED_PMI: u64 = 8;
 
-const PMI_VECTOR: u8 = 0x33;
 const NMI_VECTOR: u8 = 2;
 
 /// What the precise backend counts for an architectural event.
@@ -161,29 +149,6 @@ fn measure(n: u32, start_msr: u32, start: u64, stop_msr: u32, stop: u64) -> u64 
     after_stop
 }
 
-/// The enabling WRMSR, then the first counted instruction; returns the address right after it,
-/// where a zero-skid PMI interrupts.
-fn run_overflow(msr: u32, value: u64) -> u64 {
-    let after_first: u64;
-    // SAFETY: writes one PMU MSR; the clobbered registers are declared.
-    unsafe {
-        asm!(
-            "lea {after}, [rip + 2f]",
-            "wrmsr",  // counting starts after this instruction
-            "nop",    // the first counted instruction: the counter wraps
-            "2:",
-            "nop",
-            "nop",
-            "nop",
-            after = out(reg) after_first,
-            in("ecx") msr,
-            in("eax") value as u32,
-            in("edx") (value >> 32) as u32,
-        );
-    }
-    after_first
-}
-
 struct Pmu {
     version: u32,
     gp: u32,
@@ -238,10 +203,10 @@ fn max_value(width: u32) -> u64 {
 fn count_gp(p: &Pmu, i: u32, evtsel: u64, n: u32) -> u64 {
     wrmsr(IA32_PMC0 + i, 0);
     if p.global() {
-        wrmsr(IA32_PERFEVTSEL0 + i, evtsel | EVTSEL_EN);
+        wrmsr(IA32_PERFEVTSEL0 + i, evtsel | PERFEVTSEL_EN);
         measure(n, IA32_PERF_GLOBAL_CTRL, 1 << i, IA32_PERF_GLOBAL_CTRL, 0);
     } else {
-        measure(n, IA32_PERFEVTSEL0 + i, evtsel | EVTSEL_EN, IA32_PERFEVTSEL0 + i, evtsel);
+        measure(n, IA32_PERFEVTSEL0 + i, evtsel | PERFEVTSEL_EN, IA32_PERFEVTSEL0 + i, evtsel);
     }
     wrmsr(IA32_PERFEVTSEL0 + i, 0);
     rdmsr(IA32_PMC0 + i)
@@ -269,7 +234,7 @@ fn gp_counting(p: &Pmu) {
     for i in 0..p.gp {
         let n = gp_n(i);
         for e in EVENTS.iter().filter(|e| p.available(e)) {
-            let sel = e.event as u64 | (e.umask as u64) << 8 | EVTSEL_USR | EVTSEL_OS;
+            let sel = e.event as u64 | (e.umask as u64) << 8 | PERFEVTSEL_USR | PERFEVTSEL_OS;
             let want = expected(e.kind, n);
             let got = count_gp(p, i, sel, n);
             let (name, ev, um) = (e.name, e.event, e.umask);
@@ -313,9 +278,9 @@ fn filters(p: &Pmu) {
                 let n = gp_n(i);
                 let base = e.event as u64 | (e.umask as u64) << 8;
                 let want = expected(e.kind, n);
-                let got = count_gp(p, i, base | EVTSEL_OS, n);
+                let got = count_gp(p, i, base | PERFEVTSEL_OS, n);
                 check_eq!(got, want, "IA32_PMC{} with PERFEVTSEL.OS only counts {} at CPL0: {}", i, e.name, dec(want));
-                let got = count_gp(p, i, base | EVTSEL_USR, n);
+                let got = count_gp(p, i, base | PERFEVTSEL_USR, n);
                 check_eq!(got, 0u64, "IA32_PMC{} with PERFEVTSEL.USR only counts nothing at CPL0", i);
             }
         }
@@ -361,7 +326,10 @@ fn all_together(p: &Pmu) {
         chosen[i as usize] = e;
         if let Some(e) = e {
             wrmsr(IA32_PMC0 + i, 0);
-            wrmsr(IA32_PERFEVTSEL0 + i, e.event as u64 | (e.umask as u64) << 8 | EVTSEL_USR | EVTSEL_OS | EVTSEL_EN);
+            wrmsr(
+                IA32_PERFEVTSEL0 + i,
+                e.event as u64 | (e.umask as u64) << 8 | PERFEVTSEL_USR | PERFEVTSEL_OS | PERFEVTSEL_EN,
+            );
             global |= 1 << i;
             k += 1;
         }
@@ -458,7 +426,7 @@ fn overflow(p: &Pmu, c: Counter, nmi: bool, gp_event: Option<&ArchEvent>) {
     HANDLED.store(0, SeqCst);
     STATUS_IN_HANDLER.store(0, SeqCst);
     VECTOR_IN_HANDLER.store(0, SeqCst);
-    apic::write(apic::LVT_PMC, if nmi { apic::LVT_DELIVERY_NMI } else { PMI_VECTOR as u32 });
+    apic::write(apic::LVT_PMC, if nmi { apic::LVT_DELIVERY_NMI } else { APIC_PERFMON_VECTOR as u32 });
     let max = max_value(width);
     let rip = match c {
         Counter::Gp(i) => {
@@ -472,20 +440,25 @@ fn overflow(p: &Pmu, c: Counter, nmi: bool, gp_event: Option<&ArchEvent>) {
                 name.1,
                 max
             );
-            let sel = e.event as u64 | (e.umask as u64) << 8 | EVTSEL_USR | EVTSEL_OS | EVTSEL_INT | EVTSEL_EN;
+            let sel = e.event as u64
+                | (e.umask as u64) << 8
+                | PERFEVTSEL_USR
+                | PERFEVTSEL_OS
+                | PERFEVTSEL_INT
+                | PERFEVTSEL_EN;
             STOP_EVTSEL.store((IA32_PERFEVTSEL0 + i) as u64, SeqCst);
             if p.global() {
                 wrmsr(IA32_PERFEVTSEL0 + i, sel);
-                run_overflow(IA32_PERF_GLOBAL_CTRL, 1 << i)
+                start_and_retire_one(IA32_PERF_GLOBAL_CTRL, 1 << i)
             } else {
-                run_overflow(IA32_PERFEVTSEL0 + i, sel)
+                start_and_retire_one(IA32_PERFEVTSEL0 + i, sel)
             }
         }
         Counter::Fixed(i) => {
             wrmsr(IA32_FIXED_CTR0 + i, max);
             check_eq!(rdmsr(IA32_FIXED_CTR0 + i), max, "{}{}: holds its maximum {:#x}", name.0, name.1, max);
             wrmsr(IA32_FIXED_CTR_CTRL, (FIXED_EN_ALL | FIXED_PMI) << (4 * i));
-            run_overflow(IA32_PERF_GLOBAL_CTRL, 1 << (32 + i))
+            start_and_retire_one(IA32_PERF_GLOBAL_CTRL, 1 << (32 + i))
         }
     };
     p.stop_all();
@@ -494,7 +467,7 @@ fn overflow(p: &Pmu, c: Counter, nmi: bool, gp_event: Option<&ArchEvent>) {
     if handled != 1 {
         return;
     }
-    let want_vector = if nmi { NMI_VECTOR } else { PMI_VECTOR } as u64;
+    let want_vector = if nmi { NMI_VECTOR } else { APIC_PERFMON_VECTOR } as u64;
     let vector_name = if nmi { "2 (NMI)" } else { "0x33 (LVTPC vector)" };
     check_eq!(
         VECTOR_IN_HANDLER.load(SeqCst),
@@ -546,7 +519,7 @@ fn overflow(p: &Pmu, c: Counter, nmi: bool, gp_event: Option<&ArchEvent>) {
 fn attribution(p: &Pmu) {
     println!("-- the stopping WRMSR is the last counted instruction: a counter preset to 2^width - C overflows on it");
     let gp_event = per_instruction_event(p);
-    apic::write(apic::LVT_PMC, PMI_VECTOR as u32);
+    apic::write(apic::LVT_PMC, APIC_PERFMON_VECTOR as u32);
     let run = |c: Counter, n: u32| {
         HANDLED.store(0, SeqCst);
         let (name, i) = match c {
@@ -557,14 +530,14 @@ fn attribution(p: &Pmu) {
             Counter::Gp(i) => {
                 let e = gp_event.expect("caller checked");
                 let c = expected(e.kind, n);
-                let sel = e.event as u64 | (e.umask as u64) << 8 | EVTSEL_USR | EVTSEL_OS | EVTSEL_INT;
+                let sel = e.event as u64 | (e.umask as u64) << 8 | PERFEVTSEL_USR | PERFEVTSEL_OS | PERFEVTSEL_INT;
                 wrmsr(IA32_PMC0 + i, (0u64.wrapping_sub(c)) & 0xFFFF_FFFF); // sign-extends to 2^w - C
                 STOP_EVTSEL.store((IA32_PERFEVTSEL0 + i) as u64, SeqCst);
                 let rip = if p.global() {
-                    wrmsr(IA32_PERFEVTSEL0 + i, sel | EVTSEL_EN);
+                    wrmsr(IA32_PERFEVTSEL0 + i, sel | PERFEVTSEL_EN);
                     measure(n, IA32_PERF_GLOBAL_CTRL, 1 << i, IA32_PERF_GLOBAL_CTRL, 0)
                 } else {
-                    measure(n, IA32_PERFEVTSEL0 + i, sel | EVTSEL_EN, IA32_PERFEVTSEL0 + i, sel)
+                    measure(n, IA32_PERFEVTSEL0 + i, sel | PERFEVTSEL_EN, IA32_PERFEVTSEL0 + i, sel)
                 };
                 (rip, (e.name, c))
             }
@@ -611,7 +584,7 @@ fn attribution(p: &Pmu) {
     for i in (0..4).filter(|i| p.fixed & (1 << i) != 0) {
         run(Counter::Fixed(i), fixed_n(i));
     }
-    apic::write(apic::LVT_PMC, apic::LVT_MASKED | PMI_VECTOR as u32);
+    apic::write(apic::LVT_PMC, apic::LVT_MASKED | APIC_PERFMON_VECTOR as u32);
 }
 
 fn overflows(p: &Pmu) {
@@ -630,7 +603,7 @@ fn overflows(p: &Pmu) {
             overflow(p, Counter::Fixed(i), nmi, None);
         }
     }
-    apic::write(apic::LVT_PMC, apic::LVT_MASKED | PMI_VECTOR as u32);
+    apic::write(apic::LVT_PMC, apic::LVT_MASKED | APIC_PERFMON_VECTOR as u32);
 }
 
 fn main(_boot: &emon_guest::BootInfo) -> i32 {
@@ -675,9 +648,9 @@ fn main(_boot: &emon_guest::BootInfo) -> i32 {
     fixed_counting(&p);
     filters(&p);
     all_together(&p);
-    idt::set_handler(PMI_VECTOR, pmi_handler);
+    idt::set_handler(APIC_PERFMON_VECTOR, pmi_handler);
     idt::set_handler(NMI_VECTOR, pmi_handler);
-    apic::write(apic::LVT_PMC, apic::LVT_MASKED | PMI_VECTOR as u32);
+    apic::write(apic::LVT_PMC, apic::LVT_MASKED | APIC_PERFMON_VECTOR as u32);
     apic::enable();
     enable_interrupts();
     overflows(&p);
