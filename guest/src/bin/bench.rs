@@ -49,11 +49,19 @@ fn main(boot: &emon_guest::BootInfo) -> i32 {
             println!("bench loop instructions={} tsc={}", dec(2 * n + 1), dec(tsc));
         }
         "exits" => {
-            let pmu = time(|| (0..n).for_each(|_| drop(rdmsr(IA32_PERF_GLOBAL_CTRL))));
+            let pmu = time(|| {
+                (0..n).for_each(|_| {
+                    let _ = rdmsr(IA32_PERF_GLOBAL_CTRL);
+                })
+            });
             // SAFETY: port 0x80 is emon's ignored POST-code port.
             let pio =
                 time(|| (0..n).for_each(|_| unsafe { asm!("out 0x80, al", in("al") 0u8, options(nostack, nomem)) }));
-            let kvm = time(|| (0..n).for_each(|_| drop(rdmsr(IA32_TIME_STAMP_COUNTER))));
+            let kvm = time(|| {
+                (0..n).for_each(|_| {
+                    let _ = rdmsr(IA32_TIME_STAMP_COUNTER);
+                })
+            });
             println!(
                 "bench exits n={} pmu_msr_tsc={} port_io_tsc={} kvm_msr_tsc={}",
                 dec(n),

@@ -23,9 +23,8 @@
 #![no_std]
 #![no_main]
 
-use core::arch::asm;
 use emon_guest::cpu::{cpuid, rdmsr, vendor, wrmsr};
-use emon_guest::pmu::{IA32_PERFEVTSEL0, IA32_PERF_GLOBAL_CTRL, IA32_PMC0, PERFEVTSEL_EN};
+use emon_guest::pmu::{measured_block, IA32_PERFEVTSEL0, IA32_PERF_GLOBAL_CTRL, IA32_PMC0, PERFEVTSEL_EN};
 use emon_guest::{check, check_eq, dec, println, skip};
 
 emon_guest::entry!(main);
@@ -109,38 +108,6 @@ fn expected(select: u32, n: u32) -> (u64, &'static str, &'static str) {
     }
 }
 
-/// The measured block: WRMSR(start) (not counted), the loop, the 4-instruction stop sequence.
-fn measure(n: u32, msr: u32, start: u64, stop: u64) {
-    // SAFETY: writes one PMU MSR twice; every register the block touches is declared.
-    unsafe {
-        asm!(
-            "wrmsr",            // IA32_PERFEVTSEL0 = select | EN: counting begins after this
-            "mov r11d, {n:e}",
-            "2:",
-            "dec r11d",
-            "jnz 2b",
-            "xor r11d, r11d",
-            "jnz 3f",
-            "jz 3f",
-            "nop",
-            "3:",
-            "mov ecx, r8d",     // IA32_PERFEVTSEL0 = select (EN clear): counted
-            "mov eax, r9d",
-            "mov edx, r10d",
-            "wrmsr",
-            n = in(reg) n,
-            inout("ecx") msr => _,
-            inout("eax") start as u32 => _,
-            inout("edx") (start >> 32) as u32 => _,
-            in("r8") msr,
-            in("r9") stop as u32,
-            in("r10") (stop >> 32) as u32,
-            out("r11") _,
-            options(nostack),
-        );
-    }
-}
-
 fn main(_boot: &emon_guest::BootInfo) -> i32 {
     let a = cpuid(0xA, 0);
     let l = Leaf { version: a.eax & 0xFF, gp: (a.eax >> 8) & 0xFF, ebx_len: a.eax >> 24, ebx: a.ebx };
@@ -216,7 +183,7 @@ fn main(_boot: &emon_guest::BootInfo) -> i32 {
             let (want, what, rule) = expected(s.select, n);
             wrmsr(IA32_PERFEVTSEL0, s.select as u64);
             wrmsr(IA32_PMC0, 0);
-            measure(n, IA32_PERFEVTSEL0, s.select as u64 | PERFEVTSEL_EN, s.select as u64);
+            measured_block(n, IA32_PERFEVTSEL0, s.select as u64 | PERFEVTSEL_EN, IA32_PERFEVTSEL0, s.select as u64);
             wrmsr(IA32_PERFEVTSEL0, 0);
             let got = rdmsr(IA32_PMC0);
             println!(

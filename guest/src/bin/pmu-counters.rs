@@ -47,9 +47,9 @@ use core::arch::asm;
 use core::sync::atomic::{AtomicU64, Ordering::SeqCst};
 use emon_guest::cpu::{cpuid, enable_interrupts, rdmsr, wrmsr};
 use emon_guest::pmu::{
-    start_and_retire_one, APIC_PERFMON_VECTOR, FIXED_EN_ALL, FIXED_EN_OS, FIXED_EN_USR, FIXED_PMI, IA32_FIXED_CTR0,
-    IA32_FIXED_CTR_CTRL, IA32_PERFEVTSEL0, IA32_PERF_GLOBAL_CTRL, IA32_PERF_GLOBAL_OVF_CTRL, IA32_PERF_GLOBAL_STATUS,
-    IA32_PMC0, PERFEVTSEL_EN, PERFEVTSEL_INT, PERFEVTSEL_OS, PERFEVTSEL_USR,
+    measured_block, start_and_retire_one, APIC_PERFMON_VECTOR, FIXED_EN_ALL, FIXED_EN_OS, FIXED_EN_USR, FIXED_PMI,
+    IA32_FIXED_CTR0, IA32_FIXED_CTR_CTRL, IA32_PERFEVTSEL0, IA32_PERF_GLOBAL_CTRL, IA32_PERF_GLOBAL_OVF_CTRL,
+    IA32_PERF_GLOBAL_STATUS, IA32_PMC0, PERFEVTSEL_EN, PERFEVTSEL_INT, PERFEVTSEL_OS, PERFEVTSEL_USR,
 };
 use emon_guest::{apic, check, check_eq, dec, idt, println, skip};
 
@@ -111,44 +111,6 @@ fn expected(kind: Kind, n: u32) -> u64 {
     }
 }
 
-/// Runs the measured block: WRMSR(start) (not counted), the loop, and the 4-instruction stop
-/// sequence ending in WRMSR(stop) (counted). Returns the address right after the stopping WRMSR.
-fn measure(n: u32, start_msr: u32, start: u64, stop_msr: u32, stop: u64) -> u64 {
-    let after_stop: u64;
-    // SAFETY: writes two PMU MSRs; every register the block touches is declared.
-    unsafe {
-        asm!(
-            "lea {after}, [rip + 4f]",
-            "wrmsr",            // start: counting begins after this instruction
-            "mov r11d, {n:e}",
-            "2:",
-            "dec r11d",
-            "jnz 2b",
-            "xor r11d, r11d",
-            "jnz 3f",
-            "jz 3f",
-            "nop",
-            "3:",
-            "mov ecx, r8d",     // the stop sequence (counted)
-            "mov eax, r9d",
-            "mov edx, r10d",
-            "wrmsr",
-            "4:",
-            after = out(reg) after_stop,
-            n = in(reg) n,
-            inout("ecx") start_msr => _,
-            inout("eax") start as u32 => _,
-            inout("edx") (start >> 32) as u32 => _,
-            in("r8") stop_msr,
-            in("r9") stop as u32,
-            in("r10") (stop >> 32) as u32,
-            out("r11") _,
-            options(nostack),
-        );
-    }
-    after_stop
-}
-
 struct Pmu {
     version: u32,
     gp: u32,
@@ -204,9 +166,9 @@ fn count_gp(p: &Pmu, i: u32, evtsel: u64, n: u32) -> u64 {
     wrmsr(IA32_PMC0 + i, 0);
     if p.global() {
         wrmsr(IA32_PERFEVTSEL0 + i, evtsel | PERFEVTSEL_EN);
-        measure(n, IA32_PERF_GLOBAL_CTRL, 1 << i, IA32_PERF_GLOBAL_CTRL, 0);
+        measured_block(n, IA32_PERF_GLOBAL_CTRL, 1 << i, IA32_PERF_GLOBAL_CTRL, 0);
     } else {
-        measure(n, IA32_PERFEVTSEL0 + i, evtsel | PERFEVTSEL_EN, IA32_PERFEVTSEL0 + i, evtsel);
+        measured_block(n, IA32_PERFEVTSEL0 + i, evtsel | PERFEVTSEL_EN, IA32_PERFEVTSEL0 + i, evtsel);
     }
     wrmsr(IA32_PERFEVTSEL0 + i, 0);
     rdmsr(IA32_PMC0 + i)
@@ -216,7 +178,7 @@ fn count_gp(p: &Pmu, i: u32, evtsel: u64, n: u32) -> u64 {
 fn count_fixed(i: u32, field: u64, n: u32) -> u64 {
     wrmsr(IA32_FIXED_CTR0 + i, 0);
     wrmsr(IA32_FIXED_CTR_CTRL, field << (4 * i));
-    measure(n, IA32_PERF_GLOBAL_CTRL, 1 << (32 + i), IA32_PERF_GLOBAL_CTRL, 0);
+    measured_block(n, IA32_PERF_GLOBAL_CTRL, 1 << (32 + i), IA32_PERF_GLOBAL_CTRL, 0);
     wrmsr(IA32_FIXED_CTR_CTRL, 0);
     rdmsr(IA32_FIXED_CTR0 + i)
 }
@@ -346,7 +308,7 @@ fn all_together(p: &Pmu) {
         return;
     }
     wrmsr(IA32_FIXED_CTR_CTRL, ctrl);
-    measure(n, IA32_PERF_GLOBAL_CTRL, global, IA32_PERF_GLOBAL_CTRL, 0);
+    measured_block(n, IA32_PERF_GLOBAL_CTRL, global, IA32_PERF_GLOBAL_CTRL, 0);
     for i in 0..p.gp {
         if let Some(e) = chosen[i as usize] {
             let want = expected(e.kind, n);
@@ -535,9 +497,9 @@ fn attribution(p: &Pmu) {
                 STOP_EVTSEL.store((IA32_PERFEVTSEL0 + i) as u64, SeqCst);
                 let rip = if p.global() {
                     wrmsr(IA32_PERFEVTSEL0 + i, sel | PERFEVTSEL_EN);
-                    measure(n, IA32_PERF_GLOBAL_CTRL, 1 << i, IA32_PERF_GLOBAL_CTRL, 0)
+                    measured_block(n, IA32_PERF_GLOBAL_CTRL, 1 << i, IA32_PERF_GLOBAL_CTRL, 0)
                 } else {
-                    measure(n, IA32_PERFEVTSEL0 + i, sel | PERFEVTSEL_EN, IA32_PERFEVTSEL0 + i, sel)
+                    measured_block(n, IA32_PERFEVTSEL0 + i, sel | PERFEVTSEL_EN, IA32_PERFEVTSEL0 + i, sel)
                 };
                 (rip, (e.name, c))
             }
@@ -546,7 +508,7 @@ fn attribution(p: &Pmu) {
                 let c = expected(e.kind, n);
                 wrmsr(IA32_FIXED_CTR0 + i, max_value(p.fixed_width) - c + 1);
                 wrmsr(IA32_FIXED_CTR_CTRL, (FIXED_EN_ALL | FIXED_PMI) << (4 * i));
-                (measure(n, IA32_PERF_GLOBAL_CTRL, 1 << (32 + i), IA32_PERF_GLOBAL_CTRL, 0), (e.name, c))
+                (measured_block(n, IA32_PERF_GLOBAL_CTRL, 1 << (32 + i), IA32_PERF_GLOBAL_CTRL, 0), (e.name, c))
             }
         };
         let value = match c {
