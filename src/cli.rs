@@ -82,6 +82,10 @@ struct RunArgs {
     /// What makes the guest's counters count.
     #[arg(long, value_enum, default_value_t = BackendKind::Auto)]
     backend: BackendKind,
+    /// perf backend: pass non-architectural event codes to the host as raw events (only when the
+    /// host's CPU vendor matches the profile's).
+    #[arg(long)]
+    allow_raw_events: bool,
     /// Log exits and print statistics and the PMU state at the end.
     #[arg(long, short)]
     verbose: bool,
@@ -174,7 +178,7 @@ fn run(args: RunArgs) -> Result<ExitCode, CliError> {
         Some(s) => Some(Duration::from_secs_f64(s)),
         None => None,
     };
-    let (backend, why) = backend::select(args.backend).map_err(CliError)?;
+    let (backend, why) = backend::select(args.backend, &profile, args.allow_raw_events).map_err(CliError)?;
     if args.verbose {
         eprintln!("emon: backend {}: {why}", backend.name());
     }

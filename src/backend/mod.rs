@@ -34,6 +34,8 @@ pub enum Next {
 pub enum BackendError {
     #[error("{op} failed: {source}")]
     Kvm { op: &'static str, source: kvm_ioctls::Error },
+    #[error("{op} failed: {source}")]
+    Perf { op: &'static str, source: std::io::Error },
 }
 
 pub(crate) fn kvm_err(op: &'static str) -> impl Fn(kvm_ioctls::Error) -> BackendError {
@@ -67,10 +69,30 @@ pub enum BackendKind {
     Perf,
 }
 
-/// The backend for `kind`, and why it was chosen.
-pub fn select(kind: BackendKind) -> Result<(Box<dyn Backend>, String), String> {
+/// The backend for `kind` under `profile`, and why it was chosen.
+pub fn select(
+    kind: BackendKind,
+    profile: &crate::profile::Profile,
+    allow_raw: bool,
+) -> Result<(Box<dyn Backend>, String), String> {
+    let perf = || -> Box<dyn Backend> {
+        let caps = perf::host_caps(allow_raw);
+        Box::new(perf::counting::Perf::new(caps, &profile.vendor, profile.pmu.nominal_mhz))
+    };
     match kind {
         BackendKind::Precise => Ok((Box::new(precise::Precise::new()), "requested with --backend precise".into())),
+        BackendKind::Perf => {
+            let caps = perf::host_caps(allow_raw);
+            let why = if caps.hardware.is_empty() {
+                format!(
+                    "requested with --backend perf; this host has no hardware events for guests, so cycles come from the vCPU thread's task-clock x {} MHz and other events count zero",
+                    profile.pmu.nominal_mhz
+                )
+            } else {
+                "requested with --backend perf".into()
+            };
+            Ok((perf(), why))
+        }
         BackendKind::Auto => {
             let why = match perf::probe_hardware() {
                 Ok(()) => "auto: the host can count guest instructions in hardware, but this version of emon has no perf backend yet".into(),
@@ -80,6 +102,5 @@ pub fn select(kind: BackendKind) -> Result<(Box<dyn Backend>, String), String> {
             };
             Ok((Box::new(precise::Precise::new()), why))
         }
-        BackendKind::Perf => Err("--backend perf: the perf backend is not available in this version of emon".into()),
     }
 }

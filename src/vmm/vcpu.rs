@@ -168,6 +168,10 @@ impl Vcpu {
             }
             VcpuExit::X86Wrmsr(exit) => {
                 self.stats.msr += 1;
+                if Pmu::owns(exit.index) {
+                    // Fold what the backend counted so far before the write changes the model.
+                    self.backend.sync(&mut self.pmu);
+                }
                 if !self.msrs.write(&mut self.pmu, exit.index, exit.data) {
                     *exit.error = 1;
                 } else if let Some(id) = CounterId::from_msr(exit.index) {

@@ -1,0 +1,93 @@
+//! Host perf events (perf_event_open). Today: probing whether the host can count the guest's
+//! events in hardware, which `--backend auto` uses to choose.
+pub mod counting;
+pub mod fd;
+pub mod mapping;
+
+use perf_event_open_sys::bindings::{
+    perf_event_attr, PERF_COUNT_HW_INSTRUCTIONS, PERF_FLAG_FD_CLOEXEC, PERF_TYPE_HARDWARE,
+};
+use std::io;
+
+/// Whether the host can count the guest's instructions in hardware: opens, then closes, a
+/// PERF_TYPE_HARDWARE/PERF_COUNT_HW_INSTRUCTIONS event with exclude_host on this thread.
+pub fn probe_hardware() -> io::Result<()> {
+    let mut attr = perf_event_attr {
+        type_: PERF_TYPE_HARDWARE,
+        size: std::mem::size_of::<perf_event_attr>() as u32,
+        config: PERF_COUNT_HW_INSTRUCTIONS as u64,
+        ..Default::default()
+    };
+    attr.set_disabled(1);
+    attr.set_exclude_host(1);
+    // SAFETY: `attr` is a valid, fully initialized perf_event_attr; pid 0 / cpu -1 is this thread.
+    let fd = unsafe { perf_event_open_sys::perf_event_open(&mut attr, 0, -1, -1, PERF_FLAG_FD_CLOEXEC as _) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `fd` was just returned by perf_event_open and is owned here.
+    unsafe { libc::close(fd) };
+    Ok(())
+}
+
+/// What this host's perf can count for a guest: each generic hardware event opened with
+/// exclude_host, the task-clock software event, and the topdown slots event from sysfs.
+pub fn host_caps(allow_raw: bool) -> mapping::HostCaps {
+    use perf_event_open_sys::bindings::{PERF_COUNT_SW_TASK_CLOCK, PERF_TYPE_HARDWARE, PERF_TYPE_SOFTWARE};
+    let opens = |type_, config, exclude_host| {
+        let spec = fd::Spec { type_, config, exclude_user: false, exclude_kernel: false, exclude_host };
+        fd::PerfFd::open(&spec, None).is_ok()
+    };
+    mapping::HostCaps {
+        hardware: mapping::generic_events()
+            .filter(|&(_, c)| opens(PERF_TYPE_HARDWARE, c, true))
+            .map(|(_, c)| c)
+            .collect(),
+        task_clock: opens(PERF_TYPE_SOFTWARE, PERF_COUNT_SW_TASK_CLOCK as u64, false),
+        slots: slots_event(),
+        vendor: host_vendor(),
+        allow_raw,
+    }
+}
+
+/// The topdown `slots` event's raw config, from /sys/bus/event_source/devices/cpu/events/slots.
+pub fn slots_event() -> Option<u64> {
+    parse_event_config(&std::fs::read_to_string("/sys/bus/event_source/devices/cpu/events/slots").ok()?)
+}
+
+/// "event=0x00,umask=0x4" as a raw config (event bits 7:0, umask bits 15:8).
+pub fn parse_event_config(text: &str) -> Option<u64> {
+    let mut config = 0;
+    for term in text.trim().split(',') {
+        let (k, v) = term.split_once('=')?;
+        let v = u64::from_str_radix(v.trim_start_matches("0x"), 16).ok()?;
+        match k {
+            "event" => config |= v & 0xFF,
+            "umask" => config |= (v & 0xFF) << 8,
+            _ => return None,
+        }
+    }
+    Some(config)
+}
+
+/// The host CPU's CPUID vendor string.
+pub fn host_vendor() -> String {
+    let r = core::arch::x86_64::__cpuid(0);
+    let bytes: Vec<u8> = [r.ebx, r.edx, r.ecx].iter().flat_map(|w| w.to_le_bytes()).collect();
+    String::from_utf8_lossy(&bytes).into_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn parses_sysfs_event_terms() {
+        assert_eq!(super::parse_event_config("event=0x00,umask=0x4\n"), Some(0x400));
+        assert_eq!(super::parse_event_config("event=0xa4,umask=0x01"), Some(0x01A4));
+        assert_eq!(super::parse_event_config("event=0x3c,cmask=1"), None);
+    }
+
+    #[test]
+    fn this_host_has_a_task_clock() {
+        assert!(super::host_caps(false).task_clock);
+    }
+}
