@@ -51,3 +51,39 @@ fn hardware_event_tests_say_they_did_not_run_here() {
         );
     }
 }
+
+fn counted(r: &Run) -> u64 {
+    let line = r.stdout.lines().find(|l| l.starts_with("bench cycles")).unwrap_or_else(|| panic!("{}", r.stdout));
+    line.rsplit("counted=").next().unwrap().parse().unwrap()
+}
+
+#[test]
+fn cycles_grow_with_guest_work() {
+    if !kvm_available() {
+        return;
+    }
+    let small = perf_run(&["guest:bench", "--", "mode=cycles", "n=1000"]);
+    let large = perf_run(&["guest:bench", "--", "mode=cycles", "n=300000"]);
+    small.assert_status(0);
+    large.assert_status(0);
+    let (s, l) = (counted(&small), counted(&large));
+    assert!(s > 0, "the cycles counter counted nothing");
+    assert!(l > 5 * s, "300x the work counted {l} cycles against {s}");
+}
+
+#[test]
+fn reprogramming_100000_times_leaves_file_descriptors_flat() {
+    if !kvm_available() {
+        return;
+    }
+    let r = perf_run(&["guest:bench", "--", "mode=reprogram", "n=100000"]);
+    r.assert_status(0);
+    assert!(r.stdout.contains("bench reprogram n=100000"), "{}", r.stdout);
+    let summary = r.stderr.lines().find(|l| l.starts_with("perf backend:")).unwrap_or_else(|| panic!("{}", r.stderr));
+    assert!(summary.contains("100000 host events opened"), "{summary}");
+    assert!(summary.contains("(at most 2 open at once)"), "{summary}");
+    let fds = r.stderr.lines().find(|l| l.starts_with("file descriptors:")).unwrap_or_else(|| panic!("{}", r.stderr));
+    let n: Vec<usize> = fds.split_whitespace().filter_map(|w| w.parse().ok()).collect();
+    assert_eq!(n.len(), 2, "{fds}");
+    assert_eq!(n[0], n[1], "file descriptors grew during the run: {fds}");
+}

@@ -25,6 +25,15 @@ pub struct ExitStats {
     pub other: u64,
     /// Instructions KVM could not emulate that emon completed itself (SSE, see `sse`).
     pub sse_emulated: u64,
+    /// This process's open file descriptors at the first KVM_RUN and at the end of the run
+    /// (a backend that leaks host events shows here).
+    pub fds_at_start: usize,
+    pub fds_at_end: usize,
+}
+
+/// The number of open file descriptors of this process.
+pub fn open_fds() -> usize {
+    std::fs::read_dir("/proc/self/fd").map(|d| d.count()).unwrap_or(0)
 }
 
 /// Why the vCPU stopped.
@@ -76,7 +85,9 @@ impl Vcpu {
     pub fn run(&mut self) -> Result<VcpuStop, VmmError> {
         let immediate_exit = &mut self.fd.get_kvm_run().immediate_exit as *mut u8;
         kick::register(Some(immediate_exit));
+        self.stats.fds_at_start = open_fds();
         let r = self.run_loop();
+        self.stats.fds_at_end = open_fds();
         kick::register(None);
         self.bus.serial.flush();
         r

@@ -70,7 +70,30 @@ fn main(boot: &emon_guest::BootInfo) -> i32 {
                 dec(kvm)
             );
         }
-        m => println!("bench: unknown mode '{m}' (loop, loop-counted, exits)"),
+        "cycles" => {
+            // IA32_PMC0 counts core cycles (0x3C) over the loop.
+            wrmsr(IA32_PMC0, 0);
+            if cpuid(0xA, 0).eax & 0xFF >= 2 {
+                wrmsr(IA32_PERF_GLOBAL_CTRL, 1);
+            }
+            wrmsr(IA32_PERFEVTSEL0, 0x43003C);
+            spin(n);
+            wrmsr(IA32_PERFEVTSEL0, 0);
+            println!("bench cycles n={} counted={}", dec(n), dec(rdmsr(IA32_PMC0)));
+        }
+        "reprogram" => {
+            // Reconfigures IA32_PMC0 n times: enable and disable a cycles event, and rewrite the counter.
+            if cpuid(0xA, 0).eax & 0xFF >= 2 {
+                wrmsr(IA32_PERF_GLOBAL_CTRL, 1);
+            }
+            for i in 0..n {
+                wrmsr(IA32_PMC0, i & 0xFFFF);
+                wrmsr(IA32_PERFEVTSEL0, 0x43003C);
+                wrmsr(IA32_PERFEVTSEL0, 0);
+            }
+            println!("bench reprogram n={}", dec(n));
+        }
+        m => println!("bench: unknown mode '{m}' (loop, loop-counted, exits, cycles, reprogram)"),
     }
     0
 }
