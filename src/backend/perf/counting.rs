@@ -42,7 +42,7 @@ pub struct Stats {
     pub overflows: u64,
     /// Reads whose event the kernel had not run for all of its enabled time.
     pub multiplexed_reads: u64,
-    /// Guest events that count zero here, and why (each reported once).
+    /// Why guest events count zero here (each reason reported once).
     pub zero: BTreeSet<String>,
     /// Host events, by what backs them.
     pub backed_by: BTreeSet<&'static str>,
@@ -132,7 +132,7 @@ impl Perf {
                     members.push(Member { id: c.id, fd, scale, folded: 0, rebase: false });
                 }
                 Source::Zero { why } => {
-                    if self.stats.zero.insert(format!("{}: {why}", c.id)) {
+                    if self.stats.zero.insert(why.clone()) {
                         tracing::warn!("{} counts zero: {why}", c.id);
                     }
                 }
@@ -202,8 +202,8 @@ impl Backend for Perf {
                 s.multiplexed_reads
             );
         }
-        for z in &s.zero {
-            line += &format!("; counting zero: {z}");
+        if !s.zero.is_empty() {
+            line += &format!("; counting zero: {}", s.zero.iter().cloned().collect::<Vec<_>>().join("; "));
         }
         line
     }
