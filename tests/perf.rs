@@ -35,6 +35,8 @@ fn pmi_overflow_passes_on_the_perf_backend() {
             "{summary}"
         );
         assert!(r.stdout.contains("SKIP: instructions: this backend cannot count it here"), "{}", r.stdout);
+        let line = r.stderr.lines().rev().find(|l| l.starts_with("emon: guest exited")).unwrap();
+        assert!(line.contains("backend perf; cycles from the vCPU thread's task-clock"), "{line}");
     }
 }
 

@@ -54,8 +54,12 @@ pub trait Backend: Send {
     fn counter_written(&mut self, _id: CounterId) {}
     /// Brings the model's counter values up to date before the guest reads one.
     fn sync(&mut self, _pmu: &mut Pmu) {}
-    /// One line for the run summary.
+    /// The backend's account of the run (`--verbose`).
     fn summary(&self) -> String;
+    /// Short notes for the one-line run summary: what the user must know about the counts.
+    fn notes(&self) -> Vec<String> {
+        Vec::new()
+    }
 }
 
 /// `--backend`.

@@ -92,8 +92,10 @@ pub struct RunReport {
     /// The PMU state at the end of the run.
     pub pmu: Pmu,
     pub pmis: vcpu::PmiStats,
-    /// The backend's one-line account of the run.
+    /// The backend's account of the run.
     pub backend: String,
+    pub backend_name: &'static str,
+    pub backend_notes: Vec<String>,
 }
 
 /// Exit statuses for the ways a run can end other than the debug-exit port.
@@ -122,8 +124,12 @@ impl RunReport {
             VcpuStop::Stopped(StopReason::Timeout) => "timeout: the guest was stopped".into(),
             VcpuStop::Stopped(StopReason::Interrupted) => "interrupted (Ctrl-C)".into(),
         };
+        let mut backend = self.backend_name.to_owned();
+        for n in &self.backend_notes {
+            backend += &format!("; {n}");
+        }
         format!(
-            "emon: {why} after {:.2} s, {} exits, {} PMU MSR accesses, {} #GP injected (status {})",
+            "emon: {why} after {:.2} s, {} exits, {} PMU MSR accesses, {} #GP injected, backend {backend} (status {})",
             self.elapsed.as_secs_f64(),
             self.exits.total,
             self.msr.pmu_reads + self.msr.pmu_writes,
@@ -282,6 +288,8 @@ pub fn run(config: VmConfig) -> Result<RunReport, VmmError> {
         pmu: vcpu.pmu,
         pmis: vcpu.pmis,
         backend: vcpu.backend.summary(),
+        backend_name: vcpu.backend.name(),
+        backend_notes: vcpu.backend.notes(),
     })
 }
 

@@ -182,6 +182,21 @@ impl Backend for Perf {
         self.fold(pmu);
     }
 
+    fn notes(&self) -> Vec<String> {
+        let s = &self.stats;
+        let mut notes = Vec::new();
+        if s.backed_by.contains("task-clock x nominal MHz") {
+            notes.push(format!("cycles from the vCPU thread's task-clock x {} MHz", self.mhz));
+        }
+        if !s.zero.is_empty() {
+            notes.push("some guest events count zero on this host (see --verbose)".into());
+        }
+        if s.multiplexed_reads > 0 {
+            notes.push("the host multiplexed the counters; counts are scaled".into());
+        }
+        notes
+    }
+
     fn summary(&self) -> String {
         let s = &self.stats;
         let mut line = format!(
