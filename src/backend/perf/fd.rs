@@ -168,9 +168,10 @@ mod tests {
         PerfFd::open(&dummy, None).expect("software dummy event")
     }
 
-    fn spin() {
+    /// Burns CPU until `done` holds (task-clock counts CPU time, not wall time), for at most 5 s.
+    fn spin_until(mut done: impl FnMut() -> bool) {
         let t = std::time::Instant::now();
-        while t.elapsed() < std::time::Duration::from_millis(20) {
+        while !done() && t.elapsed() < std::time::Duration::from_secs(5) {
             std::hint::black_box(0);
         }
     }
@@ -180,7 +181,7 @@ mod tests {
         let l = leader();
         let e = PerfFd::open(&task_clock(), Some(&l)).unwrap();
         l.enable().unwrap();
-        spin();
+        spin_until(|| e.read().unwrap().value > 10_000_000);
         let r = e.read().unwrap();
         assert!(r.value > 10_000_000, "{r:?}");
         assert!(r.time_enabled >= r.time_running && r.time_running > 0, "{r:?}");
@@ -214,11 +215,14 @@ mod tests {
             e.signal_on_overflow(sig, tid).unwrap();
             e.arm(5_000_000).unwrap(); // 5 ms of this thread's CPU time
             l.enable().unwrap();
-            spin();
+            spin_until(|| HITS.load(Ordering::SeqCst) == round);
             assert_eq!(HITS.load(Ordering::SeqCst), round, "one overflow per armed period");
             let before = e.read().unwrap().value;
-            spin();
+            let other = PerfFd::open(&task_clock(), None).unwrap();
+            other.enable().unwrap();
+            spin_until(|| other.read().unwrap().value > 10_000_000);
             assert_eq!(e.read().unwrap().value, before, "the event disabled itself after its overflow");
+            assert_eq!(HITS.load(Ordering::SeqCst), round, "and did not signal again");
         }
     }
 }
