@@ -98,13 +98,22 @@ pub fn select(
             Ok((perf(), why))
         }
         BackendKind::Auto => {
-            let why = match perf::probe_hardware() {
-                Ok(()) => "auto: the host can count guest instructions in hardware, but this version of emon has no perf backend yet".into(),
-                Err(e) => format!(
-                    "auto: the host cannot count the guest's events in hardware (perf_event_open of PERF_COUNT_HW_INSTRUCTIONS with exclude_host: {e})"
-                ),
-            };
-            Ok((Box::new(precise::Precise::new()), why))
+            let caps = perf::host_caps(allow_raw);
+            match perf::missing_for_guests(&caps) {
+                None => Ok((
+                    Box::new(perf::counting::Perf::new(caps, &profile.vendor, profile.pmu.nominal_mhz)),
+                    "auto: the host counts every architectural event for the guest in hardware".into(),
+                )),
+                Some(missing) => {
+                    let errno = perf::probe_hardware().err().map_or(String::new(), |e| format!(": {e}"));
+                    Ok((
+                        Box::new(precise::Precise::new()),
+                        format!(
+                            "auto: the host cannot count {missing} for the guest in hardware (perf_event_open with exclude_host{errno}), so the precise backend counts"
+                        ),
+                    ))
+                }
+            }
         }
     }
 }

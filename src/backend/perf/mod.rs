@@ -30,6 +30,14 @@ pub fn probe_hardware() -> io::Result<()> {
     Ok(())
 }
 
+/// The generic hardware events `auto` needs the host to count for the guest before it picks
+/// perf, or `None` when it can count them all.
+pub fn missing_for_guests(caps: &mapping::HostCaps) -> Option<String> {
+    let missing: Vec<&str> =
+        mapping::generic_events().filter(|(_, c)| !caps.hardware.contains(c)).map(|(name, _)| name).collect();
+    (!missing.is_empty()).then(|| missing.join(", "))
+}
+
 /// What this host's perf can count for a guest: each generic hardware event opened with
 /// exclude_host, the task-clock software event, and the topdown slots event from sysfs.
 pub fn host_caps(allow_raw: bool) -> mapping::HostCaps {
