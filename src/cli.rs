@@ -36,6 +36,8 @@ enum Command {
     Bench(BenchArgs),
     /// The architectural events of a profile: available in CPUID, and counted by the precise backend.
     Events(ProfileArgs),
+    /// Report what this host offers emon: KVM, perf events, CPUID 0x0A, and which backend auto chooses.
+    Host,
 }
 
 #[derive(Args, Debug)]
@@ -123,6 +125,7 @@ pub fn main() -> ExitCode {
         Command::Cpuid(args) => show_cpuid(&args),
         Command::Bench(args) => bench(&args),
         Command::Events(args) => list_events(&args),
+        Command::Host => Ok(crate::host_report::run()),
     };
     match result {
         Ok(code) => code,

@@ -5,11 +5,13 @@
 //! - [`pmu`]: the virtual PMU, a pure state machine over the architectural perfmon MSRs.
 //! - [`backend`]: what makes the counters count (precise single-stepping; host perf events).
 //! - [`vmm`]: KVM setup, boot paths, devices, MSR trapping and the exit loop.
+//! - [`host_report`]: `emon host`, what this host offers emon.
 //! - [`cli`]: the `emon` command line.
 pub mod backend;
 pub mod bench;
 pub mod cli;
 pub mod guests;
+pub mod host_report;
 pub mod pmu;
 pub mod profile;
 pub mod vmm;

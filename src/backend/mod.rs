@@ -6,6 +6,7 @@
 //! - perf: host perf events (a later issue).
 pub mod perf;
 pub mod precise;
+pub mod probe;
 pub mod stepper;
 
 use crate::pmu::{CounterId, Pmu};
@@ -99,20 +100,11 @@ pub fn select(
         }
         BackendKind::Auto => {
             let caps = perf::host_caps(allow_raw);
-            match perf::missing_for_guests(&caps) {
-                None => Ok((
-                    Box::new(perf::counting::Perf::new(caps, &profile.vendor, profile.pmu.nominal_mhz)),
-                    "auto: the host counts every architectural event for the guest in hardware".into(),
-                )),
-                Some(missing) => {
-                    let errno = perf::probe_hardware().err().map_or(String::new(), |e| format!(": {e}"));
-                    Ok((
-                        Box::new(precise::Precise::new()),
-                        format!(
-                            "auto: the host cannot count {missing} for the guest in hardware (perf_event_open with exclude_host{errno}), so the precise backend counts"
-                        ),
-                    ))
+            match probe::auto_choice(&caps) {
+                (BackendKind::Perf, why) => {
+                    Ok((Box::new(perf::counting::Perf::new(caps, &profile.vendor, profile.pmu.nominal_mhz)), why))
                 }
+                (_, why) => Ok((Box::new(precise::Precise::new()), why)),
             }
         }
     }

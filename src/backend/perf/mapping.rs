@@ -90,9 +90,18 @@ pub fn source(c: &CounterState, caps: &HostCaps, vendor: &str, mhz: u32) -> Sour
             return Source::Host { spec: spec(PERF_TYPE_HARDWARE, config), scale: Scale::One, what };
         }
         if e == 0x3C && caps.task_clock {
-            // Without hardware cycles: the vCPU thread's CPU time at the nominal frequency.
+            // Without hardware cycles: the vCPU thread's CPU time at the nominal frequency. No
+            // exclude flags: they do not filter a task-clock count, but exclude_kernel stops its
+            // overflow signals while the thread is in KVM_RUN (guest time looks like kernel mode
+            // to the timer), so USR/OS cannot be honoured here.
             return Source::Host {
-                spec: spec(PERF_TYPE_SOFTWARE, PERF_COUNT_SW_TASK_CLOCK as u64),
+                spec: Spec {
+                    type_: PERF_TYPE_SOFTWARE,
+                    config: PERF_COUNT_SW_TASK_CLOCK as u64,
+                    exclude_user: false,
+                    exclude_kernel: false,
+                    exclude_host: false,
+                },
                 scale: Scale::TaskClock { mhz },
                 what: "task-clock x nominal MHz",
             };
@@ -174,6 +183,8 @@ mod tests {
         };
         assert_eq!((spec.type_, spec.config), (PERF_TYPE_SOFTWARE, PERF_COUNT_SW_TASK_CLOCK as u64));
         assert_eq!(scale, Scale::TaskClock { mhz: 2000 });
+        // exclude_kernel would stop the overflow signal while the guest runs.
+        assert!(!spec.exclude_kernel && !spec.exclude_user && !spec.exclude_host, "{spec:?}");
         assert!(matches!(source(&counter(0xC0, 0), &caps(&[]), "GenuineIntel", 2000), Source::Zero { .. }));
     }
 

@@ -1,0 +1,170 @@
+//! `emon host`: the report prints every section, and its answers agree with each other and with
+//! what `emon run` does, whatever host it runs on.
+mod common;
+use common::*;
+use emon::backend::probe::{HARDWARE_EVENTS, SLOTS_SYSFS, SOFTWARE_EVENTS};
+use emon::host_report::{ENABLE_PMU, HEADINGS};
+
+fn emon_env(args: &[&str], env: &[(&str, &str)]) -> Run {
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_emon"));
+    cmd.args(args).envs(env.iter().copied());
+    let out = cmd.output().expect("run emon");
+    Run {
+        status: out.status.code().unwrap_or(-1),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    }
+}
+
+/// One row of the perf event table: (exclude_host=1 opened, without exclude_host opened, the row).
+struct Row {
+    guest: bool,
+    host: bool,
+    text: String,
+}
+
+fn row(stdout: &str, name: &str) -> Option<Row> {
+    let line = stdout.lines().find(|l| l.starts_with("  ") && l.split_whitespace().next() == Some(name))?;
+    // name, type, config, then two outcomes: "yes" or "no: ERRNO (text)".
+    let marks: Vec<bool> = line
+        .split_whitespace()
+        .skip(3)
+        .filter_map(|t| match t {
+            "yes" => Some(true),
+            "no:" => Some(false),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(marks.len(), 2, "two outcomes in: {line}");
+    Some(Row { guest: marks[0], host: marks[1], text: line.to_owned() })
+}
+
+fn section<'a>(stdout: &'a str, heading: &str) -> &'a str {
+    let start = stdout.find(&format!("\n{heading}\n")).unwrap_or_else(|| panic!("no section {heading}\n{stdout}"));
+    let body = &stdout[start + heading.len() + 2..];
+    &body[..body.find("\n\n").unwrap_or(body.len())]
+}
+
+fn auto_lines(stdout: &str) -> (String, String) {
+    let s = section(stdout, HEADINGS[4]);
+    let kind = s.lines().find_map(|l| l.strip_prefix("  chooses: ")).unwrap_or_else(|| panic!("{s}"));
+    let why = s.lines().find_map(|l| l.strip_prefix("  why: ")).unwrap_or_else(|| panic!("{s}"));
+    (kind.to_owned(), why.to_owned())
+}
+
+#[test]
+fn host_prints_every_section_and_exits_0() {
+    let r = emon(&["host"]);
+    r.assert_status(0);
+    for h in HEADINGS {
+        assert!(r.stdout.lines().any(|l| l == h), "no heading {h}\n{}", r.stdout);
+    }
+    let kvm = section(&r.stdout, HEADINGS[0]);
+    let kvm_usable = std::fs::OpenOptions::new().read(true).write(true).open("/dev/kvm").is_ok();
+    if kvm_usable {
+        assert!(kvm.contains("  API version 12"), "{kvm}");
+        for (_, name, _) in emon::vmm::host::REQUIRED_CAPS {
+            assert!(kvm.lines().any(|l| l.split_whitespace().next() == Some(name)), "{name}\n{kvm}");
+        }
+        assert!(kvm.contains("KVM_CAP_SET_GUEST_DEBUG"), "{kvm}");
+    } else {
+        assert!(kvm.starts_with("  unavailable: "), "{kvm}");
+    }
+    let cpuid = section(&r.stdout, HEADINGS[3]);
+    assert!(cpuid.contains("  vendor: ") && cpuid.contains("leaf 0x0A"), "{cpuid}");
+}
+
+#[test]
+fn host_without_kvm_still_reports_and_says_what_emon_run_says() {
+    let r = emon_env(&["host"], &[("EMON_KVM_DEVICE", "/nonexistent/kvm")]);
+    r.assert_status(0);
+    let run = emon_env(&["run"], &[("EMON_KVM_DEVICE", "/nonexistent/kvm")]);
+    run.assert_status(2);
+    let msg = run.stderr.trim().strip_prefix("emon: ").unwrap_or_else(|| panic!("{}", run.stderr));
+    assert!(section(&r.stdout, HEADINGS[0]).contains(&format!("  unavailable: {msg}")), "{}\n{msg}", r.stdout);
+    for h in HEADINGS {
+        assert!(r.stdout.lines().any(|l| l == h), "no heading {h}\n{}", r.stdout);
+    }
+}
+
+#[test]
+fn kvm_vpmu_line_matches_the_module_parameter() {
+    let r = emon(&["host"]);
+    let s = section(&r.stdout, HEADINGS[1]);
+    let want = match std::fs::read_to_string(ENABLE_PMU) {
+        Ok(v) => format!("{ENABLE_PMU}: {}", v.trim()),
+        Err(_) => format!("{ENABLE_PMU}: absent"),
+    };
+    assert!(s.contains(&want), "{want}\n{s}");
+}
+
+#[test]
+fn perf_rows_and_the_auto_choice_agree() {
+    let r = emon(&["host"]);
+    r.assert_status(0);
+    let perf = section(&r.stdout, HEADINGS[2]);
+    for e in HARDWARE_EVENTS.iter().chain(&SOFTWARE_EVENTS) {
+        assert!(row(perf, e.name).is_some(), "no row for {}\n{perf}", e.name);
+    }
+    // slots is probed exactly when sysfs describes it (or the report says it could not parse it).
+    let slots_file = std::path::Path::new(SLOTS_SYSFS).exists();
+    assert_eq!(row(perf, "slots").is_some() || perf.contains("cannot parse"), slots_file, "{perf}");
+    assert_eq!(perf.contains("slots: not probed"), !slots_file, "{perf}");
+
+    // auto chooses perf exactly when every generic hardware event opens for the guest, and
+    // otherwise names those that did not.
+    let (kind, why) = auto_lines(&r.stdout);
+    let failing: Vec<&str> = HARDWARE_EVENTS.iter().map(|e| e.name).filter(|n| !row(perf, n).unwrap().guest).collect();
+    if failing.is_empty() {
+        assert_eq!(kind, "perf", "{why}");
+        assert!(why.starts_with("auto: the host counts every architectural event"), "{why}");
+    } else {
+        assert_eq!(kind, "precise", "{why}");
+        assert!(why.starts_with(&format!("auto: the host cannot count {} for the guest", failing.join(", "))), "{why}");
+        assert!(why.contains("(perf_event_open with exclude_host: "), "{why}");
+        assert_eq!(named_in(&why), failing, "{why}");
+    }
+}
+
+/// The events the reason says the host cannot count: "auto: the host cannot count a, b for the guest ...".
+fn named_in(why: &str) -> Vec<&str> {
+    let list = why.split_once("cannot count ").and_then(|(_, l)| l.split_once(" for the guest")).map_or("", |(l, _)| l);
+    list.split(", ").collect()
+}
+
+#[test]
+fn without_a_hardware_pmu_only_software_events_open_and_auto_is_precise() {
+    let r = emon(&["host"]);
+    let perf = section(&r.stdout, HEADINGS[2]);
+    let pmus = perf.lines().find(|l| l.starts_with("  PMUs in ")).unwrap_or_else(|| panic!("{perf}"));
+    // The core PMU is "cpu" (or "cpu_core"/"cpu_atom" on hybrid parts).
+    if pmus.contains(" cpu (") || pmus.contains(" cpu_") {
+        eprintln!("this host has a core PMU ({pmus}): the no-PMU expectations do not apply here");
+        return;
+    }
+    for e in &HARDWARE_EVENTS {
+        let row = row(perf, e.name).unwrap();
+        assert!(!row.guest && !row.host, "no core PMU, yet {} opened: {}", e.name, row.text);
+    }
+    let task_clock = row(perf, "task-clock").unwrap();
+    let perf_forbidden = ["EACCES", "EPERM", "ENOSYS"].iter().any(|e| task_clock.text.contains(e));
+    if !perf_forbidden {
+        assert!(task_clock.guest && task_clock.host, "{}", task_clock.text);
+    }
+    let (kind, why) = auto_lines(&r.stdout);
+    assert_eq!(kind, "precise");
+    assert!(why.starts_with("auto: the host cannot count cycles, instructions"), "{why}");
+    assert!(why.contains("(perf_event_open with exclude_host: "), "{why}");
+}
+
+#[test]
+fn emon_run_chooses_what_emon_host_reports() {
+    if !kvm_available() {
+        return;
+    }
+    let (_, why) = auto_lines(&emon(&["host"]).stdout);
+    let r = emon(&["run", "--verbose"]);
+    r.assert_status(0);
+    let line = r.stderr.lines().find(|l| l.starts_with("emon: backend ")).unwrap_or_else(|| panic!("{}", r.stderr));
+    assert!(line.ends_with(&format!(": {why}")), "run: {line}\nhost: {why}");
+}
