@@ -19,6 +19,7 @@ fn run(profile: &Profile, backend: Box<dyn Backend>, args: &str) -> Result<Vec<(
         serial: SerialOut::File(out.clone()),
         ignore_msrs: false,
         backend,
+        trace: None,
     };
     let report = vmm::run(config).map_err(|e| e.to_string())?;
     let text = std::fs::read_to_string(&out).map_err(|e| e.to_string())?;

@@ -75,6 +75,9 @@ struct RunArgs {
     /// Write the guest's serial output to FILE instead of stdout.
     #[arg(long, value_name = "FILE")]
     serial: Option<PathBuf>,
+    /// Write a Chrome/Perfetto trace (JSON) of the run's PMU events to FILE.
+    #[arg(long, value_name = "FILE")]
+    trace: Option<PathBuf>,
     /// Load FILE as a multiboot module (repeatable).
     #[arg(long, value_name = "FILE")]
     module: Vec<PathBuf>,
@@ -196,6 +199,7 @@ fn run(args: RunArgs) -> Result<ExitCode, CliError> {
         serial: args.serial.map(SerialOut::File).unwrap_or(SerialOut::Stdout),
         ignore_msrs: args.ignore_msrs,
         backend,
+        trace: args.trace.clone(),
     };
     let report = vmm::run(config)?;
     if let vmm::VcpuStop::Shutdown { registers, .. } = &report.stop {
@@ -203,6 +207,11 @@ fn run(args: RunArgs) -> Result<ExitCode, CliError> {
     }
     if args.verbose {
         print_statistics(&report);
+    }
+    if let Some(e) = &report.trace_error {
+        eprintln!("emon: warning: writing the trace failed: {e}");
+    } else if let (true, Some(path)) = (args.verbose, &args.trace) {
+        eprintln!("trace: {} events written to {}", report.trace_events, path.display());
     }
     if let Some(e) = &report.serial_error {
         eprintln!("emon: warning: writing the guest's serial output failed: {e}");
@@ -220,6 +229,7 @@ fn print_statistics(r: &vmm::RunReport) {
     eprintln!("SSE instructions emulated by emon (KVM could not): {}", e.sse_emulated);
     eprintln!("PMU MSRs: {} reads, {} writes; #GP injected: {}", r.msr.pmu_reads, r.msr.pmu_writes, r.msr.gp_injected);
     eprintln!("{}", r.backend);
+    eprintln!("PMU state at the end of the run:\n{}", r.pmu.dump());
     eprintln!("file descriptors: {} at the first KVM_RUN, {} at the end", e.fds_at_start, e.fds_at_end);
     eprintln!(
         "PMIs: {} fixed-vector, {} NMI, {} masked, {} dropped",

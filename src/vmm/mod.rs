@@ -11,6 +11,7 @@ pub mod msr;
 pub mod pmi;
 pub mod sse;
 pub mod supervisor;
+pub mod trace;
 pub mod vcpu;
 
 use crate::pmu::Pmu;
@@ -78,6 +79,8 @@ pub struct VmConfig {
     pub ignore_msrs: bool,
     /// What makes the counters count.
     pub backend: Box<dyn crate::backend::Backend>,
+    /// `--trace FILE`.
+    pub trace: Option<PathBuf>,
 }
 
 /// How a run ended, and what happened during it.
@@ -96,6 +99,9 @@ pub struct RunReport {
     pub backend: String,
     pub backend_name: &'static str,
     pub backend_notes: Vec<String>,
+    /// Events written to the `--trace` file, and the error writing it, if any.
+    pub trace_events: u64,
+    pub trace_error: Option<String>,
 }
 
 /// Exit statuses for the ways a run can end other than the debug-exit port.
@@ -238,6 +244,12 @@ pub fn run(config: VmConfig) -> Result<RunReport, VmmError> {
     vm.register_irqfd(&irq, serial::COM1_IRQ).map_err(kvm_err("KVM_IRQFD"))?;
     let bus = PioBus::new(serial::SerialPort::new(serial::IrqTrigger(irq), out), FwCfg::new(ram, 1, &config.cmdline));
 
+    let tracer = match &config.trace {
+        Some(path) => {
+            Some(trace::Tracer::create(path).map_err(|e| VmmError::Setup(format!("--trace {}: {e}", path.display())))?)
+        }
+        None => None,
+    };
     kick::install_handler()?;
     let stop = Arc::new(kick::StopRequest::default());
     let done = EventFd::new(libc::EFD_NONBLOCK).map_err(|e| VmmError::Setup(format!("eventfd: {e}")))?;
@@ -249,6 +261,7 @@ pub fn run(config: VmConfig) -> Result<RunReport, VmmError> {
         pmu: Pmu::new(&config.profile.pmu),
         backend: config.backend,
         pmis: Default::default(),
+        tracer,
         msrs: msr::MsrDispatch { ignore_unknown: config.ignore_msrs, stats: Default::default() },
         stats: ExitStats::default(),
         stop: stop.clone(),
@@ -290,6 +303,8 @@ pub fn run(config: VmConfig) -> Result<RunReport, VmmError> {
         backend: vcpu.backend.summary(),
         backend_name: vcpu.backend.name(),
         backend_notes: vcpu.backend.notes(),
+        trace_events: vcpu.tracer.as_ref().map_or(0, |t| t.events),
+        trace_error: vcpu.tracer.as_ref().and_then(|t| t.error.clone()),
     })
 }
 

@@ -68,7 +68,12 @@ pub struct Vcpu {
     pub stats: ExitStats,
     pub pmis: PmiStats,
     pub stop: Arc<StopRequest>,
+    /// `--trace`: the run's PMU events, streamed to a file.
+    pub tracer: Option<super::trace::Tracer>,
 }
+
+/// How often (in exits) the tracer samples the counters between PMU events.
+const TRACE_SAMPLE_EXITS: u64 = 4096;
 
 enum Next {
     Continue,
@@ -88,6 +93,10 @@ impl Vcpu {
         self.stats.fds_at_start = open_fds();
         let r = self.run_loop();
         self.stats.fds_at_end = open_fds();
+        if let Some(t) = &mut self.tracer {
+            t.sample(&self.pmu);
+            t.finish();
+        }
         kick::register(None);
         self.bus.serial.flush();
         r
@@ -108,7 +117,13 @@ impl Vcpu {
                 at_boundary = true;
                 continue;
             }
-            match self.step()? {
+            let step = self.step()?;
+            if self.stats.total % TRACE_SAMPLE_EXITS == 0 {
+                if let Some(t) = &mut self.tracer {
+                    t.sample(&self.pmu);
+                }
+            }
+            match step {
                 Next::Continue => at_boundary = false,
                 Next::Interrupted => {}
                 Next::Stepped(pc) => {
@@ -126,7 +141,12 @@ impl Vcpu {
 
     /// Delivers the pending PMI as LVTPC says, then applies FREEZE_PERFMON_ON_PMI.
     fn deliver_pmi(&mut self) -> Result<(), VmmError> {
-        match pmi::deliver(&self.fd)? {
+        let delivery = pmi::deliver(&self.fd)?;
+        if let Some(t) = &mut self.tracer {
+            t.sample(&self.pmu);
+            t.pmi(&format!("{delivery:?}"));
+        }
+        match delivery {
             PmiDelivery::Fixed(_) => self.pmis.fixed += 1,
             PmiDelivery::Nmi => self.pmis.nmi += 1,
             PmiDelivery::Masked => self.pmis.masked += 1,
@@ -171,9 +191,13 @@ impl Vcpu {
                 if Pmu::owns(exit.index) {
                     self.backend.sync(&mut self.pmu);
                 }
-                match self.msrs.read(&mut self.pmu, exit.index) {
+                let r = self.msrs.read(&mut self.pmu, exit.index);
+                match r {
                     Some(v) => *exit.data = v,
                     None => *exit.error = 1,
+                }
+                if let (Some(t), true) = (&mut self.tracer, Pmu::owns(exit.index)) {
+                    t.msr(false, exit.index, r.unwrap_or(0), r.is_none());
                 }
                 Next::Continue
             }
@@ -183,10 +207,15 @@ impl Vcpu {
                     // Fold what the backend counted so far before the write changes the model.
                     self.backend.sync(&mut self.pmu);
                 }
-                if !self.msrs.write(&mut self.pmu, exit.index, exit.data) {
+                let ok = self.msrs.write(&mut self.pmu, exit.index, exit.data);
+                if !ok {
                     *exit.error = 1;
                 } else if let Some(id) = CounterId::from_msr(exit.index) {
                     self.backend.counter_written(id);
+                }
+                if let (Some(t), true) = (&mut self.tracer, Pmu::owns(exit.index)) {
+                    t.msr(true, exit.index, exit.data, !ok);
+                    t.sample(&self.pmu);
                 }
                 Next::Continue
             }
