@@ -238,6 +238,10 @@ fn print_statistics(r: &vmm::RunReport) {
     for (msr, n) in &r.msr.unknown {
         eprintln!("  non-PMU MSR {msr:#x}: {n} accesses");
     }
+    if r.msr.unknown_untracked > 0 {
+        eprintln!("  {} more accesses to other non-PMU MSRs", r.msr.unknown_untracked);
+    }
+    eprintln!("peak memory (VmHWM): {} KiB", peak_rss_kib().map_or("unknown".into(), |k| k.to_string()));
     for (port, n) in &r.unhandled_ports {
         eprintln!("  unhandled port {port:#x}: {n} accesses");
     }
@@ -347,4 +351,11 @@ fn list_events(args: &ProfileArgs) -> Result<ExitCode, CliError> {
     }
     println!("Any other event select/umask counts 0 under the precise backend.");
     Ok(ExitCode::SUCCESS)
+}
+
+/// This process's peak resident set size (VmHWM in /proc/self/status), in KiB.
+fn peak_rss_kib() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    line.split_whitespace().nth(1)?.parse().ok()
 }

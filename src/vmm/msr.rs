@@ -29,7 +29,30 @@ pub struct MsrStats {
     pub pmu_reads: u64,
     pub pmu_writes: u64,
     pub gp_injected: u64,
+    /// Accesses per non-PMU MSR, for the first `MAX_TRACKED_MSRS` distinct ones (a guest can
+    /// touch 2^32 indices; emon's memory stays bounded).
     pub unknown: std::collections::BTreeMap<u32, u64>,
+    /// Accesses to non-PMU MSRs beyond those.
+    pub unknown_untracked: u64,
+}
+
+/// Distinct non-PMU MSRs counted individually.
+pub const MAX_TRACKED_MSRS: usize = 256;
+
+impl MsrStats {
+    /// Counts one access; true the first time an MSR is seen (while tracking), for logging.
+    fn count_unknown(&mut self, index: u32) -> bool {
+        if let Some(n) = self.unknown.get_mut(&index) {
+            *n += 1;
+            false
+        } else if self.unknown.len() < MAX_TRACKED_MSRS {
+            self.unknown.insert(index, 1);
+            true
+        } else {
+            self.unknown_untracked += 1;
+            false
+        }
+    }
 }
 
 /// Answers the MSR accesses that reach userspace.
@@ -45,11 +68,12 @@ impl MsrDispatch {
             self.stats.pmu_reads += 1;
             pmu.rdmsr(index).ok()
         } else {
-            *self.stats.unknown.entry(index).or_default() += 1;
-            tracing::debug!(
-                "rdmsr {index:#x}: not emulated{}",
-                if self.ignore_unknown { ", reads 0" } else { ", #GP" }
-            );
+            if self.stats.count_unknown(index) {
+                tracing::debug!(
+                    "rdmsr {index:#x}: not emulated{} (logged once per MSR)",
+                    if self.ignore_unknown { ", reads 0" } else { ", #GP" }
+                );
+            }
             self.ignore_unknown.then_some(0)
         };
         if r.is_none() {
@@ -64,16 +88,34 @@ impl MsrDispatch {
             self.stats.pmu_writes += 1;
             pmu.wrmsr(index, value).is_ok()
         } else {
-            *self.stats.unknown.entry(index).or_default() += 1;
-            tracing::debug!(
-                "wrmsr {index:#x} = {value:#x}: not emulated{}",
-                if self.ignore_unknown { ", ignored" } else { ", #GP" }
-            );
+            if self.stats.count_unknown(index) {
+                tracing::debug!(
+                    "wrmsr {index:#x} = {value:#x}: not emulated{} (logged once per MSR)",
+                    if self.ignore_unknown { ", ignored" } else { ", #GP" }
+                );
+            }
             self.ignore_unknown
         };
         if !ok {
             self.stats.gp_injected += 1;
         }
         ok
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unknown_msr_statistics_stay_bounded() {
+        let mut s = MsrStats::default();
+        for i in 0..100_000u32 {
+            s.count_unknown(i);
+        }
+        s.count_unknown(0);
+        assert_eq!(s.unknown.len(), MAX_TRACKED_MSRS);
+        assert_eq!(s.unknown[&0], 2);
+        assert_eq!(s.unknown_untracked, 100_000 - MAX_TRACKED_MSRS as u64);
     }
 }

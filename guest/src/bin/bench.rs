@@ -93,7 +93,14 @@ fn main(boot: &emon_guest::BootInfo) -> i32 {
             }
             println!("bench reprogram n={}", dec(n));
         }
-        m => println!("bench: unknown mode '{m}' (loop, loop-counted, exits, cycles, reprogram)"),
+        "unknown-msrs" => {
+            // n accesses to n distinct MSRs emon does not know (run with --ignore-msrs).
+            for i in 0..n {
+                let _ = emon_guest::cpu::rdmsr_safe(0x4000_0000 + i as u32 * 7);
+            }
+            println!("bench unknown-msrs n={}", dec(n));
+        }
+        m => println!("bench: unknown mode '{m}' (loop, loop-counted, exits, cycles, reprogram, unknown-msrs)"),
     }
     0
 }

@@ -34,6 +34,9 @@ struct Pending {
     iret_target: Option<u64>,
 }
 
+/// Decoded instructions kept at most (about 3 MiB).
+const MAX_CACHED_INSNS: usize = 65_536;
+
 /// At most this many instructions retire in one step whose traps were lost.
 const MAX_LOST_TRAPS: usize = 64;
 
@@ -139,9 +142,18 @@ impl Precise {
         }
     }
 
-    /// The instruction at linear address `rip` (decoded once per address and CR3).
+    /// The instruction at linear address `rip` (decoded once per address and CR3; the cache is
+    /// bounded so that a guest cannot grow emon's memory by executing at many addresses).
     fn decode(&mut self, cx: &Cx, mode: &CpuMode, rip: u64) -> Option<Insn> {
-        *self.cache.entry(rip).or_insert_with(|| insn::decode(&mode.fetch(cx.mem, rip), rip, mode.bitness))
+        if let Some(i) = self.cache.get(&rip) {
+            return *i;
+        }
+        if self.cache.len() >= MAX_CACHED_INSNS {
+            self.cache.clear();
+        }
+        let i = insn::decode(&mode.fetch(cx.mem, rip), rip, mode.bitness);
+        self.cache.insert(rip, i);
+        i
     }
 
     /// Attributes one retired instruction to the counters in `armed`.
