@@ -113,6 +113,10 @@ impl<E: std::fmt::Display> From<E> for CliError {
 }
 
 pub fn main() -> ExitCode {
+    // Output piped into `head` ends emon quietly, as for any command-line tool, instead of a
+    // "failed printing to stdout" panic (Rust ignores SIGPIPE by default).
+    // SAFETY: restoring the default disposition of SIGPIPE before any thread starts.
+    unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
     let cli = Cli::parse();
     // No command: `emon run` with every default (guest:cpuid-report on the default profile).
     let command = cli.command.unwrap_or_else(|| {
