@@ -38,6 +38,9 @@ enum Command {
     Events(ProfileArgs),
     /// Report what this host offers emon: KVM, perf events, CPUID 0x0A, and which backend auto chooses.
     Host,
+    /// Run a matrix of kernels x profiles (or a suite file) as parallel `emon run`s and report the
+    /// results (table, JUnit XML, JSON); exits non-zero if anything failed.
+    Test(crate::runner::TestArgs),
 }
 
 #[derive(Args, Debug)]
@@ -133,6 +136,7 @@ pub fn main() -> ExitCode {
         Command::Bench(args) => bench(&args),
         Command::Events(args) => list_events(&args),
         Command::Host => Ok(crate::host_report::run()),
+        Command::Test(args) => test(args),
     };
     match result {
         Ok(code) => code,
@@ -222,6 +226,10 @@ fn run(args: RunArgs) -> Result<ExitCode, CliError> {
     }
     eprintln!("{}", report.summary());
     Ok(ExitCode::from(report.exit_status() as u8))
+}
+
+fn test(args: crate::runner::TestArgs) -> Result<ExitCode, CliError> {
+    crate::runner::main(args).map_err(CliError)
 }
 
 fn print_statistics(r: &vmm::RunReport) {

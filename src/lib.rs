@@ -6,6 +6,7 @@
 //! - [`backend`]: what makes the counters count (precise single-stepping; host perf events).
 //! - [`vmm`]: KVM setup, boot paths, devices, MSR trapping and the exit loop.
 //! - [`host_report`]: `emon host`, what this host offers emon.
+//! - [`runner`]: `emon test`, the test-matrix runner.
 //! - [`cli`]: the `emon` command line.
 pub mod backend;
 pub mod bench;
@@ -14,4 +15,5 @@ pub mod guests;
 pub mod host_report;
 pub mod pmu;
 pub mod profile;
+pub mod runner;
 pub mod vmm;

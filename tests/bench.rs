@@ -14,8 +14,10 @@ fn bench_reports_ratios_from_one_run() {
         let l = r.stdout.lines().find(|l| l.contains(key)).unwrap_or_else(|| panic!("no {key}: {}", r.stdout));
         l.rsplit(' ').next().unwrap().trim_end_matches('x').parse().unwrap()
     };
-    // The precise backend's own work per step is small next to a single-step exit (release
-    // build, as scripts/test runs it; the README has the full-size figures).
-    assert!(ratio("precise / bare single-step rate") > 0.8, "{}", r.stdout);
+    // The precise backend's own work per step is small next to a single-step exit. This guards
+    // against gross regressions only: the two stepping runs are timed one after the other, so a
+    // loaded machine moves the ratio (0.97x measured idle, 0.70x seen under a load of 4 on 2 CPUs;
+    // the README has the full-size figures from `emon bench`).
+    assert!(ratio("precise / bare single-step rate") > 0.6, "{}", r.stdout);
     assert!(ratio("PMU MSR exit / port I/O exit") > 0.0, "{}", r.stdout);
 }

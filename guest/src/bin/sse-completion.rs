@@ -113,31 +113,36 @@ fn main(_boot: &emon_guest::BootInfo) -> i32 {
     );
 
     // An emulated SSE instruction retires exactly once for the PMU (precise backend).
-    wrmsr(0x38F, 1); // GLOBAL_CTRL: PMC0
-    wrmsr(0xC1, 0);
-    let v: u32;
-    // SAFETY: PMU MSRs and the declared registers only (XMM registers are not used by the guest).
-    unsafe {
-        asm!(
-            "mov ecx, 0x186",
-            "xor edx, edx",
-            "wrmsr",                  // PERFEVTSEL0 = INST_RETIRED, OS+USR+EN: counting starts after this
-            "movd xmm3, {v:e}",
-            "paddd xmm3, xmm3",
-            "pshufd xmm4, xmm3, 0",
-            "paddd xmm4, xmm3",
-            "movd {v:e}, xmm4",
-            "mov ecx, 0x186",          // the 4 stopping instructions (counted)
-            "rdmsr",
-            "btr eax, 22",
-            "wrmsr",
-            v = inout(reg) 5u32 => v,
-            inout("eax") 0x5300C0u32 => _,
-            out("ecx") _,
-            out("edx") _,
-        );
+    let pmu = emon_guest::pmu::Perfmon::from_cpuid();
+    if pmu.version >= 2 && pmu.gp > 0 && pmu.event_available(emon_guest::pmu::EVENT_INSTRUCTIONS) {
+        wrmsr(0x38F, 1); // GLOBAL_CTRL: PMC0
+        wrmsr(0xC1, 0);
+        let v: u32;
+        // SAFETY: PMU MSRs and the declared registers only (XMM registers are not used by the guest).
+        unsafe {
+            asm!(
+                "mov ecx, 0x186",
+                "xor edx, edx",
+                "wrmsr",                  // PERFEVTSEL0 = INST_RETIRED, OS+USR+EN: counting starts after this
+                "movd xmm3, {v:e}",
+                "paddd xmm3, xmm3",
+                "pshufd xmm4, xmm3, 0",
+                "paddd xmm4, xmm3",
+                "movd {v:e}, xmm4",
+                "mov ecx, 0x186",          // the 4 stopping instructions (counted)
+                "rdmsr",
+                "btr eax, 22",
+                "wrmsr",
+                v = inout(reg) 5u32 => v,
+                inout("eax") 0x5300C0u32 => _,
+                out("ecx") _,
+                out("edx") _,
+            );
+        }
+        check_eq!(v, 20u32, "movd/paddd/pshufd result");
+        check_eq!(rdmsr(0xC1), 9u64, "IA32_PMC0 counts the 5 emulated SSE instructions once each, + 4");
+    } else {
+        emon_guest::skip!("IA32_PMC0 counting emulated SSE instructions: needs perfmon v2+ and instructions retired");
     }
-    check_eq!(v, 20u32, "movd/paddd/pshufd result");
-    check_eq!(rdmsr(0xC1), 9u64, "IA32_PMC0 counts the 5 emulated SSE instructions once each, + 4");
     emon_guest::summary()
 }

@@ -1,0 +1,205 @@
+//! Suite files: a repeatable `emon test` matrix in TOML.
+//!
+//! ```toml
+//! description = "what this suite is for"   # optional
+//!
+//! [[run]]
+//! kernels = ["guest:msr-semantics", "kernels/*.elf"]   # guest:NAME, paths, globs of both
+//! profiles = ["nehalem*", "skylake"]                    # names, paths, globs; default: skylake
+//! args = "iterations=1000"      # optional: the kernel command line
+//! pmu = "version=2,gp=2"        # optional: profile overrides, as `emon run --pmu`
+//! backend = "precise"           # optional: auto, precise or perf
+//! timeout = 30                  # optional: seconds (default: `emon test --timeout`)
+//! ```
+//!
+//! Relative paths are relative to the suite file's directory. Unknown fields are errors, and every
+//! error is one line naming the file, the line and the field.
+use crate::backend::BackendKind;
+use serde::Deserialize;
+use std::path::{Path, PathBuf};
+
+/// A parsed suite file.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Suite {
+    /// The file as given; errors name it.
+    pub origin: String,
+    /// The directory relative paths in the suite are relative to.
+    pub dir: PathBuf,
+    pub description: Option<String>,
+    pub entries: Vec<Entry>,
+}
+
+/// One `[[run]]` table.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Entry {
+    /// 1-based line of the entry in the file.
+    pub line: usize,
+    pub kernels: Vec<String>,
+    /// Empty: the default profile.
+    pub profiles: Vec<String>,
+    pub args: Option<String>,
+    pub pmu: Option<String>,
+    pub backend: Option<BackendKind>,
+    pub timeout: Option<f64>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SuiteFile {
+    description: Option<String>,
+    run: Vec<toml::Spanned<EntryFile>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct EntryFile {
+    kernels: Vec<String>,
+    profiles: Option<Vec<String>>,
+    args: Option<String>,
+    pmu: Option<String>,
+    backend: Option<String>,
+    timeout: Option<f64>,
+}
+
+/// Reads and parses the suite file at `path`.
+pub fn load(path: &Path) -> Result<Suite, String> {
+    let origin = path.display().to_string();
+    let text = std::fs::read_to_string(path).map_err(|e| format!("{origin}: cannot read the suite file: {e}"))?;
+    let dir = path.parent().map(Path::to_path_buf).unwrap_or_default();
+    from_toml(&origin, dir, &text)
+}
+
+/// Parses suite TOML; `origin` names the source in errors, `dir` anchors relative paths.
+pub fn from_toml(origin: &str, dir: PathBuf, text: &str) -> Result<Suite, String> {
+    let file: SuiteFile = toml::from_str(text).map_err(|e| toml_error(origin, text, &e))?;
+    if file.run.is_empty() {
+        return Err(format!("{origin}: run: no [[run]] entries"));
+    }
+    let mut entries = Vec::with_capacity(file.run.len());
+    for spanned in file.run {
+        let line = line_of(text, spanned.span().start);
+        let e = spanned.into_inner();
+        let bad = |field: &str, value: &dyn std::fmt::Debug, rule: &str| {
+            format!("{origin}: line {line}: run.{field} = {value:?}: {rule}")
+        };
+        if e.kernels.is_empty() {
+            return Err(bad("kernels", &e.kernels, "give at least one kernel (guest:NAME, a path or a glob)"));
+        }
+        if let Some(k) = e.kernels.iter().find(|k| k.trim().is_empty()) {
+            return Err(bad("kernels", k, "an empty kernel"));
+        }
+        let profiles = e.profiles.unwrap_or_default();
+        if let Some(p) = profiles.iter().find(|p| p.trim().is_empty()) {
+            return Err(bad("profiles", p, "an empty profile"));
+        }
+        let backend = match e.backend {
+            None => None,
+            Some(b) => Some(
+                <BackendKind as clap::ValueEnum>::from_str(&b, false)
+                    .map_err(|_| bad("backend", &b, "must be auto, precise or perf"))?,
+            ),
+        };
+        if let Some(t) = e.timeout {
+            if !(t.is_finite() && t > 0.0) {
+                return Err(bad("timeout", &t, "must be a positive number of seconds"));
+            }
+        }
+        entries.push(Entry {
+            line,
+            kernels: e.kernels,
+            profiles,
+            args: e.args,
+            pmu: e.pmu,
+            backend,
+            timeout: e.timeout,
+        });
+    }
+    Ok(Suite { origin: origin.to_string(), dir, description: file.description, entries })
+}
+
+fn line_of(text: &str, offset: usize) -> usize {
+    text.get(..offset.min(text.len())).unwrap_or("").matches('\n').count() + 1
+}
+
+/// One line: the file, the position and text of the offending line, and the parser's message
+/// (which names the field, e.g. "unknown field `kernel`, expected one of ...").
+fn toml_error(origin: &str, text: &str, err: &toml::de::Error) -> String {
+    let message = err.message().split_whitespace().collect::<Vec<_>>().join(" ");
+    match err.span() {
+        Some(span) => {
+            let line = line_of(text, span.start);
+            let source = text.lines().nth(line - 1).unwrap_or("").trim();
+            format!("{origin}: line {line} (`{source}`): {message}")
+        }
+        None => format!("{origin}: {message}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str) -> Result<Suite, String> {
+        from_toml("s.toml", PathBuf::from("suites"), text)
+    }
+
+    #[test]
+    fn full_entry() {
+        let s = parse(
+            "description = \"d\"\n\n[[run]]\nkernels = [\"guest:*\"]\n\n[[run]]\nkernels = [\"k.elf\"]\n\
+             profiles = [\"nehalem*\", \"p.toml\"]\nargs = \"a b\"\npmu = \"version=2\"\nbackend = \"precise\"\ntimeout = 5\n",
+        )
+        .unwrap();
+        assert_eq!(s.description.as_deref(), Some("d"));
+        assert_eq!(s.dir, PathBuf::from("suites"));
+        assert_eq!(s.entries.len(), 2);
+        assert_eq!(s.entries[0].kernels, ["guest:*"]);
+        assert!(s.entries[0].profiles.is_empty());
+        let e = &s.entries[1];
+        assert_eq!(e.line, 6);
+        assert_eq!(e.profiles, ["nehalem*", "p.toml"]);
+        assert_eq!(e.args.as_deref(), Some("a b"));
+        assert_eq!(e.pmu.as_deref(), Some("version=2"));
+        assert_eq!(e.backend, Some(BackendKind::Precise));
+        assert_eq!(e.timeout, Some(5.0));
+    }
+
+    fn error(text: &str) -> String {
+        let e = parse(text).unwrap_err();
+        assert!(!e.contains('\n'), "one line: {e}");
+        assert!(e.starts_with("s.toml: "), "names the file: {e}");
+        e
+    }
+
+    #[test]
+    fn errors_name_the_file_line_and_field() {
+        let e = error("[[run]]\nkernels = [\"guest:x\"]\nkernel = \"guest:y\"\n");
+        assert!(e.contains("line 3") && e.contains("unknown field `kernel`"), "{e}");
+        let e = error("[[run]]\nkernels = [\"guest:x\"]\ntimeout = \"long\"\n");
+        assert!(e.contains("line 3") && e.contains("timeout"), "{e}");
+        let e = error("[[run]]\nprofiles = [\"nehalem\"]\n");
+        assert!(e.contains("missing field `kernels`"), "{e}");
+        let e = error("[[run]]\nkernels = [\"guest:x\"]\n\n[[run]]\nkernels = [\"guest:x\"]\ntimeout = -1\n");
+        assert_eq!(e, "s.toml: line 4: run.timeout = -1.0: must be a positive number of seconds");
+        let e = error("[[run]]\nkernels = [\"guest:x\"]\nbackend = \"fast\"\n");
+        assert_eq!(e, "s.toml: line 1: run.backend = \"fast\": must be auto, precise or perf");
+        let e = error("[[run]]\nkernels = []\n");
+        assert!(e.contains("run.kernels = []"), "{e}");
+        let e = error("[[run]]\nkernels = [\"guest:x\"]\nprofiles = [\"\"]\n");
+        assert!(e.contains("run.profiles"), "{e}");
+        let e = error("description = \"no runs\"\n");
+        assert!(e.contains("missing field `run`"), "{e}");
+        let e = error("run = []\n");
+        assert_eq!(e, "s.toml: run: no [[run]] entries");
+        let e = error("[[run]\n");
+        assert!(e.contains("line 1"), "{e}");
+        let e = error("[suite]\n");
+        assert!(e.contains("unknown field `suite`"), "{e}");
+    }
+
+    #[test]
+    fn a_missing_file_is_one_line() {
+        let e = load(Path::new("/nonexistent/suite.toml")).unwrap_err();
+        assert!(e.starts_with("/nonexistent/suite.toml: cannot read the suite file"), "{e}");
+    }
+}
