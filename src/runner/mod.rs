@@ -261,27 +261,17 @@ pub fn expand_cli(args: &TestArgs) -> Result<Vec<RunSpec>, String> {
     let kernels = expand_all(&args.kernels, |k| expand_kernel(k, base))?;
     let profiles = default_profiles(&args.profile);
     let profiles = expand_all(&profiles, |p| expand_profile(p, base))?;
-    let mut runs = Vec::new();
-    for kernel in &kernels {
-        for profile in &profiles {
-            runs.push(RunSpec {
-                index: 0,
-                kernel: kernel.clone(),
-                profile: profile.clone(),
-                pmu: args.pmu.clone(),
-                backend: args.backend,
-                args: args.cmdline.clone(),
-                timeout: args.timeout,
-            });
-        }
-    }
-    for profile in &profiles {
-        let mut p = Profile::load(profile).map_err(|e| e.to_string())?;
-        for o in &args.pmu {
-            p.apply_overrides(o).map_err(|e| e.to_string())?;
-        }
-    }
-    Ok(finish_matrix(runs))
+    let template = RunSpec {
+        index: 0,
+        kernel: String::new(),
+        profile: String::new(),
+        pmu: args.pmu.clone(),
+        backend: args.backend,
+        args: args.cmdline.clone(),
+        timeout: args.timeout,
+    };
+    check_profiles(&profiles, &args.pmu).map_err(|(_, m)| m)?;
+    Ok(finish_matrix(cross(&kernels, &profiles, &template).collect()))
 }
 
 /// The matrix of a suite: its entries in order, each expanded kernel-major; `--pmu` applies on
@@ -294,28 +284,42 @@ pub fn expand_suite(suite: &suite::Suite, args: &TestArgs) -> Result<Vec<RunSpec
         let profiles = default_profiles(&e.profiles);
         let profiles = expand_all(&profiles, |p| expand_profile(p, &suite.dir)).map_err(|m| at("profiles", m))?;
         let pmu: Vec<String> = e.pmu.iter().chain(&args.pmu).cloned().collect();
-        for kernel in &kernels {
-            for profile in &profiles {
-                runs.push(RunSpec {
-                    index: 0,
-                    kernel: kernel.clone(),
-                    profile: profile.clone(),
-                    pmu: pmu.clone(),
-                    backend: e.backend.or(args.backend),
-                    args: e.args.clone().map_or_else(|| args.cmdline.clone(), |a| vec![a]),
-                    timeout: e.timeout.unwrap_or(args.timeout),
-                });
-            }
-        }
         // Each profile of the entry must load, and take the overrides.
-        for profile in &profiles {
-            let mut p = Profile::load(profile).map_err(|m| at("profiles", m.to_string()))?;
-            for o in &pmu {
-                p.apply_overrides(o).map_err(|m| at("pmu", m.to_string()))?;
-            }
-        }
+        check_profiles(&profiles, &pmu).map_err(|(field, m)| at(field, m))?;
+        let template = RunSpec {
+            index: 0,
+            kernel: String::new(),
+            profile: String::new(),
+            pmu,
+            backend: e.backend.or(args.backend),
+            args: e.args.clone().map_or_else(|| args.cmdline.clone(), |a| vec![a]),
+            timeout: e.timeout.unwrap_or(args.timeout),
+        };
+        runs.extend(cross(&kernels, &profiles, &template));
     }
     Ok(finish_matrix(runs))
+}
+
+/// Every kernel on every profile (kernel-major), with the rest of each run from `template`.
+fn cross<'a>(
+    kernels: &'a [String],
+    profiles: &'a [String],
+    template: &'a RunSpec,
+) -> impl Iterator<Item = RunSpec> + 'a {
+    kernels.iter().flat_map(move |k| {
+        profiles.iter().map(move |p| RunSpec { kernel: k.clone(), profile: p.clone(), ..template.clone() })
+    })
+}
+
+/// Each profile loads and takes the overrides; on error, the field at fault and the message.
+fn check_profiles(profiles: &[String], pmu: &[String]) -> Result<(), (&'static str, String)> {
+    for profile in profiles {
+        let mut p = Profile::load(profile).map_err(|m| ("profiles", m.to_string()))?;
+        for o in pmu {
+            p.apply_overrides(o).map_err(|m| ("pmu", m.to_string()))?;
+        }
+    }
+    Ok(())
 }
 
 fn default_profiles(given: &[String]) -> Vec<String> {
