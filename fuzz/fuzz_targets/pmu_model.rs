@@ -1,0 +1,897 @@
+//! Fuzz target `pmu_model`: emon's PMU model (`emon::pmu::Pmu`) under any valid profile, driven
+//! by any sequence of guest RDMSR/WRMSR and backend calls (`add_events`, `set_value`,
+//! `pmi_delivered`, `rdpmc`).
+//!
+//! The input decodes (with `arbitrary`) into a profile and a list of operations. The profile is
+//! a built-in one, or one built from the fuzz bytes: either clamped into the architectural ranges
+//! or taken raw; either way only a profile that passes `Profile::validate` is used. MSR indices
+//! are biased towards the trapped PMU ranges and their neighbours, values towards the bit
+//! patterns the registers care about.
+//!
+//! The harness keeps its own model of what the SDM says must happen and panics (a finding) when
+//! the PMU disagrees. After every operation:
+//! - nothing panicked, and every counter value fits its width (and reads back through RDMSR);
+//! - IA32_PERF_GLOBAL_INUSE (v4+), recomputed from PERFEVTSELi[7:0], the FIXED_CTR_CTRL EN
+//!   fields and the INT/PMI/PEBS bits, matches the register and `global_inuse()`;
+//! - IA32_PERF_GLOBAL_STATUS equals the harness's expectation: a bit is set only by an overflow
+//!   from `add_events` (v2+), a STATUS_SET write (v4+), or freeze-on-PMI in `pmi_delivered`
+//!   (CTR_Frz / LBR_Frz, v4+), and cleared only through OVF_CTRL / STATUS_RESET;
+//! - a PMI is pending exactly when an overflow of a counter with INT/PMI set has not been
+//!   delivered yet;
+//! - `counter()`/`counting()` agree with the registers (EN, GLOBAL_CTRL, CTR_Frz);
+//! - a change of how counters count comes with a `generation()` bump.
+//!
+//! And per operation:
+//! - RDMSR is side-effect free (the whole `Pmu` compares equal before and after), succeeds exactly
+//!   for the MSRs the profile declares, and only for MSRs emon traps;
+//! - a WRMSR that returns #GP changes nothing (whole `Pmu` compared); one that succeeds changes
+//!   only its own register (every other PMU MSR reads the same), reads back as the SDM says
+//!   (sign-extended legacy PMC writes, truncated fixed counters, read-only MISC_ENABLE bits...),
+//!   and is accepted or refused where the SDM decides (reserved bits, read-only registers);
+//! - writing back the value an RDMSR returned is accepted and changes nothing;
+//! - `add_events` wraps modulo 2^width and reports the overflow exactly; `set_value` only sets the
+//!   value; RDPMC selects, truncates and faults as the SDM says.
+#![no_main]
+
+use std::fmt;
+use std::sync::OnceLock;
+
+use arbitrary::Arbitrary;
+use emon::pmu::counter::width_mask;
+use emon::pmu::regs::{MISC_ENABLE_READ_ONLY, MISC_ENABLE_WRITABLE};
+use emon::pmu::{CounterId, CounterState, GpFault, Pmu};
+use emon::profile::{describe_leaf_0a, PmuProfile, Profile};
+use libfuzzer_sys::fuzz_target;
+
+// ---------------------------------------------------------------------------------------------
+// Input
+// ---------------------------------------------------------------------------------------------
+
+#[derive(Debug, Arbitrary)]
+struct Input {
+    profile: ProfileChoice,
+    ops: Vec<Op>,
+}
+
+/// The profile fields, as arbitrary bytes.
+#[derive(Debug, Clone, Arbitrary)]
+struct RawProfile {
+    version: u8,
+    gp: u8,
+    gp_width: u8,
+    ebx_length: u8,
+    ebx_unavailable: u32,
+    fixed: u8,
+    fixed_width: u8,
+    fixed_bitmap: u32,
+    perf_capabilities: u64,
+    misc_enable_perfmon: bool,
+    nominal_mhz: u32,
+}
+
+#[derive(Debug, Arbitrary)]
+enum ProfileChoice {
+    /// One of `Profile::builtin_names()`, modulo their number.
+    Builtin(u8),
+    /// Fields folded into their legal ranges (nearly always valid).
+    Clamped(RawProfile),
+    /// Fields as they come (mostly rejected by validation; exercises it).
+    Raw(RawProfile),
+}
+
+/// The architectural PMU MSR ranges emon traps (inclusive).
+const PMU_RANGES: [(u32, u32); 10] = [
+    (0xC1, 0xC8),
+    (0x186, 0x18D),
+    (0x309, 0x30C),
+    (0x345, 0x345),
+    (0x38D, 0x392),
+    (0x1A0, 0x1A0),
+    (0x1D9, 0x1D9),
+    (0x3F1, 0x3F1),
+    (0x600, 0x600),
+    (0x4C1, 0x4C8),
+];
+
+#[derive(Debug, Clone, Copy, Arbitrary)]
+enum Msr {
+    /// An MSR of a PMU range.
+    Pmu { range: u8, offset: u8 },
+    /// Around a PMU range's start: its neighbours below and above.
+    Near { range: u8, delta: i8 },
+    /// Any index at all.
+    Any(u32),
+}
+
+impl Msr {
+    fn index(self) -> u32 {
+        let range = |r: u8| PMU_RANGES[usize::from(r) % PMU_RANGES.len()];
+        match self {
+            Msr::Pmu { range: r, offset } => {
+                let (lo, hi) = range(r);
+                lo + u32::from(offset) % (hi - lo + 1)
+            }
+            Msr::Near { range: r, delta } => range(r).0.wrapping_add_signed(i32::from(delta)),
+            Msr::Any(i) => i,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, Arbitrary)]
+enum Value {
+    Raw(u64),
+    Low32(u32),
+    Zero,
+    Ones,
+    Bit(u8),
+    /// The MSR's current value (0 if it faults) with one bit flipped.
+    Flip(u8),
+    /// A PERFEVTSEL-shaped value: event, umask, flag byte (bits 23:16), CMASK.
+    EvtSel {
+        event: u8,
+        umask: u8,
+        flags: u8,
+        cmask: u8,
+    },
+    /// GLOBAL_*-shaped: GP bits 7:0, fixed bits 35:32, bits 63:48.
+    Global {
+        gp: u8,
+        fixed: u8,
+        high: u16,
+    },
+    /// A few chosen bits (DEBUGCTL freeze bits, CTR_Frz, INT | EN...).
+    Bits([u8; 3]),
+}
+
+impl Value {
+    fn resolve(self, msr: u32, pmu: &Pmu) -> u64 {
+        match self {
+            Value::Raw(v) => v,
+            Value::Low32(v) => u64::from(v),
+            Value::Zero => 0,
+            Value::Ones => u64::MAX,
+            Value::Bit(b) => 1u64 << (b % 64),
+            Value::Flip(b) => pmu.rdmsr(msr).unwrap_or(0) ^ (1u64 << (b % 64)),
+            Value::EvtSel { event, umask, flags, cmask } => {
+                u64::from(event) | u64::from(umask) << 8 | u64::from(flags) << 16 | u64::from(cmask) << 24
+            }
+            Value::Global { gp, fixed, high } => u64::from(gp) | u64::from(fixed & 0xF) << 32 | u64::from(high) << 48,
+            Value::Bits(bits) => bits.iter().fold(0, |v, b| v | 1u64 << (b % 64)),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, Arbitrary)]
+enum Ctr {
+    /// IA32_PMC(i % 10): some beyond any profile.
+    Gp(u8),
+    /// IA32_FIXED_CTR(i % 6): some beyond any profile.
+    Fixed(u8),
+    /// Any id.
+    RawGp(u8),
+    RawFixed(u8),
+}
+
+impl Ctr {
+    fn id(self) -> CounterId {
+        match self {
+            Ctr::Gp(i) => CounterId::Gp(i % 10),
+            Ctr::Fixed(i) => CounterId::Fixed(i % 6),
+            Ctr::RawGp(i) => CounterId::Gp(i),
+            Ctr::RawFixed(i) => CounterId::Fixed(i),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, Arbitrary)]
+enum Count {
+    Raw(u64),
+    Small(u16),
+    /// Exactly `distance_to_overflow`.
+    ToOverflow,
+    /// `distance_to_overflow - 1 - k`.
+    Short(u8),
+    /// `distance_to_overflow + k`.
+    Past(u32),
+}
+
+#[derive(Debug, Arbitrary)]
+enum Op {
+    Rdmsr(Msr),
+    Wrmsr(Msr, Value),
+    /// RDMSR, then WRMSR of the value read.
+    WriteBack(Msr),
+    AddEvents(Ctr, Count),
+    SetValue(Ctr, u64),
+    PmiDelivered,
+    Rdpmc {
+        ecx: u32,
+        cpl: u8,
+        pce: bool,
+    },
+    /// Make a counter count, as a guest does: WRMSRs of its PERFEVTSEL (event, USR, OS, EN,
+    /// INT if `int`) or its FIXED_CTR_CTRL field, then of its GLOBAL_CTRL bit (v2+).
+    Arm {
+        ctr: Ctr,
+        event: u8,
+        int: bool,
+    },
+    /// WRMSR IA32_DEBUGCTL with FREEZE_LBRS_ON_PMI / FREEZE_PERFMON_ON_PMI / LBR from `bits`.
+    Freeze(u8),
+}
+
+// ---------------------------------------------------------------------------------------------
+// Profiles
+// ---------------------------------------------------------------------------------------------
+
+fn builtins() -> &'static [Profile] {
+    static BUILTINS: OnceLock<Vec<Profile>> = OnceLock::new();
+    BUILTINS.get_or_init(|| {
+        Profile::builtin_names().into_iter().map(|n| Profile::load(n).expect("built-in profiles are valid")).collect()
+    })
+}
+
+impl RawProfile {
+    fn raw(&self) -> PmuProfile {
+        PmuProfile {
+            version: self.version,
+            gp: self.gp,
+            gp_width: self.gp_width,
+            ebx_length: self.ebx_length,
+            ebx_unavailable: self.ebx_unavailable,
+            fixed: self.fixed,
+            fixed_width: self.fixed_width,
+            fixed_bitmap: self.fixed_bitmap,
+            perf_capabilities: self.perf_capabilities,
+            misc_enable_perfmon: self.misc_enable_perfmon,
+            nominal_mhz: self.nominal_mhz,
+        }
+    }
+
+    /// Fold every field into the range `validate.rs` accepts for the chosen version.
+    fn clamped(&self) -> PmuProfile {
+        let version = self.version % 6;
+        let width = |w: u8| 32 + w % 33;
+        let mut p = PmuProfile {
+            version,
+            gp: 0,
+            gp_width: 0,
+            ebx_length: 0,
+            ebx_unavailable: 0,
+            fixed: 0,
+            fixed_width: 0,
+            fixed_bitmap: 0,
+            perf_capabilities: 0,
+            misc_enable_perfmon: self.misc_enable_perfmon,
+            nominal_mhz: 100 + self.nominal_mhz % 9901,
+        };
+        if version == 0 {
+            return p;
+        }
+        p.gp = 1 + self.gp % 8;
+        p.gp_width = width(self.gp_width);
+        p.ebx_length = 1 + self.ebx_length % 8;
+        p.ebx_unavailable = self.ebx_unavailable & ((1u32 << p.ebx_length) - 1);
+        if version >= 2 {
+            p.fixed = self.fixed % 5;
+            if version >= 5 {
+                p.fixed_bitmap = self.fixed_bitmap & 0xF;
+            }
+            if p.fixed > 0 || p.fixed_bitmap != 0 {
+                p.fixed_width = width(self.fixed_width);
+            }
+        }
+        p.perf_capabilities = self.perf_capabilities & emon::profile::PERF_CAPABILITIES_ACCEPTED;
+        if version < 2 {
+            p.perf_capabilities &= !PmuProfile::FW_WRITE;
+        }
+        p
+    }
+}
+
+impl ProfileChoice {
+    /// The profile to fuzz under, if it is valid.
+    fn build(&self) -> Option<PmuProfile> {
+        let pmu = match self {
+            ProfileChoice::Builtin(i) => {
+                let all = builtins();
+                return Some(all[usize::from(*i) % all.len()].pmu.clone());
+            }
+            ProfileChoice::Clamped(raw) => raw.clamped(),
+            ProfileChoice::Raw(raw) => raw.raw(),
+        };
+        let profile = Profile {
+            name: "fuzz".into(),
+            description: "fuzz".into(),
+            vendor: "GenuineIntel".into(),
+            family: 6,
+            model: 0x5E,
+            stepping: 3,
+            pmu,
+        };
+        // Exercise the description code too: it must not panic on any profile.
+        let _ = describe_leaf_0a(&profile.pmu);
+        let valid = profile.validate().is_ok();
+        if let ProfileChoice::Clamped(_) = self {
+            assert!(valid, "clamped profile rejected by validation: {:?}", profile.validate());
+        }
+        valid.then_some(profile.pmu)
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The harness's own view of the PMU a profile declares (SDM 18.2, independent of emon's Layout)
+// ---------------------------------------------------------------------------------------------
+
+struct Shape {
+    version: u8,
+    gp: u8,
+    gp_width: u8,
+    fixed_width: u8,
+    fixed: [bool; 4],
+    fw_write: bool,
+    perf_capabilities: u64,
+    misc_enable_perfmon: bool,
+}
+
+/// What an MSR index names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Reg {
+    Pmc(u8),
+    APmc(u8),
+    EvtSel(u8),
+    FixedCtr(u8),
+    PerfCap,
+    FixedCtrCtrl,
+    Status,
+    Ctrl,
+    OvfCtrl,
+    StatusSet,
+    Inuse,
+    DebugCtl,
+    MiscEnable,
+    PebsEnable,
+    DsArea,
+}
+
+fn reg(msr: u32) -> Option<Reg> {
+    let idx = |base: u32, n: u32| msr.checked_sub(base).filter(|&i| i < n).map(|i| i as u8);
+    Some(match msr {
+        0x345 => Reg::PerfCap,
+        0x38D => Reg::FixedCtrCtrl,
+        0x38E => Reg::Status,
+        0x38F => Reg::Ctrl,
+        0x390 => Reg::OvfCtrl,
+        0x391 => Reg::StatusSet,
+        0x392 => Reg::Inuse,
+        0x1D9 => Reg::DebugCtl,
+        0x1A0 => Reg::MiscEnable,
+        0x3F1 => Reg::PebsEnable,
+        0x600 => Reg::DsArea,
+        _ => {
+            return idx(0xC1, 8)
+                .map(Reg::Pmc)
+                .or_else(|| idx(0x4C1, 8).map(Reg::APmc))
+                .or_else(|| idx(0x186, 8).map(Reg::EvtSel))
+                .or_else(|| idx(0x309, 4).map(Reg::FixedCtr))
+        }
+    })
+}
+
+/// Every MSR index of the trapped ranges.
+fn all_pmu_msrs() -> impl Iterator<Item = u32> {
+    PMU_RANGES.iter().flat_map(|&(lo, hi)| lo..=hi)
+}
+
+const INUSE_PMI: u64 = 1 << 63;
+
+impl Shape {
+    fn new(p: &PmuProfile) -> Shape {
+        let mut fixed = [false; 4];
+        for (i, f) in fixed.iter_mut().enumerate() {
+            // SDM 18.2.5: counter i exists if EDX[4:0] > i, or (v5) ECX bit i.
+            *f = p.version >= 2 && (i < usize::from(p.fixed) || (p.version >= 5 && p.fixed_bitmap & (1 << i) != 0));
+        }
+        Shape {
+            version: p.version,
+            gp: if p.version >= 1 { p.gp } else { 0 },
+            gp_width: p.gp_width,
+            fixed_width: p.fixed_width,
+            fixed,
+            fw_write: p.perf_capabilities & (1 << 13) != 0,
+            perf_capabilities: p.perf_capabilities,
+            misc_enable_perfmon: p.misc_enable_perfmon,
+        }
+    }
+
+    fn gp_bits(&self) -> u64 {
+        (1u64 << self.gp) - 1
+    }
+
+    fn fixed_bits(&self) -> u64 {
+        (0..4).filter(|&i| self.fixed[i]).fold(0, |m, i| m | 1u64 << (32 + i))
+    }
+
+    fn counter_exists(&self, id: CounterId) -> bool {
+        match id {
+            CounterId::Gp(i) => i < self.gp,
+            CounterId::Fixed(i) => self.fixed.get(usize::from(i)).copied().unwrap_or(false),
+        }
+    }
+
+    fn width(&self, id: CounterId) -> u8 {
+        match id {
+            CounterId::Gp(_) => self.gp_width,
+            CounterId::Fixed(_) => self.fixed_width,
+        }
+    }
+
+    fn ids(&self) -> Vec<CounterId> {
+        let gp = (0..self.gp).map(CounterId::Gp);
+        let fixed = (0..4u8).filter(|&i| self.fixed[usize::from(i)]).map(CounterId::Fixed);
+        gp.chain(fixed).collect()
+    }
+
+    /// Does RDMSR of `msr` succeed under this profile?
+    fn exists(&self, msr: u32) -> bool {
+        let v = self.version;
+        match reg(msr) {
+            None => false,
+            Some(Reg::Pmc(i) | Reg::EvtSel(i)) => i < self.gp,
+            Some(Reg::APmc(i)) => i < self.gp && self.fw_write,
+            Some(Reg::FixedCtr(i)) => self.fixed[usize::from(i)],
+            Some(Reg::PerfCap) => self.perf_capabilities != 0,
+            Some(Reg::FixedCtrCtrl | Reg::Status | Reg::Ctrl | Reg::OvfCtrl) => v >= 2,
+            Some(Reg::StatusSet | Reg::Inuse) => v >= 4,
+            Some(Reg::DebugCtl | Reg::MiscEnable) => true,
+            Some(Reg::PebsEnable | Reg::DsArea) => v >= 1,
+        }
+    }
+
+    /// Must WRMSR(`msr`, `value`) succeed (`Some(true)`) or #GP (`Some(false)`) by the SDM?
+    /// `None` where emon's choice is a policy beyond the SDM (DEBUGCTL, MISC_ENABLE,
+    /// PEBS_ENABLE and DS_AREA bits), checked by read-back only.
+    fn write_ok(&self, msr: u32, value: u64) -> Option<bool> {
+        if !self.exists(msr) {
+            return Some(false);
+        }
+        let v = self.version;
+        let counters = self.gp_bits() | self.fixed_bits();
+        let fits = |valid: u64| Some(value & !valid == 0);
+        match reg(msr)? {
+            // Legacy writes take EAX sign-extended: any value; fixed counters drop high bits.
+            Reg::Pmc(_) | Reg::FixedCtr(_) => Some(true),
+            Reg::APmc(_) => fits(width_mask(self.gp_width)),
+            // Bits 63:32 reserved; ANY (bit 21) only from v3.
+            Reg::EvtSel(_) => fits(if v >= 3 { 0xFFFF_FFFF } else { 0xFFFF_FFFF & !(1 << 21) }),
+            Reg::PerfCap | Reg::Status | Reg::Inuse => Some(false),
+            Reg::FixedCtrCtrl => {
+                let field = if v >= 3 { 0xF } else { 0xB };
+                fits((0..4).filter(|&i| self.fixed[i]).fold(0, |m, i| m | field << (4 * i)))
+            }
+            Reg::Ctrl => fits(counters),
+            // SDM Figures 18-5 / 18-11: OvfBuffer, CondChgd; OvfUncore (v3+); ToPA, LBR_Frz,
+            // CTR_Frz (v4+). ASCI needs SGX, which emon never exposes.
+            Reg::OvfCtrl => {
+                let mut valid = counters | 1 << 62 | 1 << 63;
+                if v >= 3 {
+                    valid |= 1 << 61;
+                }
+                if v >= 4 {
+                    valid |= 1 << 55 | 1 << 58 | 1 << 59;
+                }
+                fits(valid)
+            }
+            // SDM Figure 18-12 (CondChgd cannot be set).
+            Reg::StatusSet => fits(counters | 1 << 55 | 1 << 58 | 1 << 59 | 1 << 61 | 1 << 62),
+            Reg::DebugCtl | Reg::MiscEnable | Reg::PebsEnable | Reg::DsArea => None,
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The run
+// ---------------------------------------------------------------------------------------------
+
+/// Where a check failed: the step and the operation.
+struct Ctx<'a> {
+    step: usize,
+    op: Option<&'a Op>,
+}
+
+impl fmt::Display for Ctx<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.op {
+            Some(op) => write!(f, "step {} {:?}", self.step, op),
+            None => write!(f, "power-on"),
+        }
+    }
+}
+
+/// The harness's expectations beyond the registers.
+struct Model {
+    status: u64,
+    pmi_pending: bool,
+}
+
+/// Every PMU MSR and what RDMSR gives for it.
+fn snapshot(pmu: &Pmu) -> Vec<(u32, Result<u64, GpFault>)> {
+    all_pmu_msrs().map(|m| (m, pmu.rdmsr(m))).collect()
+}
+
+/// The counting configuration a backend sees: every counter's state, value left out.
+fn config(pmu: &Pmu) -> Vec<CounterState> {
+    pmu.counter_ids().into_iter().map(|id| CounterState { value: 0, ..pmu.counter(id) }).collect()
+}
+
+fn value_msrs(id: CounterId) -> Vec<u32> {
+    match id {
+        CounterId::Gp(i) => vec![0xC1 + u32::from(i), 0x4C1 + u32::from(i)],
+        CounterId::Fixed(i) => vec![0x309 + u32::from(i)],
+    }
+}
+
+/// Every PMU MSR reads the same in `a` and `b`, except those in `except`.
+fn same_except(a: &[(u32, Result<u64, GpFault>)], b: &[(u32, Result<u64, GpFault>)], except: &[u32], ctx: &Ctx) {
+    for ((msr, x), (_, y)) in a.iter().zip(b) {
+        if !except.contains(msr) {
+            assert_eq!(x, y, "{ctx}: MSR {msr:#x} changed");
+        }
+    }
+}
+
+fn sign_extend_32(v: u64) -> u64 {
+    v as u32 as i32 as i64 as u64
+}
+
+fn rd(pmu: &Pmu, msr: u32, ctx: &Ctx) -> u64 {
+    pmu.rdmsr(msr).unwrap_or_else(|_| panic!("{ctx}: RDMSR {msr:#x} faulted but the profile declares it"))
+}
+
+fn run(input: &Input) {
+    let Some(profile) = input.profile.build() else { return };
+    let shape = Shape::new(&profile);
+    let mut pmu = Pmu::new(&profile);
+    let mut model = Model { status: 0, pmi_pending: false };
+    check_power_on(&pmu, &shape);
+    check(&pmu, &shape, &model, &Ctx { step: 0, op: None });
+    for (step, op) in input.ops.iter().enumerate() {
+        let ctx = Ctx { step, op: Some(op) };
+        let (config_before, generation_before) = (config(&pmu), pmu.generation());
+        apply(&mut pmu, &shape, &mut model, op, &ctx);
+        let generation = pmu.generation();
+        assert!(generation >= generation_before, "{ctx}: generation went back");
+        if config(&pmu) != config_before {
+            assert_ne!(generation, generation_before, "{ctx}: counting changed without a generation bump");
+        }
+        check(&pmu, &shape, &model, &ctx);
+    }
+    let _ = pmu.dump();
+}
+
+/// SDM 18.2.2 power-on values.
+fn check_power_on(pmu: &Pmu, shape: &Shape) {
+    let ctx = Ctx { step: 0, op: None };
+    for msr in all_pmu_msrs().filter(|&m| shape.exists(m)) {
+        let v = rd(pmu, msr, &ctx);
+        let want = match reg(msr).unwrap() {
+            Reg::PerfCap => shape.perf_capabilities,
+            Reg::Ctrl => shape.gp_bits(),
+            Reg::MiscEnable => continue, // checked below
+            _ => 0,
+        };
+        assert_eq!(v, want, "power-on MSR {msr:#x}");
+    }
+    let misc = rd(pmu, 0x1A0, &ctx);
+    assert_eq!(misc & (1 << 7) != 0, shape.misc_enable_perfmon, "power-on MISC_ENABLE[7]");
+    // Fast strings (bit 0), BTS unavailable (11), PEBS unavailable (12), and bit 7 per profile.
+    assert_eq!(misc & !(1 << 7), 1 | 3 << 11, "power-on MISC_ENABLE");
+}
+
+fn apply(pmu: &mut Pmu, shape: &Shape, model: &mut Model, op: &Op, ctx: &Ctx) {
+    match *op {
+        Op::Rdmsr(m) => {
+            let msr = m.index();
+            let before = pmu.clone();
+            let r = pmu.rdmsr(msr);
+            assert!(*pmu == before, "{ctx}: RDMSR {msr:#x} changed state");
+            assert_eq!(r.is_ok(), shape.exists(msr), "{ctx}: RDMSR {msr:#x} existence ({r:?})");
+            if r.is_ok() {
+                assert!(Pmu::owns(msr), "{ctx}: RDMSR {msr:#x} succeeded outside the trapped ranges");
+            }
+            assert_eq!(pmu.rdmsr(msr), r, "{ctx}: RDMSR {msr:#x} not repeatable");
+        }
+        Op::Wrmsr(m, v) => {
+            let msr = m.index();
+            let value = v.resolve(msr, pmu);
+            wrmsr(pmu, shape, model, msr, value, ctx);
+        }
+        Op::WriteBack(m) => {
+            let msr = m.index();
+            let Ok(value) = pmu.rdmsr(msr) else { return };
+            let writable =
+                !matches!(reg(msr), Some(Reg::PerfCap | Reg::Status | Reg::Inuse | Reg::OvfCtrl | Reg::StatusSet));
+            if !writable {
+                return;
+            }
+            let before = snapshot(pmu);
+            assert_eq!(pmu.wrmsr(msr, value), Ok(()), "{ctx}: writing back RDMSR {msr:#x} = {value:#x} faulted");
+            // A legacy IA32_PMCx write sign-extends bit 31, so only the other registers must
+            // read back unchanged.
+            let except: Vec<u32> = match reg(msr) {
+                Some(Reg::Pmc(i)) => vec![msr, 0x4C1 + u32::from(i), 0x392],
+                _ => vec![],
+            };
+            same_except(&before, &snapshot(pmu), &except, ctx);
+            if let Some(Reg::Pmc(i)) = reg(msr) {
+                let want = sign_extend_32(value) & width_mask(shape.gp_width);
+                assert_eq!(rd(pmu, msr, ctx), want, "{ctx}: write-back of PMC{i}");
+            }
+        }
+        Op::AddEvents(c, count) => {
+            let id = c.id();
+            let before = pmu.clone();
+            let snap = snapshot(pmu);
+            let distance = pmu.distance_to_overflow(id);
+            let n = match count {
+                Count::Raw(n) => n,
+                Count::Small(n) => u64::from(n),
+                Count::ToOverflow => distance,
+                Count::Short(k) => distance.saturating_sub(1 + u64::from(k)),
+                Count::Past(k) => distance.saturating_add(u64::from(k)),
+            };
+            let overflowed = pmu.add_events(id, n);
+            if !shape.counter_exists(id) {
+                assert!(!overflowed && *pmu == before, "{ctx}: add_events on an undeclared counter");
+                return;
+            }
+            let width = shape.width(id);
+            let old = before.counter(id).value;
+            let modulus = 1u128 << width;
+            let sum = u128::from(old) + u128::from(n);
+            assert_eq!(u128::from(pmu.counter(id).value), sum % modulus, "{ctx}: add_events value");
+            assert_eq!(overflowed, sum >= modulus, "{ctx}: add_events overflow report");
+            // distance_to_overflow: 2^width - value, u64::MAX when that is 2^64.
+            let want_distance = u64::try_from(modulus - u128::from(old)).unwrap_or(u64::MAX);
+            assert_eq!(distance, want_distance, "{ctx}: distance_to_overflow");
+            if overflowed {
+                if shape.version >= 2 {
+                    model.status |= 1u64 << id.status_bit();
+                }
+                if int_bit(&before, id, ctx) {
+                    model.pmi_pending = true;
+                }
+            }
+            let mut except = value_msrs(id);
+            except.push(0x38E);
+            same_except(&snap, &snapshot(pmu), &except, ctx);
+            assert_eq!(pmu.generation(), before.generation(), "{ctx}: add_events bumped the generation");
+        }
+        Op::SetValue(c, value) => {
+            let id = c.id();
+            let before = pmu.clone();
+            let snap = snapshot(pmu);
+            pmu.set_value(id, value);
+            if !shape.counter_exists(id) {
+                assert!(*pmu == before, "{ctx}: set_value on an undeclared counter");
+                return;
+            }
+            assert_eq!(pmu.counter(id).value, value & width_mask(shape.width(id)), "{ctx}: set_value");
+            same_except(&snap, &snapshot(pmu), &value_msrs(id), ctx);
+            assert_eq!(pmu.generation(), before.generation(), "{ctx}: set_value bumped the generation");
+        }
+        Op::PmiDelivered => {
+            let before = pmu.clone();
+            let snap = snapshot(pmu);
+            let debugctl = rd(pmu, 0x1D9, ctx);
+            pmu.pmi_delivered();
+            if !std::mem::take(&mut model.pmi_pending) {
+                assert!(*pmu == before, "{ctx}: pmi_delivered with no PMI pending changed state");
+                return;
+            }
+            let (freeze_lbrs, freeze_perfmon) = (debugctl & 1 << 11 != 0, debugctl & 1 << 12 != 0);
+            let mut except = vec![0x38E];
+            if shape.version >= 4 {
+                // Streamlined freeze (SDM 18.2.4.1, 17.4.7): status bits, GLOBAL_CTRL unchanged.
+                if freeze_lbrs {
+                    model.status |= 1 << 58;
+                }
+                if freeze_perfmon {
+                    model.status |= 1 << 59;
+                }
+            } else {
+                // Legacy freeze: clear DEBUGCTL.LBR / GLOBAL_CTRL.
+                if freeze_lbrs {
+                    assert_eq!(rd(pmu, 0x1D9, ctx), debugctl & !1, "{ctx}: legacy LBR freeze");
+                    except.push(0x1D9);
+                }
+                if freeze_perfmon {
+                    assert_eq!(rd(pmu, 0x38F, ctx), 0, "{ctx}: legacy perfmon freeze");
+                    except.push(0x38F);
+                }
+            }
+            except.push(0x392);
+            same_except(&snap, &snapshot(pmu), &except, ctx);
+        }
+        Op::Arm { ctr, event, int } => {
+            let int = if int { 1 << 20 } else { 0 };
+            let id = ctr.id();
+            match id {
+                CounterId::Gp(i) => {
+                    let sel = u64::from(event.max(1)) | 1 << 16 | 1 << 17 | 1 << 22 | int;
+                    wrmsr(pmu, shape, model, 0x186 + u32::from(i), sel, ctx);
+                }
+                CounterId::Fixed(i) => {
+                    let shift = 4 * u32::from(i);
+                    let field = 3 | int >> 17; // EN = all rings, PMI (bit 3)
+                    let ctrl = pmu.rdmsr(0x38D).unwrap_or(0);
+                    let ctrl = (ctrl & !0xFu64.checked_shl(shift).unwrap_or(0)) | field.checked_shl(shift).unwrap_or(0);
+                    wrmsr(pmu, shape, model, 0x38D, ctrl, ctx);
+                }
+            }
+            let ctrl = pmu.rdmsr(0x38F).unwrap_or(0);
+            wrmsr(pmu, shape, model, 0x38F, ctrl | 1u64.checked_shl(id.status_bit()).unwrap_or(0), ctx);
+        }
+        Op::Freeze(bits) => {
+            let value = u64::from(bits & 1) | u64::from(bits >> 1 & 3) << 11;
+            wrmsr(pmu, shape, model, 0x1D9, value, ctx);
+        }
+        Op::Rdpmc { ecx, cpl, pce } => {
+            let before = pmu.clone();
+            let r = pmu.rdpmc(ecx, cpl, pce);
+            assert!(*pmu == before, "{ctx}: RDPMC changed state");
+            let index = ecx & !(3 << 30);
+            let want = if cpl > 0 && !pce {
+                Err(GpFault)
+            } else {
+                match u8::try_from(index) {
+                    Err(_) => Err(GpFault),
+                    Ok(i) => {
+                        let id = if ecx & 1 << 30 != 0 { CounterId::Fixed(i) } else { CounterId::Gp(i) };
+                        if shape.counter_exists(id) {
+                            let v = pmu.counter(id).value;
+                            Ok(if ecx & 1 << 31 != 0 { v & 0xFFFF_FFFF } else { v })
+                        } else {
+                            Err(GpFault)
+                        }
+                    }
+                }
+            };
+            assert_eq!(r, want, "{ctx}: RDPMC");
+        }
+    }
+}
+
+/// The INT bit of a GP counter's PERFEVTSEL, or the PMI bit of a fixed counter's field.
+fn int_bit(pmu: &Pmu, id: CounterId, ctx: &Ctx) -> bool {
+    match id {
+        CounterId::Gp(i) => rd(pmu, 0x186 + u32::from(i), ctx) & 1 << 20 != 0,
+        CounterId::Fixed(i) => rd(pmu, 0x38D, ctx) >> (4 * u32::from(i)) & 8 != 0,
+    }
+}
+
+fn wrmsr(pmu: &mut Pmu, shape: &Shape, model: &mut Model, msr: u32, value: u64, ctx: &Ctx) {
+    let before = pmu.clone();
+    let snap = snapshot(pmu);
+    let r = pmu.wrmsr(msr, value);
+    let must = shape.write_ok(msr, value);
+    if let Some(ok) = must {
+        assert_eq!(r.is_ok(), ok, "{ctx}: WRMSR {msr:#x} = {value:#x} gave {r:?}");
+    }
+    if r.is_err() {
+        assert!(*pmu == before, "{ctx}: WRMSR {msr:#x} = {value:#x} raised #GP but changed state");
+        return;
+    }
+    assert!(Pmu::owns(msr), "{ctx}: WRMSR {msr:#x} succeeded outside the trapped ranges");
+    let reg = reg(msr).expect("owned MSRs decode");
+    let read = |pmu: &Pmu| rd(pmu, msr, ctx);
+    // The MSRs this write may change: itself, INUSE (derived), and its aliases.
+    let mut except = vec![msr, 0x392];
+    match reg {
+        Reg::Pmc(i) => {
+            let want = sign_extend_32(value) & width_mask(shape.gp_width);
+            assert_eq!(read(pmu), want, "{ctx}: legacy PMC write");
+            except.push(0x4C1 + u32::from(i));
+        }
+        Reg::APmc(i) => {
+            assert_eq!(read(pmu), value, "{ctx}: full-width write");
+            except.push(0xC1 + u32::from(i));
+        }
+        Reg::FixedCtr(_) => assert_eq!(read(pmu), value & width_mask(shape.fixed_width), "{ctx}: fixed write"),
+        Reg::EvtSel(_) | Reg::FixedCtrCtrl | Reg::Ctrl | Reg::DebugCtl | Reg::PebsEnable | Reg::DsArea => {
+            assert_eq!(read(pmu), value, "{ctx}: read-back")
+        }
+        Reg::OvfCtrl => {
+            model.status &= !value;
+            assert_eq!(read(pmu), 0, "{ctx}: OVF_CTRL reads 0");
+            except.push(0x38E);
+        }
+        Reg::StatusSet => {
+            model.status |= value;
+            assert_eq!(read(pmu), 0, "{ctx}: STATUS_SET reads 0");
+            except.push(0x38E);
+        }
+        Reg::MiscEnable => {
+            assert_eq!(value & !(MISC_ENABLE_WRITABLE | MISC_ENABLE_READ_ONLY), 0, "{ctx}: MISC_ENABLE reserved bits");
+            let old = rd(&before, msr, ctx);
+            let want = (value & MISC_ENABLE_WRITABLE) | (old & MISC_ENABLE_READ_ONLY);
+            assert_eq!(read(pmu), want, "{ctx}: MISC_ENABLE read-only bits");
+        }
+        Reg::PerfCap | Reg::Status | Reg::Inuse => panic!("{ctx}: WRMSR to read-only {msr:#x} succeeded"),
+    }
+    same_except(&snap, &snapshot(pmu), &except, ctx);
+    if matches!(reg, Reg::Pmc(_) | Reg::APmc(_) | Reg::FixedCtr(_)) {
+        assert_ne!(pmu.generation(), before.generation(), "{ctx}: a counter write must bump the generation");
+    }
+}
+
+/// The invariants that hold after every operation.
+fn check(pmu: &Pmu, shape: &Shape, model: &Model, ctx: &Ctx) {
+    let v = shape.version;
+    // GLOBAL_STATUS: only overflow, STATUS_SET and freeze-on-PMI set bits.
+    assert_eq!(pmu.global_status(), model.status, "{ctx}: GLOBAL_STATUS");
+    if v >= 2 {
+        assert_eq!(pmu.rdmsr(0x38E), Ok(model.status), "{ctx}: RDMSR GLOBAL_STATUS");
+    }
+    assert_eq!(pmu.pmi_pending(), model.pmi_pending, "{ctx}: PMI pending");
+    let frozen = v >= 4 && model.status & 1 << 59 != 0;
+    assert_eq!(pmu.frozen(), frozen, "{ctx}: frozen");
+
+    // Counters: existence, width, values, counting.
+    let ids = shape.ids();
+    assert_eq!(pmu.counter_ids(), ids, "{ctx}: counter ids");
+    let global_ctrl = if v >= 2 { rd(pmu, 0x38F, ctx) } else { 0 };
+    let fixed_ctrl = if v >= 2 { rd(pmu, 0x38D, ctx) } else { 0 };
+    let mut inuse = 0u64;
+    let mut pmi_in_use = v >= 1 && rd(pmu, 0x3F1, ctx) & shape.gp_bits() != 0;
+    for &id in &ids {
+        let s = pmu.counter(id);
+        let width = shape.width(id);
+        assert_eq!(s.width, width, "{ctx}: {id} width");
+        assert_eq!(s.value & !width_mask(width), 0, "{ctx}: {id} value {:#x} exceeds {width} bits", s.value);
+        for msr in value_msrs(id) {
+            if shape.exists(msr) {
+                assert_eq!(rd(pmu, msr, ctx), s.value, "{ctx}: {id} RDMSR {msr:#x}");
+            }
+        }
+        assert!(pmu.distance_to_overflow(id) >= 1, "{ctx}: {id} distance 0");
+        let (enabled, int, in_use) = match id {
+            CounterId::Gp(i) => {
+                let sel = rd(pmu, 0x186 + u32::from(i), ctx);
+                (sel & 1 << 22 != 0, sel & 1 << 20 != 0, sel & 0xFF != 0)
+            }
+            CounterId::Fixed(i) => {
+                let field = fixed_ctrl >> (4 * u32::from(i)) & 0xF;
+                (field & 3 != 0, field & 8 != 0, field & 3 != 0)
+            }
+        };
+        assert_eq!((s.enabled, s.int), (enabled, int), "{ctx}: {id} enable/int");
+        let global = v == 1 || global_ctrl & 1 << id.status_bit() != 0;
+        assert_eq!(s.counting, enabled && global && !frozen, "{ctx}: {id} counting");
+        if in_use {
+            inuse |= 1 << id.status_bit();
+        }
+        pmi_in_use |= int;
+    }
+    let counting: Vec<CounterId> = pmu.counting().iter().map(|s| s.id).collect();
+    let want: Vec<CounterId> = ids.iter().copied().filter(|&id| pmu.counter(id).counting).collect();
+    assert_eq!(counting, want, "{ctx}: counting()");
+    for id in (0..12).map(CounterId::Gp).chain((0..8).map(CounterId::Fixed)) {
+        if !shape.counter_exists(id) {
+            let s = pmu.counter(id);
+            assert!(s.value == 0 && s.width == 0 && !s.counting, "{ctx}: undeclared {id} {s:?}");
+            assert_eq!(pmu.distance_to_overflow(id), u64::MAX, "{ctx}: undeclared {id} distance");
+        }
+    }
+
+    // INUSE (SDM 18.2.4.3), from the registers.
+    if pmi_in_use {
+        inuse |= INUSE_PMI;
+    }
+    assert_eq!(pmu.global_inuse(), inuse, "{ctx}: global_inuse()");
+    if v >= 4 {
+        assert_eq!(pmu.rdmsr(0x392), Ok(inuse), "{ctx}: RDMSR GLOBAL_INUSE");
+    }
+}
+
+fuzz_target!(|input: Input| run(&input));
