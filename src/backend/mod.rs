@@ -29,6 +29,9 @@ pub enum Next {
     /// The backend completed the instruction at RIP itself (it emulated it): the vCPU is at the
     /// next instruction boundary; call `before_run` again (after delivering any PMI).
     Retired,
+    /// A PMI became pending while the backend brought the model up to date (nothing retired):
+    /// deliver it, then call `before_run` again.
+    Again,
 }
 
 #[derive(Debug, Error)]

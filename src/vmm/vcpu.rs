@@ -113,9 +113,13 @@ impl Vcpu {
                 self.deliver_pmi()?;
             }
             let mut cx = Cx { fd: &mut self.fd, pmu: &mut self.pmu, mem: &self.mem };
-            if self.backend.before_run(&mut cx, at_boundary)? == BackendNext::Retired {
-                at_boundary = true;
-                continue;
+            match self.backend.before_run(&mut cx, at_boundary)? {
+                BackendNext::Run => {}
+                BackendNext::Retired => {
+                    at_boundary = true;
+                    continue;
+                }
+                BackendNext::Again => continue,
             }
             let step = self.step()?;
             if self.stats.total % TRACE_SAMPLE_EXITS == 0 {

@@ -165,7 +165,7 @@ impl Backend for Perf {
             self.overflowed = false;
         }
         // A counter overflowed with its PMI enabled: deliver it before entering the guest.
-        Ok(if cx.pmu.pmi_pending() { Next::Retired } else { Next::Run })
+        Ok(if cx.pmu.pmi_pending() { Next::Again } else { Next::Run })
     }
 
     fn on_debug_exit(&mut self, _cx: &mut Cx, _pc: u64) -> Result<(), BackendError> {
