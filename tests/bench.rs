@@ -14,10 +14,10 @@ fn bench_reports_ratios_from_one_run() {
         let l = r.stdout.lines().find(|l| l.contains(key)).unwrap_or_else(|| panic!("no {key}: {}", r.stdout));
         l.rsplit(' ').next().unwrap().trim_end_matches('x').parse().unwrap()
     };
-    // The precise backend's own work per step is small next to a single-step exit. This guards
-    // against gross regressions only: the two stepping runs are timed one after the other, so a
-    // loaded machine moves the ratio (0.97x measured idle, 0.70x seen under a load of 4 on 2 CPUs;
-    // the README has the full-size figures from `emon bench`).
+    // The precise backend's own work per step is small next to a single-step exit (0.97x measured
+    // idle). `emon bench` alternates the runs it compares and keeps each one's best of
+    // `bench::ROUNDS`, so load from other processes slows both sides alike; the bound is generous
+    // and guards against gross regressions only.
     assert!(ratio("precise / bare single-step rate") > 0.6, "{}", r.stdout);
     assert!(ratio("PMU MSR exit / port I/O exit") > 0.0, "{}", r.stdout);
 }

@@ -236,23 +236,18 @@ fn the_default_suite_passes() {
     if !kvm_available() {
         return;
     }
-    let suite = concat!(env!("CARGO_MANIFEST_DIR"), "/resources/suites/default.toml");
     let (xml, json) = out_files("default");
     let start = Instant::now();
-    let r = emon(&[
-        "test",
-        "--suite",
-        suite,
-        "--jobs",
-        "2",
-        "--junit",
-        xml.to_str().unwrap(),
-        "--json",
-        json.to_str().unwrap(),
-    ]);
+    // `emon test` alone runs the built-in default suite, from any directory.
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_emon"))
+        .args(["test", "--jobs", "2", "--junit", xml.to_str().unwrap(), "--json", json.to_str().unwrap()])
+        .current_dir(tmp_dir("default-suite-cwd"))
+        .output()
+        .expect("run emon");
     let wall = start.elapsed();
-    r.assert_status(0);
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stdout));
     let v = read_json(&json);
+    assert_eq!(v["suite"], "the default suite (resources/suites/default.toml)");
     let runs = v["runs"].as_array().unwrap();
     eprintln!("default suite: {} runs in {:.1} s with --jobs 2", runs.len(), wall.as_secs_f64());
     assert!(wall.as_secs() < 120, "the default suite took {wall:?}");
@@ -296,7 +291,8 @@ fn bad_input_is_a_one_line_error() {
     assert_one_line_error(&["test", "guest:cpuid-report", "--jobs", "0"], "--jobs 0");
     assert_one_line_error(&["test", "guest:cpuid-report", "--timeout", "0"], "--timeout 0");
     assert_one_line_error(&["test", "guest:cpuid-report", "--pmu", "gp=99"], "pmu.gp = 99");
-    assert_one_line_error(&["test"], "nothing to test");
+    assert_one_line_error(&["test", "--profile", "nehalem"], "--profile needs KERNEL");
+    assert_one_line_error(&["test", "guest:cpuid-report", "--repeat", "0"], "--repeat 0");
     let dir = tmp_dir("runner");
     let suite = |name: &str, text: &str| {
         let p = dir.join(name);

@@ -25,6 +25,11 @@ use std::time::{Duration, Instant};
 pub const STATUS_FAILED: u8 = 1;
 /// The per-run timeout without `--timeout`, in seconds.
 pub const DEFAULT_TIMEOUT_S: f64 = 120.0;
+/// The default suite, run by `emon test` with no kernel and no `--suite`: every built-in guest on
+/// every shipped profile. Built in, so it runs from any directory.
+pub const DEFAULT_SUITE: &str = include_str!("../../resources/suites/default.toml");
+/// How `emon test` names the default suite.
+pub const DEFAULT_SUITE_ORIGIN: &str = "the default suite (resources/suites/default.toml)";
 /// How long past its `--timeout` a child may take before the runner kills it.
 const KILL_GRACE: Duration = Duration::from_secs(30);
 /// Output kept per run; the rest is counted and dropped.
@@ -42,7 +47,8 @@ pub struct TestArgs {
     /// commas [default: skylake].
     #[arg(long, value_name = "NAME|PATH|GLOB", value_delimiter = ',')]
     pub profile: Vec<String>,
-    /// Run the matrix of a suite file (TOML; see resources/suites/default.toml) instead.
+    /// Run the matrix of a suite file (TOML; see resources/suites/default.toml) instead. With no
+    /// KERNEL and no --suite, emon test runs the built-in default suite.
     #[arg(long, value_name = "FILE", conflicts_with_all = ["kernels", "profile"])]
     pub suite: Option<PathBuf>,
     /// Profile overrides for every run, applied after a suite entry's own `pmu`.
@@ -57,6 +63,10 @@ pub struct TestArgs {
     /// Per-run timeout in seconds, unless a suite entry sets its own.
     #[arg(long, value_name = "S", default_value_t = DEFAULT_TIMEOUT_S)]
     pub timeout: f64,
+    /// Run the whole matrix N times, in N rounds (to shake out flaky tests: use more --jobs than
+    /// CPUs so that the runs preempt each other).
+    #[arg(long, value_name = "N", default_value_t = 1)]
+    pub repeat: usize,
     /// Run only shard I of N (1-based): the runs whose index in the matrix is I-1 modulo N.
     #[arg(long, value_name = "I/N")]
     pub shard: Option<String>,
@@ -118,6 +128,8 @@ pub struct RunSpec {
     pub backend: Option<BackendKind>,
     pub args: Vec<String>,
     pub timeout: f64,
+    /// With `--repeat N`: this run's round (1-based) and N.
+    pub round: Option<(usize, usize)>,
 }
 
 impl RunSpec {
@@ -135,7 +147,7 @@ impl RunSpec {
         }
     }
 
-    /// The profile, with the overrides and backend it runs with.
+    /// The profile, with the overrides and backend it runs with (and its round, with `--repeat`).
     pub fn profile_label(&self) -> String {
         let mut s = self.profile.clone();
         for p in &self.pmu {
@@ -143,6 +155,9 @@ impl RunSpec {
         }
         if let Some(b) = self.backend_name() {
             s += &format!(" --backend {b}");
+        }
+        if let Some((round, of)) = self.round {
+            s += &format!(" (round {round}/{of})");
         }
         s
     }
@@ -204,14 +219,22 @@ pub fn main(args: TestArgs) -> Result<ExitCode, String> {
     if !(args.timeout.is_finite() && args.timeout > 0.0) {
         return Err(format!("--timeout {}: must be a positive number of seconds", args.timeout));
     }
+    if args.repeat == 0 {
+        return Err("--repeat 0: must be at least 1".into());
+    }
     let shard = args.shard.as_deref().map(Shard::parse).transpose()?;
     let (matrix, suite) = match &args.suite {
         Some(path) => {
             let suite = suite::load(path)?;
             (expand_suite(&suite, &args)?, Some(suite))
         }
+        None if args.kernels.is_empty() && args.profile.is_empty() => {
+            let suite = default_suite()?;
+            (expand_suite(&suite, &args)?, Some(suite))
+        }
         None => (expand_cli(&args)?, None),
     };
+    let matrix = repeat(matrix, args.repeat);
     let matrix_len = matrix.len();
     let runs: Vec<RunSpec> = matrix.into_iter().filter(|r| shard.is_none_or(|s| s.contains(r.index))).collect();
     // Create the report files now, so that a bad path fails before anything runs.
@@ -251,11 +274,33 @@ pub fn main(args: TestArgs) -> Result<ExitCode, String> {
     Ok(if results.iter().any(RunResult::failed) { ExitCode::from(STATUS_FAILED) } else { ExitCode::SUCCESS })
 }
 
+/// The built-in default suite ([`DEFAULT_SUITE`]).
+pub fn default_suite() -> Result<suite::Suite, String> {
+    suite::from_toml(DEFAULT_SUITE_ORIGIN, PathBuf::new(), DEFAULT_SUITE)
+}
+
+/// The matrix `n` times over, round after round, numbered on; with `n` = 1 unchanged.
+pub fn repeat(matrix: Vec<RunSpec>, n: usize) -> Vec<RunSpec> {
+    if n <= 1 {
+        return matrix;
+    }
+    let len = matrix.len();
+    (0..n)
+        .flat_map(|round| {
+            matrix.iter().map(move |r| RunSpec {
+                index: round * len + r.index,
+                round: Some((round + 1, n)),
+                ..r.clone()
+            })
+        })
+        .collect()
+}
+
 /// The matrix of `emon test KERNEL... --profile ...`: kernel-major, in the order given, globs
 /// expanded in sorted order, duplicates dropped.
 pub fn expand_cli(args: &TestArgs) -> Result<Vec<RunSpec>, String> {
     if args.kernels.is_empty() {
-        return Err("nothing to test: give KERNEL... (e.g. guest:cpuid-report or 'guest:pmi-*') or --suite FILE".into());
+        return Err("--profile needs KERNEL... (e.g. guest:cpuid-report or 'guest:pmi-*'); with neither, emon test runs the default suite".into());
     }
     let base = Path::new("");
     let kernels = expand_all(&args.kernels, |k| expand_kernel(k, base))?;
@@ -269,6 +314,7 @@ pub fn expand_cli(args: &TestArgs) -> Result<Vec<RunSpec>, String> {
         backend: args.backend,
         args: args.cmdline.clone(),
         timeout: args.timeout,
+        round: None,
     };
     check_profiles(&profiles, &args.pmu).map_err(|(_, m)| m)?;
     Ok(finish_matrix(cross(&kernels, &profiles, &template).collect()))
@@ -294,6 +340,7 @@ pub fn expand_suite(suite: &suite::Suite, args: &TestArgs) -> Result<Vec<RunSpec
             backend: e.backend.or(args.backend),
             args: e.args.clone().map_or_else(|| args.cmdline.clone(), |a| vec![a]),
             timeout: e.timeout.unwrap_or(args.timeout),
+            round: None,
         };
         runs.extend(cross(&kernels, &profiles, &template));
     }
@@ -722,7 +769,7 @@ mod tests {
         );
         let runs = expand_cli(&cli(&["guest:cpuid-report"], &[])).unwrap();
         assert_eq!(runs[0].profile, Profile::DEFAULT);
-        assert!(expand_cli(&cli(&[], &["nehalem"])).unwrap_err().starts_with("nothing to test"));
+        assert!(expand_cli(&cli(&[], &["nehalem"])).unwrap_err().starts_with("--profile needs KERNEL"));
         let mut bad = cli(&["guest:cpuid-report"], &["nehalem"]);
         bad.pmu = vec!["gp=99".into()];
         assert!(expand_cli(&bad).unwrap_err().contains("gp"), "a bad override is an input error");
@@ -738,6 +785,7 @@ mod tests {
             backend: Some(BackendKind::Precise),
             args: vec!["a".into(), "b".into()],
             timeout: 2.5,
+            round: None,
         };
         assert_eq!(
             r.command_args(),
@@ -824,6 +872,7 @@ mod tests {
             backend: None,
             args: vec![],
             timeout: DEFAULT_TIMEOUT_S,
+            round: None,
         }
     }
 
@@ -856,6 +905,43 @@ mod tests {
             "[1/2] pass guest:a on nehalem (1 passed, 0 failed, 0 skipped, 0.25 s)\n\
              [2/2] FAIL guest:b on nehalem (0 passed, 1 failed, 0 skipped, 0.25 s): 1 failed test (exit status 1)\n"
         );
+    }
+
+    #[test]
+    fn repeat_runs_the_matrix_in_rounds_with_distinct_names() {
+        let m = expand_cli(&cli(&["guest:cpuid-report", "guest:hal-emon"], &["nehalem"])).unwrap();
+        assert_eq!(repeat(m.clone(), 1), m);
+        let r = repeat(m, 3);
+        assert_eq!(r.len(), 6);
+        assert_eq!(r.iter().map(|r| r.index).collect::<Vec<_>>(), (0..6).collect::<Vec<_>>());
+        assert_eq!(r[2].kernel, "guest:cpuid-report");
+        assert_eq!(r[2].round, Some((2, 3)));
+        assert_eq!(r[2].name(), "guest:cpuid-report on nehalem (round 2/3)");
+        assert_eq!(r[2].command_args(), r[0].command_args(), "a round runs the same command");
+        let names: HashSet<String> = r.iter().map(RunSpec::name).collect();
+        assert_eq!(names.len(), 6);
+    }
+
+    /// The README states the default suite's size and what it leaves out; it must stay true.
+    #[test]
+    fn the_readme_tells_the_default_suite_as_it_is() {
+        let runs = expand_suite(&default_suite().unwrap(), &cli(&[], &[])).unwrap();
+        let readme = include_str!("../../README.md");
+        let said = readme
+            .split("**The default suite**")
+            .nth(1)
+            .and_then(|t| t.split("That is ").nth(1))
+            .and_then(|t| t.split(" runs").next())
+            .and_then(|n| n.parse::<usize>().ok())
+            .expect("the README says `That is N runs` of the default suite");
+        assert_eq!(said, runs.len(), "the README's default-suite size");
+        let kernels: HashSet<&str> = runs.iter().map(|r| r.kernel.as_str()).collect();
+        let profiles: HashSet<&str> = runs.iter().map(|r| r.profile.as_str()).collect();
+        assert_eq!(runs.len(), kernels.len() * profiles.len(), "every guest of the suite runs on every profile");
+        for (guest, _) in guests::list() {
+            let named = readme.contains(&format!("It leaves out `guest:{guest}`"));
+            assert_eq!(named, !kernels.contains(format!("guest:{guest}").as_str()), "guest:{guest}");
+        }
     }
 
     #[test]

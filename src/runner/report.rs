@@ -7,6 +7,8 @@ use std::time::Duration;
 
 /// Lines of emon's stderr quoted with a failure.
 pub const STDERR_TAIL: usize = 5;
+/// Lines of guest output quoted with a failure that has no FAIL line.
+pub const OUTPUT_TAIL: usize = 10;
 /// Output kept in a report for one failed run (the end of it).
 const OUTPUT_CAP: usize = 1 << 20;
 
@@ -116,7 +118,18 @@ pub fn table(results: &[RunResult], wall: Duration) -> String {
         let _ = writeln!(out, "\nfailures:");
         for r in failed {
             let _ = writeln!(out, "  {}: {}", r.spec.name(), r.verdict.reason.as_deref().unwrap_or("failed"));
-            for c in r.parsed.cases.iter().filter(|c| c.result.is_failure()) {
+            let mut failures = r.parsed.cases.iter().filter(|c| c.result.is_failure()).peekable();
+            if failures.peek().is_none() {
+                // No FAIL line to explain it (a crash, a hang, no SUMMARY): the end of the output.
+                let lines: Vec<&str> = r.stdout.lines().collect();
+                for l in &lines[lines.len().saturating_sub(OUTPUT_TAIL)..] {
+                    let _ = writeln!(out, "    > {}", printable(l));
+                }
+            }
+            for c in failures {
+                for l in &c.output {
+                    let _ = writeln!(out, "    > {}", printable(l));
+                }
                 let _ = writeln!(out, "    {}: {}", c.result.word(), c.name);
             }
             for l in r.stderr_tail(STDERR_TAIL) {
@@ -125,6 +138,11 @@ pub fn table(results: &[RunResult], wall: Duration) -> String {
         }
     }
     out
+}
+
+/// A line of guest output for a terminal: control characters (escape sequences) become U+FFFD.
+fn printable(line: &str) -> String {
+    line.chars().map(|c| if c.is_control() && c != '\t' { '\u{FFFD}' } else { c }).collect()
 }
 
 /// `s` for XML character data: `&`, `<`, `>` escaped; characters XML 1.0 cannot carry at all
@@ -426,6 +444,7 @@ mod tests {
             backend: None,
             args: vec![],
             timeout: 5.0,
+            round: None,
         };
         let parsed = parse::parse(out);
         let verdict: Verdict = parse::judge(exit, &parsed, 5.0);
@@ -537,7 +556,8 @@ mod tests {
         assert!(lines[2].contains("FAIL: 1 failed test (exit status 1)"), "{t}");
         assert!(t.contains("3 runs: 1 passed, 0 skipped, 2 failed"), "{t}");
         assert!(t.contains("\nfailures:\n  k\"1\".elf on nehalem: 1 failed test"), "{t}");
-        assert!(t.contains("    FAIL: b\n"), "{t}");
+        assert!(t.contains("    > got 1, want <2>\n    FAIL: b\n"), "the guest's explanation comes with its FAIL: {t}");
+        assert!(t.contains("    > booting\u{FFFD}[0m\n"), "a run without a FAIL line shows its output's end: {t}");
         assert!(t.contains("    | emon: stopped by --timeout after 5 s (status 4)\n"), "{t}");
     }
 }

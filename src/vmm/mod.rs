@@ -13,6 +13,7 @@ pub mod sse;
 pub mod supervisor;
 pub mod trace;
 pub mod vcpu;
+pub mod xsave;
 
 use crate::pmu::Pmu;
 use crate::profile::Profile;
@@ -265,6 +266,7 @@ pub fn run(config: VmConfig) -> Result<RunReport, VmmError> {
         msrs: msr::MsrDispatch { ignore_unknown: config.ignore_msrs, stats: Default::default() },
         stats: ExitStats::default(),
         stop: stop.clone(),
+        xsave: xsave::XsaveAbi::probe(&vm),
     };
 
     let started = Instant::now();

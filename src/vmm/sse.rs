@@ -18,7 +18,7 @@
 //! - The instructions emulated do not change RFLAGS.
 use crate::backend::precise::guest_view::CpuMode;
 use iced_x86::{Code, Decoder, DecoderOptions, Formatter, Instruction, IntelFormatter, OpKind, Register};
-use kvm_bindings::{kvm_fpu, kvm_regs};
+use kvm_bindings::kvm_regs;
 use thiserror::Error;
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
@@ -429,14 +429,15 @@ impl<M: Machine> Cpu<'_, M> {
     }
 }
 
-/// A [`Machine`] over a vCPU's state as KVM gives it: KVM_GET_REGS (GPRs), KVM_GET_FPU (XMM
-/// registers) and guest memory, with linear addresses translated through the guest's page
-/// tables. The caller writes `regs` and `fpu` back after a successful [`emulate`].
+/// A [`Machine`] over a vCPU's state as KVM gives it: KVM_GET_REGS (GPRs), the XMM registers
+/// (from its XSAVE image, see [`super::xsave`]) and guest memory, with linear addresses translated
+/// through the guest's page tables. The caller writes `regs` and `xmm` back after a successful
+/// [`emulate`].
 ///
 /// Page permissions (R/W, U/S, NX) are not checked: the instructions come from CPL0 code.
 pub struct VcpuMachine<'a> {
     pub regs: &'a mut kvm_regs,
-    pub fpu: &'a mut kvm_fpu,
+    pub xmm: &'a mut super::xsave::Xmm,
     pub mem: &'a GuestMemoryMmap,
     pub mode: CpuMode,
 }
@@ -490,10 +491,10 @@ impl Machine for VcpuMachine<'_> {
         *slot = value;
     }
     fn xmm(&self, n: usize) -> [u8; 16] {
-        self.fpu.xmm[n]
+        self.xmm[n]
     }
     fn set_xmm(&mut self, n: usize, v: [u8; 16]) {
-        self.fpu.xmm[n] = v;
+        self.xmm[n] = v;
     }
     fn read_mem(&mut self, linear: u64, buf: &mut [u8]) -> Result<(), EmuError> {
         for (pa, range) in self.pieces(linear, buf.len())? {
@@ -1136,14 +1137,14 @@ mod tests {
             ..Default::default()
         };
         let mut regs = kvm_regs { rbx: 0x40_0FF8, r14: 0x1234, ..Default::default() };
-        let mut fpu = kvm_fpu::default();
-        fpu.xmm[3] = seq(0x30);
+        let mut xmm = [[0u8; 16]; 16];
+        xmm[3] = seq(0x30);
         mem.write_slice(&seq(0x70)[..8], GuestAddress(0x20_0FF8)).unwrap();
         mem.write_slice(&seq(0x70)[8..], GuestAddress(0x10_0000)).unwrap();
-        let mut m = VcpuMachine { regs: &mut regs, fpu: &mut fpu, mem: &mem, mode };
+        let mut m = VcpuMachine { regs: &mut regs, xmm: &mut xmm, mem: &mem, mode };
         // movdqu xmm9,[rbx]: a load across the page boundary.
         assert_eq!(emulate(&[0xF3, 0x44, 0x0F, 0x6F, 0x0B], 0, &mut m), Ok(5));
-        assert_eq!(m.fpu.xmm[9], seq(0x70));
+        assert_eq!(m.xmm[9], seq(0x70));
         // movdqu [rbx],xmm3: a store across it.
         assert_eq!(emulate(&[0xF3, 0x0F, 0x7F, 0x1B], 0, &mut m), Ok(4));
         let mut back = [0u8; 16];
@@ -1151,11 +1152,11 @@ mod tests {
         mem.read_slice(&mut back[8..], GuestAddress(0x10_0000)).unwrap();
         assert_eq!(back, seq(0x30));
         // movq r14,xmm9 and movd xmm0,r14d.
-        let mut m = VcpuMachine { regs: &mut regs, fpu: &mut fpu, mem: &mem, mode };
+        let mut m = VcpuMachine { regs: &mut regs, xmm: &mut xmm, mem: &mem, mode };
         assert_eq!(emulate(&[0x66, 0x4D, 0x0F, 0x7E, 0xCE], 0, &mut m), Ok(5));
         assert_eq!(m.regs.r14, 0x7776_7574_7372_7170);
         assert_eq!(emulate(&[0x66, 0x41, 0x0F, 0x6E, 0xC6], 0, &mut m), Ok(5));
-        assert_eq!(m.fpu.xmm[0], x32([0x7372_7170, 0, 0, 0]));
+        assert_eq!(m.xmm[0], x32([0x7372_7170, 0, 0, 0]));
         // An unmapped second page fails before anything is written.
         m.regs.rbx = 0x40_1FF8;
         assert_eq!(emulate(&[0xF3, 0x0F, 0x7F, 0x1B], 0, &mut m), Err(EmuError::Memory(0x40_2000)));

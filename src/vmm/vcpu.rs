@@ -5,6 +5,7 @@ use super::kick::{self, StopReason, StopRequest};
 use super::msr::MsrDispatch;
 use super::pmi::{self, PmiDelivery};
 use super::sse;
+use super::xsave::{SseState, XsaveAbi};
 use super::VmmError;
 use crate::backend::precise::guest_view::CpuMode;
 use crate::backend::{Backend, Cx, Next as BackendNext};
@@ -70,6 +71,8 @@ pub struct Vcpu {
     pub stop: Arc<StopRequest>,
     /// `--trace`: the run's PMU events, streamed to a file.
     pub tracer: Option<super::trace::Tracer>,
+    /// How to reach the guest's XMM registers for the SSE completion; `None` without XSAVE.
+    pub xsave: Option<XsaveAbi>,
 }
 
 /// How often (in exits) the tracer samples the counters between PMU events.
@@ -292,12 +295,28 @@ impl Vcpu {
             return Err(None);
         }
         let mut regs = self.fd.get_regs().map_err(|e| Some(format!("KVM_GET_REGS: {e}")))?;
-        let mut fpu = self.fd.get_fpu().map_err(|e| Some(format!("KVM_GET_FPU: {e}")))?;
         let rip = regs.rip;
-        let mut m = sse::VcpuMachine { regs: &mut regs, fpu: &mut fpu, mem: &self.mem, mode };
-        let next = sse::emulate(bytes, rip, &mut m).map_err(|e| Some(e.to_string()))?;
+        let next = match self.xsave {
+            // The XSAVE image, never KVM_GET_FPU/KVM_SET_FPU, where KVM has one: see `xsave`.
+            Some(abi) => {
+                let mut state = SseState::get(&self.fd, abi).map_err(|e| Some(format!("KVM_GET_XSAVE: {e}")))?;
+                let mut xmm = state.xmm();
+                let mut m = sse::VcpuMachine { regs: &mut regs, xmm: &mut xmm, mem: &self.mem, mode };
+                let next = sse::emulate(bytes, rip, &mut m).map_err(|e| Some(e.to_string()))?;
+                state.set_xmm(&xmm);
+                state.set(&self.fd).map_err(|e| Some(format!("KVM_SET_XSAVE: {e}")))?;
+                next
+            }
+            // Without XSAVE there is no XSTATE_BV: the FXSAVE image is the whole state.
+            None => {
+                let mut fpu = self.fd.get_fpu().map_err(|e| Some(format!("KVM_GET_FPU: {e}")))?;
+                let mut m = sse::VcpuMachine { regs: &mut regs, xmm: &mut fpu.xmm, mem: &self.mem, mode };
+                let next = sse::emulate(bytes, rip, &mut m).map_err(|e| Some(e.to_string()))?;
+                self.fd.set_fpu(&fpu).map_err(|e| Some(format!("KVM_SET_FPU: {e}")))?;
+                next
+            }
+        };
         regs.rip = next;
-        self.fd.set_fpu(&fpu).map_err(|e| Some(format!("KVM_SET_FPU: {e}")))?;
         self.fd.set_regs(&regs).map_err(|e| Some(format!("KVM_SET_REGS: {e}")))?;
         Ok(next)
     }

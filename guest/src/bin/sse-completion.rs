@@ -38,6 +38,46 @@ fn fmt_is(want: &str, args: fmt::Arguments) {
     check!(ok && got == want, "formats as \"{}\"", want);
 }
 
+/// A 512-byte FXSAVE image: every x87 and XMM register zero, MXCSR at its reset value 0x1F80.
+#[repr(C, align(16))]
+struct FxImage([u8; 512]);
+
+/// Completed instructions that start from SSE's initial configuration (every XMM register zero,
+/// which XSAVE records as XSTATE_BV[1] = 0 without writing the XMM fields). emon must read the
+/// registers as zero, not as the stale fields, and its results must survive the next XRSTOR.
+fn initial_state_round_trips() {
+    let mut zero = FxImage([0; 512]);
+    zero.0[24..26].copy_from_slice(&0x1F80u16.to_le_bytes());
+    let stale: [u64; 2] = black_box([0x2020_2020_2020_2020, 0x3131_3131_3131_3131]);
+    let mut wrong = 0;
+    for _ in 0..20 {
+        let (mut ones, mut sum) = ([0u64; 2], [0u64; 2]);
+        // SAFETY: FXRSTOR of a valid image; reads `stale`, writes `ones` and `sum`. The guest never
+        // uses XMM registers itself.
+        unsafe {
+            asm!(
+                "movdqu xmm3, [{stale}]",  // leaves non-zero bytes in XMM3's save field
+                "movdqu [{sum}], xmm3",
+                "fxrstor [{zero}]",        // every XMM register zero: the initial configuration
+                "pcmpeqd xmm2, xmm2",      // completed by emon: all ones
+                "movdqu [{ones}], xmm2",   // stored by KVM after XRSTOR
+                "fxrstor [{zero}]",
+                "paddq xmm1, xmm3",        // completed by emon: 0 + 0
+                "movdqu [{sum}], xmm1",
+                stale = in(reg) stale.as_ptr(),
+                zero = in(reg) zero.0.as_ptr(),
+                ones = in(reg) ones.as_mut_ptr(),
+                sum = in(reg) sum.as_mut_ptr(),
+            );
+        }
+        if ones != [u64::MAX; 2] || sum != [0; 2] {
+            wrong += 1;
+            println!("  pcmpeqd gave {:x} {:x}, paddq gave {:x} {:x}", ones[0], ones[1], sum[0], sum[1]);
+        }
+    }
+    check!(wrong == 0, "SSE completed from the initial configuration reads zeros and its result stays (20 rounds)");
+}
+
 fn main(_boot: &emon_guest::BootInfo) -> i32 {
     // Integer Display: core's decimal code uses SSE2 for u64/i64 (and smaller).
     fmt_is("18446744073709551615", format_args!("{}", black_box(u64::MAX)));
@@ -111,6 +151,8 @@ fn main(_boot: &emon_guest::BootInfo) -> i32 {
         bytes[..4] == [0; 4] && bytes[4] == 0xE && bytes[5..12] == [0; 7] && bytes[12] == 0xE && bytes[13..] == [0; 11],
         "misaligned movdqu store of pshufd/por/pand/psrlq result"
     );
+
+    initial_state_round_trips();
 
     // An emulated SSE instruction retires exactly once for the PMU (precise backend).
     let pmu = emon_guest::pmu::Perfmon::from_cpuid();

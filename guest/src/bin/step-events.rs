@@ -112,15 +112,33 @@ fn main(_boot: &emon_guest::BootInfo) -> i32 {
         dec(HANDLER)
     );
 
-    // HLT woken by the APIC timer: HLT retires, the vCPU halts until the interrupt.
-    RAW_HITS.store(0, SeqCst);
+    // HLT woken by the APIC timer: HLT retires, the vCPU halts until the interrupt. Interrupts
+    // are off until the `sti` right before the HLT, whose one-instruction shadow holds an interrupt
+    // that is already pending until HLT has retired (SDM Vol. 2, STI). So the interrupt comes after
+    // the HLT whenever the timer fires, however slowly the host runs the guest.
+    disable_interrupts();
     apic::write(0x3E0, 0xB); // timer divide by 1
     apic::write(0x320, TIMER_VECTOR as u32); // one-shot
-    apic::write(0x380, 100_000);
-    let n = counted!("hlt", "nop",);
-    check_eq!(RAW_HITS.load(SeqCst), 1u64, "the APIC timer woke the HLT");
-    check_eq!(n, 2 + HANDLER + STOP, "HLT counts once and the timer handler's instructions count");
-    disable_interrupts();
+    for (pending_first, what) in [(false, "while halted"), (true, "already pending at STI")] {
+        RAW_HITS.store(0, SeqCst);
+        apic::write(0x380, 100_000);
+        if pending_first {
+            // Wait until the timer's vector is requested (APIC IRR), held off by IF = 0.
+            let irr = 0x200 + 0x10 * u32::from(TIMER_VECTOR / 32);
+            while apic::read(irr) & (1 << (TIMER_VECTOR % 32)) == 0 {
+                core::hint::spin_loop();
+            }
+        }
+        let n = counted!("sti", "hlt", "nop",);
+        disable_interrupts();
+        check_eq!(RAW_HITS.load(SeqCst), 1u64, "the APIC timer woke the HLT ({})", what);
+        check_eq!(
+            n,
+            3 + HANDLER + STOP,
+            "STI and HLT count once and the timer handler's instructions count ({})",
+            what
+        );
+    }
 
     // RDPMC while counting: the count so far, for GP and (ECX[30]) fixed counters.
     wrmsr(IA32_PMC0, 0);

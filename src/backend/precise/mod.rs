@@ -16,7 +16,10 @@ use crate::pmu::CounterId;
 use events::Armed;
 use guest_view::CpuMode;
 use insn::{Flow, Insn, Special};
-use kvm_bindings::{kvm_guest_debug, kvm_mp_state, KVM_GUESTDBG_ENABLE, KVM_GUESTDBG_SINGLESTEP, KVM_MP_STATE_HALTED};
+use kvm_bindings::{
+    kvm_guest_debug, kvm_mp_state, KVM_GUESTDBG_ENABLE, KVM_GUESTDBG_SINGLESTEP, KVM_MP_STATE_HALTED,
+    KVM_VCPUEVENT_VALID_SHADOW,
+};
 use std::collections::HashMap;
 use std::sync::Arc;
 
@@ -228,6 +231,15 @@ impl Precise {
         let mut regs = cx.fd.get_regs().map_err(kvm_err("KVM_GET_REGS"))?;
         regs.rip = p.rip + i.len as u64;
         cx.fd.set_regs(&regs).map_err(kvm_err("KVM_SET_REGS"))?;
+        // `sti; hlt`: STI's interrupt shadow covers the HLT, which has now retired, so the shadow
+        // ends here (SDM Vol. 2, STI). KVM would keep it, and an interrupt could never wake the
+        // halted vCPU.
+        let mut ev = cx.fd.get_vcpu_events().map_err(kvm_err("KVM_GET_VCPU_EVENTS"))?;
+        if ev.interrupt.shadow != 0 {
+            ev.interrupt.shadow = 0;
+            ev.flags |= KVM_VCPUEVENT_VALID_SHADOW;
+            cx.fd.set_vcpu_events(&ev).map_err(kvm_err("KVM_SET_VCPU_EVENTS"))?;
+        }
         cx.fd.set_mp_state(kvm_mp_state { mp_state: KVM_MP_STATE_HALTED }).map_err(kvm_err("KVM_SET_MP_STATE"))?;
         self.rip = Some(regs.rip);
         self.halted = true;
