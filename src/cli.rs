@@ -192,7 +192,7 @@ fn run(args: RunArgs) -> Result<ExitCode, CliError> {
         Some(s) => Some(Duration::from_secs_f64(s)),
         None => None,
     };
-    let (backend, why) = backend::select(args.backend, &profile, args.allow_raw_events).map_err(CliError)?;
+    let (backend, why) = backend::select(args.backend, &profile, args.allow_raw_events, vmm::kick::kick_signal());
     if args.verbose {
         eprintln!("emon: backend {}: {why}", backend.name());
     }

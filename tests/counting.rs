@@ -1,4 +1,4 @@
-//! Counting with the precise backend: the seed walkthrough's experiments and the other counting
+//! Counting with the precise backend: the walkthrough experiments (README) and the other counting
 //! guests pass under every shipped profile, and give identical output on every run.
 mod common;
 use common::*;

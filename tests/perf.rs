@@ -86,7 +86,7 @@ fn reprogramming_100000_times_leaves_file_descriptors_flat() {
     assert!(r.stdout.contains("bench reprogram n=100000"), "{}", r.stdout);
     let summary = r.stderr.lines().find(|l| l.starts_with("perf backend:")).unwrap_or_else(|| panic!("{}", r.stderr));
     assert!(summary.contains("100000 host events opened"), "{summary}");
-    assert!(summary.contains("(at most 2 open at once)"), "{summary}");
+    assert!(summary.contains("(at most 1 open at once)"), "{summary}");
     let fds = r.stderr.lines().find(|l| l.starts_with("file descriptors:")).unwrap_or_else(|| panic!("{}", r.stderr));
     let n: Vec<usize> = fds.split_whitespace().filter_map(|w| w.parse().ok()).collect();
     assert_eq!(n.len(), 2, "{fds}");

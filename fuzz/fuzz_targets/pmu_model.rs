@@ -1,4 +1,4 @@
-//! Fuzz target `pmu_model`: emon's PMU model (`emon::pmu::Pmu`) under any valid profile, driven
+//! Fuzz target `pmu_model`: emon's PMU model (`emon_pmu::pmu::Pmu`) under any valid profile, driven
 //! by any sequence of guest RDMSR/WRMSR and backend calls (`add_events`, `set_value`,
 //! `pmi_delivered`, `rdpmc`).
 //!
@@ -19,7 +19,8 @@
 //! - a PMI is pending exactly when an overflow of a counter with INT/PMI set has not been
 //!   delivered yet;
 //! - `counter()`/`counting()` agree with the registers (EN, GLOBAL_CTRL, CTR_Frz);
-//! - a change of how counters count comes with a `generation()` bump.
+//! - a change of how a counter counts marks that counter for reprogramming (`take_reprogram`),
+//!   and a guest write of a counter's value marks it as written.
 //!
 //! And per operation:
 //! - RDMSR is side-effect free (the whole `Pmu` compares equal before and after), succeeds exactly
@@ -37,10 +38,10 @@ use std::fmt;
 use std::sync::OnceLock;
 
 use arbitrary::Arbitrary;
-use emon::pmu::counter::width_mask;
-use emon::pmu::regs::{MISC_ENABLE_READ_ONLY, MISC_ENABLE_WRITABLE};
-use emon::pmu::{CounterId, CounterState, GpFault, Pmu};
-use emon::profile::{describe_leaf_0a, PmuProfile, Profile};
+use emon_pmu::pmu::counter::width_mask;
+use emon_pmu::pmu::regs::{MISC_ENABLE_READ_ONLY, MISC_ENABLE_WRITABLE};
+use emon_pmu::pmu::{CounterId, CounterState, GpFault, Pmu};
+use emon_pmu::profile::{describe_leaf_0a, PmuProfile, Profile};
 use libfuzzer_sys::fuzz_target;
 
 // ---------------------------------------------------------------------------------------------
@@ -281,7 +282,7 @@ impl RawProfile {
                 p.fixed_width = width(self.fixed_width);
             }
         }
-        p.perf_capabilities = self.perf_capabilities & emon::profile::PERF_CAPABILITIES_ACCEPTED;
+        p.perf_capabilities = self.perf_capabilities & emon_pmu::profile::PERF_CAPABILITIES_ACCEPTED;
         if version < 2 {
             p.perf_capabilities &= !PmuProfile::FW_WRITE;
         }
@@ -557,13 +558,21 @@ fn run(input: &Input) {
     check(&pmu, &shape, &model, &Ctx { step: 0, op: None });
     for (step, op) in input.ops.iter().enumerate() {
         let ctx = Ctx { step, op: Some(op) };
-        let (config_before, generation_before) = (config(&pmu), pmu.generation());
+        pmu.take_reprogram();
+        let config_before = config(&pmu);
         apply(&mut pmu, &shape, &mut model, op, &ctx);
-        let generation = pmu.generation();
-        assert!(generation >= generation_before, "{ctx}: generation went back");
-        if config(&pmu) != config_before {
-            assert_ne!(generation, generation_before, "{ctx}: counting changed without a generation bump");
+        let marked = pmu.take_reprogram();
+        for (before, after) in config_before.iter().zip(config(&pmu)) {
+            if *before != after {
+                assert_ne!(
+                    marked.counters & before.id.status_mask(),
+                    0,
+                    "{ctx}: {} changed how it counts without being marked for reprogramming",
+                    before.id
+                );
+            }
         }
+        assert_eq!(marked.written & !marked.counters, 0, "{ctx}: written but not marked");
         check(&pmu, &shape, &model, &ctx);
     }
     let _ = pmu.dump();
@@ -665,7 +674,7 @@ fn apply(pmu: &mut Pmu, shape: &Shape, model: &mut Model, op: &Op, ctx: &Ctx) {
             let mut except = value_msrs(id);
             except.push(0x38E);
             same_except(&snap, &snapshot(pmu), &except, ctx);
-            assert_eq!(pmu.generation(), before.generation(), "{ctx}: add_events bumped the generation");
+            assert_eq!(pmu.reprogram_pending(), before.reprogram_pending(), "{ctx}: add_events marked a counter");
         }
         Op::SetValue(c, value) => {
             let id = c.id();
@@ -678,7 +687,7 @@ fn apply(pmu: &mut Pmu, shape: &Shape, model: &mut Model, op: &Op, ctx: &Ctx) {
             }
             assert_eq!(pmu.counter(id).value, value & width_mask(shape.width(id)), "{ctx}: set_value");
             same_except(&snap, &snapshot(pmu), &value_msrs(id), ctx);
-            assert_eq!(pmu.generation(), before.generation(), "{ctx}: set_value bumped the generation");
+            assert_eq!(pmu.reprogram_pending(), before.reprogram_pending(), "{ctx}: set_value marked a counter");
         }
         Op::PmiDelivered => {
             let before = pmu.clone();
@@ -820,8 +829,9 @@ fn wrmsr(pmu: &mut Pmu, shape: &Shape, model: &mut Model, msr: u32, value: u64, 
         Reg::PerfCap | Reg::Status | Reg::Inuse => panic!("{ctx}: WRMSR to read-only {msr:#x} succeeded"),
     }
     same_except(&snap, &snapshot(pmu), &except, ctx);
-    if matches!(reg, Reg::Pmc(_) | Reg::APmc(_) | Reg::FixedCtr(_)) {
-        assert_ne!(pmu.generation(), before.generation(), "{ctx}: a counter write must bump the generation");
+    if let Reg::Pmc(i) | Reg::APmc(i) | Reg::FixedCtr(i) = reg {
+        let id = if matches!(reg, Reg::FixedCtr(_)) { CounterId::Fixed(i) } else { CounterId::Gp(i) };
+        assert_ne!(pmu.reprogram_pending().written & id.status_mask(), 0, "{ctx}: a counter write must mark it written");
     }
 }
 

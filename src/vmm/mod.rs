@@ -8,8 +8,6 @@ pub mod kick;
 pub mod layout;
 pub mod loader;
 pub mod msr;
-pub mod pmi;
-pub mod sse;
 pub mod supervisor;
 pub mod trace;
 pub mod vcpu;
@@ -19,7 +17,7 @@ use crate::pmu::Pmu;
 use crate::profile::Profile;
 use devices::{fw_cfg::FwCfg, serial, PioBus};
 use event_manager::{EventManager, SubscriberOps};
-use kvm_bindings::{kvm_enable_cap, kvm_pit_config, kvm_userspace_memory_region, KVM_MAX_CPUID_ENTRIES};
+use kvm_bindings::{kvm_pit_config, kvm_userspace_memory_region, KVM_MAX_CPUID_ENTRIES};
 use kvm_ioctls::{Kvm, VcpuFd, VmFd};
 use loader::{Format, Kernel, KernelError, Module};
 use std::path::PathBuf;
@@ -57,6 +55,12 @@ pub enum VmmError {
     Guest(String),
     #[error("counting backend: {0}")]
     Backend(#[from] crate::backend::BackendError),
+}
+
+impl From<crate::backend::VcpuError> for VmmError {
+    fn from(e: crate::backend::VcpuError) -> VmmError {
+        VmmError::Kvm { op: e.op, source: e.source }
+    }
 }
 
 /// Where the guest's COM1 output goes.
@@ -180,24 +184,14 @@ fn create_memory(vm: &VmFd, ram: u64) -> Result<GuestMemoryMmap, VmmError> {
 
 /// Wires LINT0 as ExtINT and LINT1 as NMI, as firmware leaves them for the boot CPU.
 fn setup_lapic(vcpu: &VcpuFd) -> Result<(), VmmError> {
-    const LVT_LINT0: usize = 0x350;
-    const LVT_LINT1: usize = 0x360;
-    const EXTINT: u32 = 0b111 << 8;
-    const NMI: u32 = 0b100 << 8;
-    let mut lapic = vcpu.get_lapic().map_err(kvm_err("KVM_GET_LAPIC"))?;
-    let mut set = |off: usize, mode: u32| {
-        let mut b = [0u8; 4];
-        for (i, x) in b.iter_mut().enumerate() {
-            *x = lapic.regs[off + i] as u8;
-        }
-        let v = (u32::from_le_bytes(b) & !(0b111 << 8)) | mode;
-        for (i, x) in v.to_le_bytes().iter().enumerate() {
-            lapic.regs[off + i] = *x as _;
-        }
-    };
-    set(LVT_LINT0, EXTINT);
-    set(LVT_LINT1, NMI);
-    vcpu.set_lapic(&lapic).map_err(kvm_err("KVM_SET_LAPIC"))
+    use crate::backend::lapic::{self, DELIVERY_EXTINT, DELIVERY_MODE_SHIFT, DELIVERY_NMI, LVT_LINT0, LVT_LINT1};
+    let mut state = vcpu.get_lapic().map_err(kvm_err("KVM_GET_LAPIC"))?;
+    let page = lapic::bytes(&mut state.regs);
+    for (off, mode) in [(LVT_LINT0, DELIVERY_EXTINT), (LVT_LINT1, DELIVERY_NMI)] {
+        let v = (lapic::reg(page, off) & !(0b111 << DELIVERY_MODE_SHIFT)) | mode << DELIVERY_MODE_SHIFT;
+        lapic::set_reg(page, off, v);
+    }
+    vcpu.set_lapic(&state).map_err(kvm_err("KVM_SET_LAPIC"))
 }
 
 /// Boots `config.kernel` and runs it to the end.
@@ -211,19 +205,6 @@ pub fn run(config: VmConfig) -> Result<RunReport, VmmError> {
     vm.set_tss_address(0xFFFB_D000).map_err(kvm_err("KVM_SET_TSS_ADDR"))?;
     vm.create_irq_chip().map_err(kvm_err("KVM_CREATE_IRQCHIP"))?;
     vm.create_pit2(kvm_pit_config::default()).map_err(kvm_err("KVM_CREATE_PIT2"))?;
-    let msr_exits = kvm_enable_cap {
-        cap: kvm_bindings::KVM_CAP_X86_USER_SPACE_MSR,
-        args: [
-            (kvm_bindings::KVM_MSR_EXIT_REASON_INVAL
-                | kvm_bindings::KVM_MSR_EXIT_REASON_UNKNOWN
-                | kvm_bindings::KVM_MSR_EXIT_REASON_FILTER) as u64,
-            0,
-            0,
-            0,
-        ],
-        ..Default::default()
-    };
-    vm.enable_cap(&msr_exits).map_err(kvm_err("KVM_ENABLE_CAP(KVM_CAP_X86_USER_SPACE_MSR)"))?;
     msr::install_filter(&vm)?;
     let mem = create_memory(&vm, ram)?;
 

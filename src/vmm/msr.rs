@@ -2,25 +2,11 @@
 //! dispatch of each access to the virtual PMU (or #GP / `--ignore-msrs` for unknown MSRs).
 use super::VmmError;
 use crate::pmu::Pmu;
-use kvm_ioctls::{MsrFilterDefaultAction, MsrFilterRange, MsrFilterRangeFlags, VmFd};
+use kvm_ioctls::VmFd;
 
-/// Denies (i.e. sends to userspace) every MSR the virtual PMU owns. Without it KVM swallows
-/// some of them (see ../shared/platform.md: the P6 perf MSRs and DEBUGCTL).
+/// Sends every MSR the virtual PMU owns to userspace (see [`crate::backend::kvm::trap_pmu_msrs`]).
 pub fn install_filter(vm: &VmFd) -> Result<(), VmmError> {
-    let bitmaps: Vec<Vec<u8>> =
-        Pmu::TRAPPED_MSRS.iter().map(|&(first, last)| vec![0u8; (last - first + 1).div_ceil(8) as usize]).collect();
-    let ranges: Vec<MsrFilterRange> = Pmu::TRAPPED_MSRS
-        .iter()
-        .zip(&bitmaps)
-        .map(|(&(first, last), bitmap)| MsrFilterRange {
-            flags: MsrFilterRangeFlags::READ | MsrFilterRangeFlags::WRITE,
-            base: first,
-            msr_count: last - first + 1,
-            bitmap,
-        })
-        .collect();
-    vm.set_msr_filter(MsrFilterDefaultAction::ALLOW, &ranges)
-        .map_err(|source| VmmError::Kvm { op: "KVM_X86_SET_MSR_FILTER", source })
+    Ok(crate::backend::kvm::trap_pmu_msrs(vm)?)
 }
 
 /// Counts of MSR exits, for `--verbose`.

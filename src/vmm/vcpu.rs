@@ -3,14 +3,14 @@
 use super::devices::{PioAction, PioBus};
 use super::kick::{self, StopReason, StopRequest};
 use super::msr::MsrDispatch;
-use super::pmi::{self, PmiDelivery};
-use super::sse;
 use super::xsave::{SseState, XsaveAbi};
 use super::VmmError;
-use crate::backend::precise::guest_view::CpuMode;
-use crate::backend::{Backend, Cx, Next as BackendNext};
-use crate::pmu::CounterId;
+use crate::backend::kvm::{deliver_pmi, KvmVcpu};
+use crate::backend::pmi::PmiDelivery;
+use crate::backend::{Backend, Cx, Next};
 use crate::pmu::Pmu;
+use crate::x86::emulator as sse;
+use crate::x86::mode::CpuMode;
 use kvm_ioctls::{VcpuExit, VcpuFd};
 use std::sync::Arc;
 use vm_memory::GuestMemoryMmap;
@@ -78,7 +78,8 @@ pub struct Vcpu {
 /// How often (in exits) the tracer samples the counters between PMU events.
 const TRACE_SAMPLE_EXITS: u64 = 4096;
 
-enum Next {
+/// What the exit loop does after an exit.
+enum ExitAction {
     Continue,
     /// A single-step exit: one instruction retired, the vCPU is at this RIP.
     Stepped(u64),
@@ -115,14 +116,15 @@ impl Vcpu {
             if self.pmu.pmi_pending() {
                 self.deliver_pmi()?;
             }
-            let mut cx = Cx { fd: &mut self.fd, pmu: &mut self.pmu, mem: &self.mem };
+            let mut vcpu = KvmVcpu { fd: &mut self.fd, mem: &self.mem };
+            let mut cx = Cx { vcpu: &mut vcpu, pmu: &mut self.pmu };
             match self.backend.before_run(&mut cx, at_boundary)? {
-                BackendNext::Run => {}
-                BackendNext::Retired => {
+                Next::Run => {}
+                Next::Retired => {
                     at_boundary = true;
                     continue;
                 }
-                BackendNext::Again => continue,
+                Next::Again => continue,
             }
             let step = self.step()?;
             if self.stats.total % TRACE_SAMPLE_EXITS == 0 {
@@ -131,15 +133,16 @@ impl Vcpu {
                 }
             }
             match step {
-                Next::Continue => at_boundary = false,
-                Next::Interrupted => {}
-                Next::Stepped(pc) => {
-                    let mut cx = Cx { fd: &mut self.fd, pmu: &mut self.pmu, mem: &self.mem };
+                ExitAction::Continue => at_boundary = false,
+                ExitAction::Interrupted => {}
+                ExitAction::Stepped(pc) => {
+                    let mut vcpu = KvmVcpu { fd: &mut self.fd, mem: &self.mem };
+                    let mut cx = Cx { vcpu: &mut vcpu, pmu: &mut self.pmu };
                     self.backend.on_debug_exit(&mut cx, pc)?;
                     at_boundary = true;
                 }
-                Next::Stop(s) => return Ok(s),
-                Next::Shutdown(why) => {
+                ExitAction::Stop(s) => return Ok(s),
+                ExitAction::Shutdown(why) => {
                     return Ok(VcpuStop::Shutdown { why, registers: dump_registers(&self.fd) });
                 }
             }
@@ -148,7 +151,7 @@ impl Vcpu {
 
     /// Delivers the pending PMI as LVTPC says, then applies FREEZE_PERFMON_ON_PMI.
     fn deliver_pmi(&mut self) -> Result<(), VmmError> {
-        let delivery = pmi::deliver(&self.fd)?;
+        let delivery = deliver_pmi(&self.fd)?;
         if let Some(t) = &mut self.tracer {
             t.sample(&self.pmu);
             t.pmi(&format!("{delivery:?}"));
@@ -166,14 +169,14 @@ impl Vcpu {
         Ok(())
     }
 
-    fn step(&mut self) -> Result<Next, VmmError> {
+    fn step(&mut self) -> Result<ExitAction, VmmError> {
         let exit = match self.fd.run() {
             Ok(exit) => exit,
             Err(e) if e.errno() == libc::EINTR || e.errno() == libc::EAGAIN => {
                 // Nothing retired: the boundary state is unchanged.
                 self.stats.interrupted += 1;
                 self.fd.set_kvm_immediate_exit(0);
-                return Ok(Next::Interrupted);
+                return Ok(ExitAction::Interrupted);
             }
             Err(source) => return Err(VmmError::Kvm { op: "KVM_RUN", source }),
         };
@@ -183,15 +186,15 @@ impl Vcpu {
                 self.stats.pio += 1;
                 tracing::trace!("out {port:#x}");
                 match self.bus.write(port, data) {
-                    PioAction::Continue => Next::Continue,
-                    PioAction::Exit(code) => Next::Stop(VcpuStop::DebugExit(code)),
+                    PioAction::Continue => ExitAction::Continue,
+                    PioAction::Exit(code) => ExitAction::Stop(VcpuStop::DebugExit(code)),
                 }
             }
             VcpuExit::IoIn(port, data) => {
                 self.stats.pio += 1;
                 tracing::trace!("in {port:#x}");
                 self.bus.read(port, data);
-                Next::Continue
+                ExitAction::Continue
             }
             VcpuExit::X86Rdmsr(exit) => {
                 self.stats.msr += 1;
@@ -206,41 +209,40 @@ impl Vcpu {
                 if let (Some(t), true) = (&mut self.tracer, Pmu::owns(exit.index)) {
                     t.msr(false, exit.index, r.unwrap_or(0), r.is_none());
                 }
-                Next::Continue
+                ExitAction::Continue
             }
             VcpuExit::X86Wrmsr(exit) => {
                 self.stats.msr += 1;
                 if Pmu::owns(exit.index) {
-                    // Fold what the backend counted so far before the write changes the model.
+                    // Fold what the backend counted so far before the write changes the model; the
+                    // counters it changes are reprogrammed before the next entry.
                     self.backend.sync(&mut self.pmu);
                 }
                 let ok = self.msrs.write(&mut self.pmu, exit.index, exit.data);
                 if !ok {
                     *exit.error = 1;
-                } else if let Some(id) = CounterId::from_msr(exit.index) {
-                    self.backend.counter_written(id);
                 }
                 if let (Some(t), true) = (&mut self.tracer, Pmu::owns(exit.index)) {
                     t.msr(true, exit.index, exit.data, !ok);
                     t.sample(&self.pmu);
                 }
-                Next::Continue
+                ExitAction::Continue
             }
             VcpuExit::MmioRead(addr, data) => {
                 self.stats.mmio += 1;
                 tracing::debug!("unhandled MMIO read at {addr:#x}");
                 data.fill(0xFF);
-                Next::Continue
+                ExitAction::Continue
             }
             VcpuExit::MmioWrite(addr, _) => {
                 self.stats.mmio += 1;
                 tracing::debug!("unhandled MMIO write at {addr:#x}");
-                Next::Continue
+                ExitAction::Continue
             }
-            VcpuExit::Debug(d) => Next::Stepped(d.pc),
-            VcpuExit::Shutdown => Next::Shutdown("triple fault (KVM_EXIT_SHUTDOWN)".into()),
-            VcpuExit::SystemEvent(kind, _) => Next::Shutdown(format!("system event {kind} (shutdown or reset)")),
-            VcpuExit::Hlt => Next::Shutdown("HLT with no interrupt source".into()),
+            VcpuExit::Debug(d) => ExitAction::Stepped(d.pc),
+            VcpuExit::Shutdown => ExitAction::Shutdown("triple fault (KVM_EXIT_SHUTDOWN)".into()),
+            VcpuExit::SystemEvent(kind, _) => ExitAction::Shutdown(format!("system event {kind} (shutdown or reset)")),
+            VcpuExit::Hlt => ExitAction::Shutdown("HLT with no interrupt source".into()),
             VcpuExit::FailEntry(reason, cpu) => {
                 return Err(VmmError::Guest(format!(
                     "VM entry failed (hardware reason {reason:#x}, cpu {cpu})\n{}",
@@ -253,7 +255,7 @@ impl Vcpu {
                     Ok(rip) => {
                         self.stats.sse_emulated += 1;
                         // One instruction retired, as after a single step.
-                        Next::Stepped(rip)
+                        ExitAction::Stepped(rip)
                     }
                     Err(failure) => {
                         let long_mode = self.fd.get_sregs().map(|s| s.cs.l == 1).unwrap_or(true);
@@ -270,7 +272,7 @@ impl Vcpu {
             other => {
                 self.stats.other += 1;
                 tracing::debug!("unhandled exit {other:?}");
-                Next::Continue
+                ExitAction::Continue
             }
         })
     }

@@ -21,7 +21,7 @@ const XSTATE_BV_WORD: usize = 512 / 4;
 /// XSTATE_BV bit 1: state component 1, SSE (XMM registers and MXCSR).
 const XSTATE_SSE: u32 = 1 << 1;
 
-pub type Xmm = [[u8; 16]; 16];
+pub use emon_x86::emulator::Xmm16 as Xmm;
 
 /// How this KVM hands out the guest's extended state.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -1,4 +1,4 @@
-//! The seed walkthrough's experiment 15-2: IA32_PMC0 (and IA32_FIXED_CTR0) count exactly the instructions a function retires.
+//! Exact counts (the walkthrough experiment in the README): IA32_PMC0 (and IA32_FIXED_CTR0) count exactly the instructions a function retires.
 //!
 //! As in the walkthrough, IA32_PERFEVTSEL0 = 0x5300C0 (INST_RETIRED, USR, OS, INT, EN) is written
 //! right before `call foo`, and the counter is stopped by `mov ecx, IA32_PERFEVTSEL0; rdmsr;

@@ -1,4 +1,4 @@
-//! The seed walkthrough's experiment 15-4: the counter advances inside a PMI handler, and does not with DEBUGCTL.FREEZE_PERFMON_ON_PMI.
+//! Freeze on PMI (SDM 17.4.7, the walkthrough experiment in the README): the counter advances inside a PMI handler, and does not with DEBUGCTL.FREEZE_PERFMON_ON_PMI.
 //!
 //! Two PMIs from IA32_PMC0 (written with its maximum, counting instructions with INT set). Inside
 //! each handler, IA32_PMC0 is read, a known 104 instructions retire, and it is read again. The

@@ -4,7 +4,7 @@
 //! general-purpose and fixed counters and their widths, CPUID.01H:ECX.PDCM and
 //! IA32_PERF_CAPABILITIES for FW_WRITE and FREEZE_WHILE_SMM) and then checks, register by
 //! register, the semantics of the SDM Vol. 3B "Performance Monitoring" chapter (18.2 in the
-//! numbering used here) and of emon's PMU-SEMANTICS: which MSRs exist (#GP otherwise), power-on
+//! numbering used here), as the README's "PMU semantics" lists them: which MSRs exist (#GP otherwise), power-on
 //! values, counter widths (legacy sign-extended and full-width writes), reserved bits (#GP with no
 //! state change), IA32_PERF_GLOBAL_STATUS set/reset, IA32_PERF_GLOBAL_INUSE, IA32_DEBUGCTL,
 //! IA32_MISC_ENABLE, IA32_PEBS_ENABLE and IA32_DS_AREA. Because nothing is hard-coded, the same
@@ -356,7 +356,7 @@ impl Reg {
         }
     }
 
-    /// Does the register exist on `p`? (PMU-SEMANTICS "exists when"; SDM 18.2.)
+    /// Does the register exist on `p`? (SDM 18.2.)
     fn exists(self, p: &Pmu) -> bool {
         let v = p.version;
         match self {
@@ -381,7 +381,7 @@ impl Reg {
         matches!(self, Reg::GlobalOvfCtrl | Reg::GlobalStatusSet)
     }
 
-    /// The power-on value (SDM 18.2.2 / PMU-SEMANTICS "State"); `None` for PERF_CAPABILITIES,
+    /// The power-on value (SDM 18.2.2); `None` for PERF_CAPABILITIES,
     /// whose value is the profile's.
     fn power_on(self, p: &Pmu) -> Option<u64> {
         match self {

@@ -1,4 +1,4 @@
-//! The seed walkthrough's experiment 15-3: a counter written with its maximum overflows on the next instruction and the PMI handler runs once.
+//! Overflow and PMI (the walkthrough experiment in the README): a counter written with its maximum overflows on the next instruction and the PMI handler runs once.
 //!
 //! IA32_PMC0 is written with 0xFFFFFFFF (sign-extended to the counter width, SDM 18.2.5) and
 //! counts instructions with PERFEVTSEL.INT set. The first counted instruction wraps it; the LVT

@@ -1,0 +1,105 @@
+//! KVM glue for a VMM that embeds the virtual PMU: [`KvmVcpu`], the backends' [`Vcpu`] over a
+//! KVM vCPU file descriptor; [`trap_pmu_msrs`], which sends every PMU MSR access to userspace;
+//! and [`deliver_pmi`], the PMI through the in-kernel local APIC.
+use crate::pmi::{plan, PmiDelivery};
+use crate::{lapic, Vcpu, VcpuError};
+use emon_pmu::pmu::Pmu;
+use emon_x86::mode::CpuMode;
+use kvm_bindings::{
+    kvm_enable_cap, kvm_guest_debug, kvm_mp_state, kvm_regs, KVM_CAP_X86_USER_SPACE_MSR, KVM_GUESTDBG_ENABLE,
+    KVM_GUESTDBG_SINGLESTEP, KVM_MP_STATE_HALTED, KVM_MSR_EXIT_REASON_FILTER, KVM_MSR_EXIT_REASON_INVAL,
+    KVM_MSR_EXIT_REASON_UNKNOWN, KVM_VCPUEVENT_VALID_SHADOW,
+};
+use kvm_ioctls::{MsrFilterDefaultAction, MsrFilterRange, MsrFilterRangeFlags, VcpuFd, VmFd};
+use vm_memory::GuestMemoryMmap;
+
+/// Makes RDMSR/WRMSR of every MSR in [`Pmu::TRAPPED_MSRS`] exit to userspace
+/// (`KVM_EXIT_X86_RDMSR`/`WRMSR`), whatever the profile, so that an MSR the profile lacks still
+/// reaches the model and gets #GP: `KVM_CAP_X86_USER_SPACE_MSR` for unknown, invalid and filtered
+/// MSRs, and a `KVM_X86_SET_MSR_FILTER` that allows everything else. Without the filter KVM
+/// answers some PMU MSRs itself (on kvm_pvm: the P6 perf MSRs and DEBUGCTL, README).
+pub fn trap_pmu_msrs(vm: &VmFd) -> Result<(), VcpuError> {
+    let reasons = KVM_MSR_EXIT_REASON_INVAL | KVM_MSR_EXIT_REASON_UNKNOWN | KVM_MSR_EXIT_REASON_FILTER;
+    let cap =
+        kvm_enable_cap { cap: KVM_CAP_X86_USER_SPACE_MSR, args: [u64::from(reasons), 0, 0, 0], ..Default::default() };
+    vm.enable_cap(&cap).map_err(VcpuError::op("KVM_ENABLE_CAP(KVM_CAP_X86_USER_SPACE_MSR)"))?;
+    let bitmaps: Vec<Vec<u8>> =
+        Pmu::TRAPPED_MSRS.iter().map(|&(first, last)| vec![0u8; (last - first + 1).div_ceil(8) as usize]).collect();
+    let ranges: Vec<MsrFilterRange> = Pmu::TRAPPED_MSRS
+        .iter()
+        .zip(&bitmaps)
+        .map(|(&(first, last), bitmap)| MsrFilterRange {
+            flags: MsrFilterRangeFlags::READ | MsrFilterRangeFlags::WRITE,
+            base: first,
+            msr_count: last - first + 1,
+            bitmap,
+        })
+        .collect();
+    vm.set_msr_filter(MsrFilterDefaultAction::ALLOW, &ranges).map_err(VcpuError::op("KVM_X86_SET_MSR_FILTER"))
+}
+
+/// A KVM vCPU and its guest memory, as the backends drive it.
+pub struct KvmVcpu<'a> {
+    pub fd: &'a mut VcpuFd,
+    pub mem: &'a GuestMemoryMmap,
+}
+
+impl Vcpu for KvmVcpu<'_> {
+    fn regs(&mut self) -> Result<kvm_regs, VcpuError> {
+        self.fd.get_regs().map_err(VcpuError::op("KVM_GET_REGS"))
+    }
+
+    fn set_regs(&mut self, regs: &kvm_regs) -> Result<(), VcpuError> {
+        self.fd.set_regs(regs).map_err(VcpuError::op("KVM_SET_REGS"))
+    }
+
+    fn mode(&mut self) -> Result<CpuMode, VcpuError> {
+        Ok(CpuMode::from_sregs(&self.fd.get_sregs().map_err(VcpuError::op("KVM_GET_SREGS"))?))
+    }
+
+    fn set_single_step(&mut self, on: bool) -> Result<(), VcpuError> {
+        let control = if on { KVM_GUESTDBG_ENABLE | KVM_GUESTDBG_SINGLESTEP } else { 0 };
+        self.fd
+            .set_guest_debug(&kvm_guest_debug { control, ..Default::default() })
+            .map_err(VcpuError::op("KVM_SET_GUEST_DEBUG"))
+    }
+
+    fn halt(&mut self) -> Result<(), VcpuError> {
+        // `sti; hlt`: STI's interrupt shadow covers the HLT, which has retired, so the shadow ends
+        // here (SDM Vol. 2, STI). KVM would keep it, and no interrupt could wake the vCPU.
+        let mut ev = self.fd.get_vcpu_events().map_err(VcpuError::op("KVM_GET_VCPU_EVENTS"))?;
+        if ev.interrupt.shadow != 0 {
+            ev.interrupt.shadow = 0;
+            ev.flags |= KVM_VCPUEVENT_VALID_SHADOW;
+            self.fd.set_vcpu_events(&ev).map_err(VcpuError::op("KVM_SET_VCPU_EVENTS"))?;
+        }
+        self.fd.set_mp_state(kvm_mp_state { mp_state: KVM_MP_STATE_HALTED }).map_err(VcpuError::op("KVM_SET_MP_STATE"))
+    }
+
+    fn inject_exception(&mut self, vector: u8, error_code: Option<u32>) -> Result<(), VcpuError> {
+        let mut ev = self.fd.get_vcpu_events().map_err(VcpuError::op("KVM_GET_VCPU_EVENTS"))?;
+        ev.exception.injected = 1;
+        ev.exception.nr = vector;
+        ev.exception.has_error_code = u8::from(error_code.is_some());
+        ev.exception.error_code = error_code.unwrap_or(0);
+        self.fd.set_vcpu_events(&ev).map_err(VcpuError::op("KVM_SET_VCPU_EVENTS"))
+    }
+
+    fn memory(&self) -> &GuestMemoryMmap {
+        self.mem
+    }
+}
+
+/// Delivers one PMI to the vCPU through the in-kernel local APIC, as LVTPC says (see
+/// [`plan`]): the fixed vector into the IRR, or an NMI.
+pub fn deliver_pmi(fd: &VcpuFd) -> Result<PmiDelivery, VcpuError> {
+    let mut state = fd.get_lapic().map_err(VcpuError::op("KVM_GET_LAPIC"))?;
+    let d = plan(lapic::bytes(&mut state.regs));
+    if d != PmiDelivery::Masked {
+        fd.set_lapic(&state).map_err(VcpuError::op("KVM_SET_LAPIC"))?;
+    }
+    if d == PmiDelivery::Nmi {
+        fd.nmi().map_err(VcpuError::op("KVM_NMI"))?;
+    }
+    Ok(d)
+}

@@ -1,0 +1,129 @@
+//! Counting backends: what makes the virtual PMU's counters count.
+//!
+//! A VMM drives a [`Backend`] around its KVM_RUN loop, and the backend drives the vCPU only
+//! through the [`Vcpu`] trait (registers, CPU mode, single-step, halt, exceptions, guest memory),
+//! so it has no KVM file descriptor of its own and its logic is unit-tested with a scripted vCPU.
+//! The protocol, modelled on KVM's own vPMU (`kvm_pmu_request_counter_reprogram`, then
+//! reprogramming the marked counters before the next VM entry):
+//!
+//! 1. Before a guest RDMSR/WRMSR of a PMU register reaches the model, [`Backend::sync`] folds
+//!    what the backend counted so far into it.
+//! 2. A write marks only the counters it changed ([`emon_pmu::pmu::Pmu::take_reprogram`]).
+//! 3. Before the next entry, [`Backend::before_run`] reprograms those counters, and says whether
+//!    to enter the guest.
+//! 4. A single-step exit goes to [`Backend::on_debug_exit`].
+//!
+//! - [`precise`]: counts exactly by single-stepping the guest (any host, deterministic).
+//! - [`perf`]: host perf events, as KVM's vPMU does in the kernel.
+//! - [`pmi`]: how a PMI goes out through the local APIC's LVTPC (pure, over [`lapic`]'s page).
+//! - [`stepper`]: a bare single-stepper, the floor `emon bench` measures the precise backend against.
+//! - `kvm` (feature `kvm`, on by default): [`Vcpu`] over a KVM vCPU, and the MSR filter that
+//!   traps the PMU's MSRs. `examples/embed.rs` drives a guest's PMU from a minimal exit loop.
+#[cfg(feature = "kvm")]
+pub mod kvm;
+pub mod lapic;
+pub mod perf;
+pub mod pmi;
+pub mod precise;
+pub mod probe;
+pub mod stepper;
+#[cfg(test)]
+mod testing;
+mod vcpu;
+
+use emon_pmu::pmu::{Pmu, Reprogram};
+use emon_pmu::profile::Profile;
+use thiserror::Error;
+pub use vcpu::{Vcpu, VcpuError};
+
+/// What a backend works with at each call: the vCPU and the PMU model.
+pub struct Cx<'a> {
+    pub vcpu: &'a mut dyn Vcpu,
+    pub pmu: &'a mut Pmu,
+}
+
+/// What the VMM does after `before_run`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Next {
+    /// Enter the guest.
+    Run,
+    /// The backend completed the instruction at RIP itself (it emulated it): the vCPU is at the
+    /// next instruction boundary; call `before_run` again (after delivering any PMI).
+    Retired,
+    /// A PMI became pending while the backend brought the model up to date (nothing retired):
+    /// deliver it, then call `before_run` again.
+    Again,
+}
+
+#[derive(Debug, Error)]
+pub enum BackendError {
+    #[error(transparent)]
+    Vcpu(#[from] VcpuError),
+    #[error("{op} failed: {source}")]
+    Perf { op: &'static str, source: std::io::Error },
+}
+
+/// A counting backend.
+pub trait Backend: Send {
+    fn name(&self) -> &'static str;
+    /// Before each KVM_RUN: reprogram the counters the model marked, then arm for the entry.
+    /// `at_boundary`: the vCPU is between two instructions (the previous exit completed one), as
+    /// opposed to in the middle of one (an MSR or I/O exit).
+    fn before_run(&mut self, cx: &mut Cx, at_boundary: bool) -> Result<Next, BackendError>;
+    /// A single-step exit: the vCPU retired one instruction and is at `pc`.
+    fn on_debug_exit(&mut self, cx: &mut Cx, pc: u64) -> Result<(), BackendError>;
+    /// Brings the model's counter values up to date before the guest reads or writes a PMU MSR.
+    fn sync(&mut self, _pmu: &mut Pmu) {}
+    /// Counters reprogrammed so far, one per counter per change: the cost of the guest's writes.
+    fn reprogrammed(&self) -> u64;
+    /// The backend's account of the run (`--verbose`).
+    fn summary(&self) -> String;
+    /// Short notes for the one-line run summary: what the user must know about the counts.
+    fn notes(&self) -> Vec<String> {
+        Vec::new()
+    }
+}
+
+/// The counters `r` marks, in IA32_PERF_GLOBAL_CTRL bit order (GP counters, then fixed).
+pub fn marked(pmu: &Pmu, r: Reprogram) -> impl Iterator<Item = emon_pmu::pmu::CounterId> + '_ {
+    pmu.counter_ids().into_iter().filter(move |id| r.counters & id.status_mask() != 0)
+}
+
+/// `--backend`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
+pub enum BackendKind {
+    /// perf when the host can count the guest's events in hardware, precise otherwise.
+    Auto,
+    /// Exact counts by single-stepping the guest.
+    Precise,
+    /// Host perf events.
+    Perf,
+}
+
+/// The backend for `kind` under `profile`, and why it was chosen. The perf backend's overflow
+/// signals go to the vCPU thread as `kick_signal`, whose handler must make KVM_RUN return.
+pub fn select(kind: BackendKind, profile: &Profile, allow_raw: bool, kick_signal: i32) -> (Box<dyn Backend>, String) {
+    let caps = perf::host_caps(allow_raw);
+    let perf = |caps| -> Box<dyn Backend> {
+        Box::new(perf::counting::Perf::new(caps, &profile.vendor, profile.pmu.nominal_mhz, kick_signal))
+    };
+    match kind {
+        BackendKind::Precise => (Box::new(precise::Precise::new()), "requested with --backend precise".into()),
+        BackendKind::Perf => {
+            let why = if caps.hardware.is_empty() {
+                format!(
+                    "requested with --backend perf; this host has no hardware events for guests, so cycles come from the vCPU thread's task-clock x {} MHz and other events count zero",
+                    profile.pmu.nominal_mhz
+                )
+            } else {
+                "requested with --backend perf".into()
+            };
+            (perf(caps), why)
+        }
+        BackendKind::Auto => match probe::auto_choice(&caps) {
+            (BackendKind::Perf, why) => (perf(caps), why),
+            (_, why) => (Box::new(precise::Precise::new()), why),
+        },
+    }
+}

@@ -1,0 +1,444 @@
+//! The precise backend: exact, deterministic counts by single-stepping the guest.
+//!
+//! While at least one counter is counting, every KVM_RUN executes one guest instruction
+//! (KVM_GUESTDBG_SINGLESTEP) and ends in a debug exit; each exit is one retired instruction,
+//! which is decoded (iced-x86) and attributed to the counters that were counting when it began.
+//! An interrupt or exception delivered before a step shows up as a RIP that does not follow
+//! from the instruction at the previous one: the handler's first instruction is what retired.
+//! HLT (which KVM steps over) and RDPMC (which has no userspace exit) are emulated. When no
+//! counter is counting the guest runs free.
+pub mod events;
+#[cfg(test)]
+mod tests;
+
+use crate::{marked, Backend, BackendError, Cx, Next};
+use emon_pmu::pmu::{CounterId, Reprogram};
+use emon_pmu::profile::{MAX_FIXED, MAX_GP};
+use emon_x86::insn::{self, Flow, Insn, Special};
+use emon_x86::mode::CpuMode;
+use events::Armed;
+use std::collections::HashMap;
+use std::sync::Arc;
+
+/// An instruction that has started (the vCPU was entered at its RIP) but not yet retired.
+#[derive(Debug, Clone)]
+struct Pending {
+    rip: u64,
+    cpl: u8,
+    /// The counters that were counting when it began.
+    armed: Arc<[Armed]>,
+    /// The vCPU cannot retire the instruction at `rip` before an event is delivered (it is
+    /// halted, or an exception was injected).
+    expect_event: bool,
+    /// For an IRET: where it returns (read from the frame before it ran).
+    iret_target: Option<u64>,
+}
+
+/// #GP, the general-protection exception (SDM Vol. 3A 6.15).
+const GP_VECTOR: u8 = 13;
+
+/// Decoded instructions kept at most (about 3 MiB).
+const MAX_CACHED_INSNS: usize = 65_536;
+
+/// At most this many instructions retire in one step whose traps were lost.
+const MAX_LOST_TRAPS: usize = 64;
+
+/// What the backend did, for the run summary.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Stats {
+    pub steps: u64,
+    pub retired: u64,
+    pub events: u64,
+    pub hlt: u64,
+    pub rdpmc: u64,
+    pub arm_changes: u64,
+    /// Counters reprogrammed after guest writes marked them (one per counter per change).
+    pub reprogrammed: u64,
+    /// Instructions that retired without their own single-step trap.
+    pub lost_traps: u64,
+}
+
+/// Edge-detect slots: GP counters, then fixed counters.
+const GP_SLOTS: usize = MAX_GP as usize;
+const SLOTS: usize = GP_SLOTS + MAX_FIXED as usize;
+
+pub struct Precise {
+    stepping: bool,
+    /// RIP at the current instruction boundary, when known without a register read.
+    rip: Option<u64>,
+    /// Cached CPU mode; `None` after anything that may change it.
+    mode: Option<CpuMode>,
+    /// The counting counters, in IA32_PERF_GLOBAL_CTRL bit order.
+    armed: Arc<[Armed]>,
+    pending: Option<Pending>,
+    /// Set when HLT was emulated: the next retired instruction is an event handler's.
+    halted: bool,
+    /// CMASK condition of the previous counted instruction, per counter (edge detect).
+    edges: [bool; SLOTS],
+    cache: HashMap<u64, Option<Insn>>,
+    cache_cr3: u64,
+    pub stats: Stats,
+}
+
+impl Default for Precise {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Precise {
+    pub fn new() -> Precise {
+        Precise {
+            stepping: false,
+            rip: None,
+            mode: None,
+            armed: Arc::from(Vec::new()),
+            pending: None,
+            halted: false,
+            edges: [false; SLOTS],
+            cache: HashMap::new(),
+            cache_cr3: 0,
+            stats: Stats::default(),
+        }
+    }
+
+    fn set_stepping(&mut self, cx: &mut Cx, on: bool) -> Result<(), BackendError> {
+        cx.vcpu.set_single_step(on)?;
+        self.stepping = on;
+        self.stats.arm_changes += 1;
+        if on {
+            self.mode = None;
+            self.rip = None;
+        }
+        Ok(())
+    }
+
+    /// Reprograms the counters the model marked: each one leaves the armed set, and comes back
+    /// with its new configuration if it counts. A counter the pending instruction wrote does not
+    /// count that instruction (a WRMSR to a counter is not counted by it).
+    fn reprogram(&mut self, cx: &Cx, r: Reprogram) {
+        if r.counters == 0 {
+            return;
+        }
+        let mut armed: Vec<Armed> =
+            self.armed.iter().filter(|a| r.counters & a.id.status_mask() == 0).copied().collect();
+        for id in marked(cx.pmu, r) {
+            self.stats.reprogrammed += 1;
+            let c = cx.pmu.counter(id);
+            if c.counting {
+                armed.push(Armed::new(&c));
+            }
+        }
+        armed.sort_by_key(|a| a.id.status_bit());
+        self.armed = armed.into();
+        if let Some(p) = &mut self.pending {
+            if p.armed.iter().any(|a| r.written & a.id.status_mask() != 0) {
+                p.armed =
+                    p.armed.iter().filter(|a| r.written & a.id.status_mask() == 0).copied().collect::<Vec<_>>().into();
+            }
+        }
+    }
+
+    fn mode(&mut self, cx: &mut Cx) -> Result<CpuMode, BackendError> {
+        if let Some(m) = self.mode {
+            return Ok(m);
+        }
+        let m = cx.vcpu.mode()?;
+        if m.cr3 != self.cache_cr3 {
+            self.cache.clear();
+            self.cache_cr3 = m.cr3;
+        }
+        self.mode = Some(m);
+        Ok(m)
+    }
+
+    fn rip(&mut self, cx: &mut Cx) -> Result<u64, BackendError> {
+        match self.rip {
+            Some(r) => Ok(r),
+            None => {
+                let r = cx.vcpu.regs()?.rip;
+                self.rip = Some(r);
+                Ok(r)
+            }
+        }
+    }
+
+    /// The instruction at linear address `rip` (decoded once per address and CR3; the cache is
+    /// bounded so that a guest cannot grow emon's memory by executing at many addresses).
+    fn decode(&mut self, cx: &Cx, mode: &CpuMode, rip: u64) -> Option<Insn> {
+        if let Some(i) = self.cache.get(&rip) {
+            return *i;
+        }
+        if self.cache.len() >= MAX_CACHED_INSNS {
+            self.cache.clear();
+        }
+        let i = insn::decode(&mode.fetch(cx.vcpu.memory(), rip), rip, mode.bitness);
+        self.cache.insert(rip, i);
+        i
+    }
+
+    /// Attributes one retired instruction to the counters in `armed`.
+    fn retire(&mut self, cx: &mut Cx, armed: &[Armed], i: &Insn, rip: u64, cpl: u8, taken: bool) {
+        self.stats.retired += 1;
+        for a in armed {
+            let slot = match a.id {
+                CounterId::Gp(n) => n as usize,
+                CounterId::Fixed(n) => GP_SLOTS + n as usize,
+            };
+            let n = a.model.increment(i, rip, taken);
+            let inc = a.advance(n, cpl, &mut self.edges[slot.min(self.edges.len() - 1)]);
+            if inc > 0 {
+                cx.pmu.add_events(a.id, inc);
+            }
+        }
+    }
+
+    /// The handler whose first instruction, retired, leaves the vCPU at `pc`: the event that
+    /// was delivered before the pending instruction.
+    fn event_handler(&mut self, cx: &Cx, mode: &CpuMode, pc: u64) -> Option<(u64, Insn)> {
+        let mut branch_match = None;
+        for v in 0..=255u8 {
+            let Some(h) = mode.idt_handler(cx.vcpu.memory(), v) else { continue };
+            let Some(i) = self.decode(cx, mode, h) else { continue };
+            if h + i.len as u64 == pc && matches!(i.flow, Flow::Next) {
+                return Some((h, i));
+            }
+            if branch_match.is_none() && follows(&i, h, pc) {
+                branch_match = Some((h, i));
+            }
+        }
+        branch_match
+    }
+
+    /// The RIP an IRET at the current boundary returns to: the first slot of its frame.
+    fn iret_target(&mut self, cx: &mut Cx, mode: &CpuMode) -> Result<Option<u64>, BackendError> {
+        let rsp = cx.vcpu.regs()?.rsp;
+        let width = if mode.bitness == 64 { 8 } else { 4 };
+        let Some(pa) = mode.translate(cx.vcpu.memory(), rsp) else { return Ok(None) };
+        let mut b = [0u8; 8];
+        if vm_memory::Bytes::read_slice(cx.vcpu.memory(), &mut b[..width], vm_memory::GuestAddress(pa)).is_err() {
+            return Ok(None);
+        }
+        Ok(Some(u64::from_le_bytes(b)))
+    }
+
+    /// The instructions that retired from `from` up to `pc` along straight-line code (the
+    /// last one may be a direct branch to `pc`): what a step retired beyond its first
+    /// instruction when the host lost single-step traps (after port I/O completes, and after
+    /// IRET, whose restored TF traps one instruction late).
+    fn walk(&mut self, cx: &Cx, mode: &CpuMode, from: u64, pc: u64) -> Option<Vec<(u64, Insn)>> {
+        let mut out = Vec::new();
+        let mut a = from;
+        while out.len() <= MAX_LOST_TRAPS {
+            if a == pc {
+                return Some(out);
+            }
+            let i = self.decode(cx, mode, a)?;
+            out.push((a, i));
+            match i.flow {
+                Flow::Next => a += i.len as u64,
+                Flow::Direct { target, .. } if target == pc || a + i.len as u64 == pc => return Some(out),
+                _ => return None,
+            }
+        }
+        None
+    }
+
+    fn emulate_hlt(&mut self, cx: &mut Cx, p: Pending, i: &Insn) -> Result<Next, BackendError> {
+        self.retire(cx, &p.armed, i, p.rip, p.cpl, false);
+        let mut regs = cx.vcpu.regs()?;
+        regs.rip = p.rip + i.len as u64;
+        cx.vcpu.set_regs(&regs)?;
+        cx.vcpu.halt()?;
+        self.rip = Some(regs.rip);
+        self.halted = true;
+        self.stats.hlt += 1;
+        Ok(Next::Retired)
+    }
+
+    fn emulate_rdpmc(&mut self, cx: &mut Cx, mut p: Pending, i: &Insn, mode: &CpuMode) -> Result<Next, BackendError> {
+        self.stats.rdpmc += 1;
+        let mut regs = cx.vcpu.regs()?;
+        match cx.pmu.rdpmc(regs.rcx as u32, p.cpl, mode.pce()) {
+            Ok(v) => {
+                regs.rax = v & 0xFFFF_FFFF;
+                regs.rdx = v >> 32;
+                regs.rip = p.rip + i.len as u64;
+                cx.vcpu.set_regs(&regs)?;
+                self.retire(cx, &p.armed, i, p.rip, p.cpl, false);
+                self.rip = Some(regs.rip);
+                Ok(Next::Retired)
+            }
+            Err(_) => {
+                // Hardware raises #GP(0); the faulting RDPMC does not retire.
+                cx.vcpu.inject_exception(GP_VECTOR, Some(0))?;
+                p.expect_event = true;
+                self.pending = Some(p);
+                Ok(Next::Run)
+            }
+        }
+    }
+}
+
+/// Whether executing `i` at `rip` can leave the vCPU at `pc`.
+fn follows(i: &Insn, rip: u64, pc: u64) -> bool {
+    let next = rip + i.len as u64;
+    match i.flow {
+        Flow::Next => pc == next,
+        Flow::Direct { target, .. } => pc == target || pc == next,
+        Flow::Indirect | Flow::Other => true,
+    }
+}
+
+/// Whether `i` at `rip`, having left the vCPU at `pc`, was a taken branch.
+fn taken(i: &Insn, rip: u64, pc: u64) -> bool {
+    match i.flow {
+        Flow::Next => false,
+        Flow::Direct { target, .. } => pc == target && target != rip + i.len as u64,
+        Flow::Indirect => true,
+        Flow::Other => pc != rip + i.len as u64,
+    }
+}
+
+/// An instruction emon could not fetch or decode: it still counts as one instruction.
+const UNKNOWN: Insn = Insn {
+    len: 0,
+    flow: Flow::Other,
+    branch: false,
+    mem_operands: 0,
+    class_cycles: 0,
+    special: Special::None,
+    changes_mode: true,
+};
+
+impl Backend for Precise {
+    fn name(&self) -> &'static str {
+        "precise"
+    }
+
+    fn before_run(&mut self, cx: &mut Cx, at_boundary: bool) -> Result<Next, BackendError> {
+        let r = cx.pmu.take_reprogram();
+        self.reprogram(cx, r);
+        if !at_boundary {
+            // In the middle of an instruction (an MSR or I/O exit): start stepping as soon as a
+            // counter goes live, but never stop before the instruction retires (the WRMSR that
+            // disables a counter still counts).
+            if !self.armed.is_empty() && !self.stepping {
+                self.set_stepping(cx, true)?;
+            }
+            return Ok(Next::Run);
+        }
+        if self.armed.is_empty() {
+            if self.stepping {
+                self.set_stepping(cx, false)?;
+            }
+            self.pending = None;
+            self.halted = false;
+            return Ok(Next::Run);
+        }
+        if !self.stepping {
+            self.set_stepping(cx, true)?;
+        }
+        let rip = self.rip(cx)?;
+        let mode = self.mode(cx)?;
+        let mut p = Pending {
+            rip,
+            cpl: mode.cpl,
+            armed: self.armed.clone(),
+            expect_event: std::mem::take(&mut self.halted),
+            iret_target: None,
+        };
+        if !p.expect_event {
+            match self.decode(cx, &mode, rip) {
+                Some(i) if i.special == Special::Hlt => return self.emulate_hlt(cx, p, &i),
+                Some(i) if i.special == Special::Rdpmc => return self.emulate_rdpmc(cx, p, &i, &mode),
+                Some(i) if i.special == Special::Iret => p.iret_target = self.iret_target(cx, &mode)?,
+                _ => {}
+            }
+        }
+        self.pending = Some(p);
+        Ok(Next::Run)
+    }
+
+    fn on_debug_exit(&mut self, cx: &mut Cx, pc: u64) -> Result<(), BackendError> {
+        self.stats.steps += 1;
+        let Some(p) = self.pending.take() else {
+            tracing::trace!(pc = format_args!("{pc:#x}"), "step with nothing pending");
+            // The first step after counting started mid-instruction: that instruction began
+            // before any counter was counting.
+            self.rip = Some(pc);
+            return Ok(());
+        };
+        let mode = self.mode(cx)?;
+        let at_rip = self.decode(cx, &mode, p.rip);
+        let iret_elsewhere = |i: &Insn| i.special == Special::Iret && p.iret_target.is_some_and(|t| t != pc);
+        if let Some(i) = at_rip.filter(|i| !p.expect_event && (!follows(i, p.rip, pc) || iret_elsewhere(i))) {
+            // Traps lost: the pending instruction and a straight-line run after it retired.
+            let landing = match i.special {
+                Special::Iret => p.iret_target,
+                _ if i.flow == Flow::Next => Some(p.rip + i.len as u64),
+                _ => None,
+            };
+            if let Some(run) = landing.and_then(|l| self.walk(cx, &mode, l, pc)) {
+                tracing::trace!(
+                    pending = format_args!("{:#x}", p.rip),
+                    pc = format_args!("{pc:#x}"),
+                    extra = run.len(),
+                    "lost traps"
+                );
+                let end = run.first().map_or(pc, |(a, _)| *a);
+                self.retire(cx, &p.armed, &i, p.rip, p.cpl, taken(&i, p.rip, end));
+                if i.changes_mode {
+                    self.mode = None;
+                }
+                let cpl = self.mode(cx)?.cpl;
+                for (n, (a, j)) in run.iter().enumerate() {
+                    let next = run.get(n + 1).map_or(pc, |(b, _)| *b);
+                    self.retire(cx, &p.armed, j, *a, cpl, taken(j, *a, next));
+                }
+                self.stats.lost_traps += run.len() as u64;
+                self.rip = Some(pc);
+                return Ok(());
+            }
+        }
+        let (i, rip, cpl) = match at_rip {
+            Some(i) if !p.expect_event && follows(&i, p.rip, pc) => (i, p.rip, p.cpl),
+            None if !p.expect_event => (UNKNOWN, p.rip, p.cpl),
+            _ => {
+                // An interrupt or exception was delivered first: its handler's first
+                // instruction retired, at the handler's privilege level.
+                self.stats.events += 1;
+                self.mode = None;
+                let mode = self.mode(cx)?;
+                match self.event_handler(cx, &mode, pc) {
+                    Some((h, i)) => (i, h, mode.cpl),
+                    None => (UNKNOWN, pc, mode.cpl),
+                }
+            }
+        };
+        tracing::trace!(
+            pending = format_args!("{:#x}", p.rip),
+            retired = format_args!("{rip:#x}"),
+            pc = format_args!("{pc:#x}"),
+            "step"
+        );
+        self.retire(cx, &p.armed, &i, rip, cpl, taken(&i, rip, pc));
+        if i.changes_mode {
+            self.mode = None;
+        }
+        self.rip = Some(pc);
+        Ok(())
+    }
+
+    fn reprogrammed(&self) -> u64 {
+        self.stats.reprogrammed
+    }
+
+    fn summary(&self) -> String {
+        let s = &self.stats;
+        format!(
+            "precise backend: {} instructions counted ({} without their own single-step trap), {} interrupts/exceptions seen while stepping, {} HLT and {} RDPMC emulated, stepping switched {} times",
+            s.retired, s.lost_traps, s.events, s.hlt, s.rdpmc, s.arm_changes
+        )
+    }
+}

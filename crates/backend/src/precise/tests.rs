@@ -1,0 +1,282 @@
+//! The precise backend's boundary logic against a scripted vCPU: each test says where the vCPU
+//! stopped after an entry, as KVM would report it, and checks what retired and what was counted.
+//! No KVM is involved.
+use super::*;
+use crate::testing::Script;
+use emon_pmu::pmu::{msr, Pmu};
+use emon_pmu::profile::Profile;
+use kvm_bindings::kvm_regs;
+use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+
+const CODE: u64 = 0x10000;
+const HANDLER: u64 = 0x11000;
+const GP_HANDLER: u64 = 0x12000;
+const STACK: u64 = 0x20000;
+const IDT: u64 = 0x4000;
+const TIMER: u8 = 0x20;
+
+/// A precise backend, a PMU and a scripted vCPU running `code` at [`CODE`].
+struct Rig {
+    vcpu: Script,
+    pmu: Pmu,
+    precise: Precise,
+}
+
+impl Rig {
+    fn new(code: &[u8]) -> Rig {
+        let mem = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 2 << 20)]).unwrap();
+        // PML4 0x1000 -> PDPT 0x2000 -> PD 0x3000, whose entry 0 maps 0-2 MiB (a 2 MiB page).
+        mem.write_obj(0x2003u64, GuestAddress(0x1000)).unwrap();
+        mem.write_obj(0x3003u64, GuestAddress(0x2000)).unwrap();
+        mem.write_obj(0x83u64, GuestAddress(0x3000)).unwrap();
+        mem.write_slice(code, GuestAddress(CODE)).unwrap();
+        let mut rig = Rig {
+            vcpu: Script {
+                regs: kvm_regs { rip: CODE, rsp: STACK, rflags: 2, ..Default::default() },
+                mode: CpuMode {
+                    cpl: 0,
+                    bitness: 64,
+                    cr0: 1 << 31 | 1,
+                    cr3: 0x1000,
+                    cr4: 1 << 5,
+                    efer: 1 << 10 | 1 << 8,
+                    idt_base: IDT,
+                    idt_limit: 256 * 16 - 1,
+                },
+                ..Script::new(mem)
+            },
+            pmu: Pmu::new(&Profile::load("skylake").unwrap().pmu),
+            precise: Precise::new(),
+        };
+        rig.gate(TIMER, HANDLER);
+        rig.gate(GP_VECTOR, GP_HANDLER);
+        // Both handlers start with two NOPs.
+        rig.vcpu.mem.write_slice(&[0x90, 0x90], GuestAddress(HANDLER)).unwrap();
+        rig.vcpu.mem.write_slice(&[0x90, 0x90], GuestAddress(GP_HANDLER)).unwrap();
+        rig
+    }
+
+    /// A 64-bit interrupt gate for vector `v` (SDM Vol. 3A Figure 6-8).
+    fn gate(&mut self, v: u8, handler: u64) {
+        let lo = (handler & 0xFFFF) | 0x08 << 16 | 0x8E << 40 | ((handler >> 16) & 0xFFFF) << 48;
+        let at = GuestAddress(IDT + u64::from(v) * 16);
+        self.vcpu.mem.write_obj(lo, at).unwrap();
+        self.vcpu.mem.write_obj(handler >> 32, GuestAddress(at.0 + 8)).unwrap();
+    }
+
+    fn wrmsr(&mut self, msr: u32, value: u64) {
+        self.pmu.wrmsr(msr, value).unwrap();
+    }
+
+    /// IA32_PMC0 counts instructions retired at any CPL; IA32_PMC1 counts branches.
+    fn count(&mut self) {
+        self.wrmsr(msr::IA32_PERFEVTSEL0, 0x43_00C0);
+        self.wrmsr(msr::IA32_PERFEVTSEL0 + 1, 0x43_00C4);
+        self.wrmsr(msr::IA32_PERF_GLOBAL_CTRL, 0b11);
+    }
+
+    fn before(&mut self, at_boundary: bool) -> Next {
+        let mut cx = Cx { vcpu: &mut self.vcpu, pmu: &mut self.pmu };
+        self.precise.before_run(&mut cx, at_boundary).unwrap()
+    }
+
+    /// The entry ended in a single-step exit with the vCPU at `pc`.
+    fn exit_at(&mut self, pc: u64) {
+        self.vcpu.regs.rip = pc;
+        let mut cx = Cx { vcpu: &mut self.vcpu, pmu: &mut self.pmu };
+        self.precise.on_debug_exit(&mut cx, pc).unwrap();
+    }
+
+    /// One entry from a boundary that stops at `pc`.
+    fn step(&mut self, pc: u64) {
+        assert_eq!(self.before(true), Next::Run);
+        assert!(self.vcpu.single_step, "stepping while a counter counts");
+        self.exit_at(pc);
+    }
+
+    fn pmc(&self, i: u32) -> u64 {
+        self.pmu.rdmsr(msr::IA32_PMC0 + i).unwrap()
+    }
+}
+
+const NOP: u8 = 0x90;
+
+#[test]
+fn each_step_retires_one_instruction() {
+    let mut r = Rig::new(&[NOP, NOP, NOP]);
+    r.count();
+    for n in 1..=3 {
+        r.step(CODE + n);
+    }
+    assert_eq!((r.pmc(0), r.pmc(1)), (3, 0));
+    assert_eq!(r.precise.stats.lost_traps, 0);
+}
+
+#[test]
+fn stepping_stops_when_nothing_counts() {
+    let mut r = Rig::new(&[NOP, NOP]);
+    assert_eq!(r.before(true), Next::Run);
+    assert!(!r.vcpu.single_step, "the guest runs free");
+    r.count();
+    r.step(CODE + 1);
+    r.wrmsr(msr::IA32_PERF_GLOBAL_CTRL, 0);
+    assert_eq!(r.before(true), Next::Run);
+    assert!(!r.vcpu.single_step);
+}
+
+#[test]
+fn lost_traps_after_port_io_count_the_straight_line_run() {
+    // out dx,al; nop; nop; nop: the host lost the traps of the OUT and the next two NOPs.
+    let mut r = Rig::new(&[0xEE, NOP, NOP, NOP]);
+    r.count();
+    r.step(CODE + 3);
+    assert_eq!(r.pmc(0), 3);
+    assert_eq!(r.precise.stats.lost_traps, 2);
+    r.step(CODE + 4);
+    assert_eq!(r.pmc(0), 4);
+}
+
+#[test]
+fn lost_traps_through_a_direct_jump_count_the_jump_as_a_branch() {
+    // out dx,al; jmp +1; (skipped byte) ; nop
+    let mut r = Rig::new(&[0xEE, 0xEB, 0x01, 0xCC, NOP]);
+    r.count();
+    r.step(CODE + 4);
+    assert_eq!((r.pmc(0), r.pmc(1)), (2, 1), "OUT and the taken JMP");
+}
+
+#[test]
+fn an_interrupt_before_a_step_retires_the_handlers_first_instruction() {
+    let mut r = Rig::new(&[NOP, NOP]);
+    r.count();
+    // The NOP at CODE did not retire: the interrupt was delivered first, and the step retired
+    // the handler's first NOP.
+    r.step(HANDLER + 1);
+    assert_eq!(r.pmc(0), 1);
+    assert_eq!(r.precise.stats.events, 1);
+    r.step(HANDLER + 2);
+    assert_eq!(r.pmc(0), 2);
+}
+
+#[test]
+fn iret_counts_the_instruction_it_returns_to_when_its_trap_lands_late() {
+    // iretq at CODE returns to CODE + 0x10 (nop; nop); the restored TF traps one instruction late.
+    let mut code = vec![0x48, 0xCF];
+    code.resize(0x10, 0xCC);
+    code.extend([NOP, NOP]);
+    let mut r = Rig::new(&code);
+    // The frame: RIP, CS, RFLAGS, RSP, SS.
+    for (i, v) in [CODE + 0x10, 0x08, 0x102, STACK, 0x10].iter().enumerate() {
+        r.vcpu.mem.write_obj(*v, GuestAddress(STACK + 8 * i as u64)).unwrap();
+    }
+    r.count();
+    r.step(CODE + 0x11);
+    assert_eq!((r.pmc(0), r.pmc(1)), (2, 1), "IRET (a branch) and the NOP it returned to");
+    assert_eq!(r.precise.stats.lost_traps, 1);
+}
+
+#[test]
+fn hlt_retires_halts_the_vcpu_and_the_waking_interrupt_counts() {
+    let mut r = Rig::new(&[0xF4, NOP]);
+    r.count();
+    assert_eq!(r.before(true), Next::Retired, "HLT is emulated");
+    assert!(r.vcpu.halted);
+    assert_eq!(r.vcpu.regs.rip, CODE + 1);
+    assert_eq!(r.pmc(0), 1);
+    // The vCPU waits; the timer interrupt wakes it and its handler's first NOP retires.
+    r.step(HANDLER + 1);
+    assert_eq!(r.pmc(0), 2);
+    assert_eq!(r.precise.stats.hlt, 1);
+}
+
+#[test]
+fn rdpmc_is_emulated_at_cpl0() {
+    let mut r = Rig::new(&[NOP, 0x0F, 0x33, 0x0F, 0x33]);
+    r.count();
+    r.step(CODE + 1);
+    r.vcpu.regs.rcx = 0;
+    assert_eq!(r.before(true), Next::Retired);
+    assert_eq!((r.vcpu.regs.rax, r.vcpu.regs.rdx), (1, 0), "RDPMC 0 reads what retired before it");
+    assert_eq!(r.vcpu.regs.rip, CODE + 3);
+    assert_eq!(r.pmc(0), 2, "and retires itself");
+    // Fixed counters through ECX[30]: FIXED_CTR0 is not enabled, so it reads 0.
+    r.vcpu.regs.rcx = 1 << 30;
+    r.vcpu.regs.rax = 7;
+    assert_eq!(r.before(true), Next::Retired);
+    assert_eq!((r.vcpu.regs.rax, r.vcpu.regs.rip), (0, CODE + 5));
+    assert_eq!(r.pmc(0), 3);
+}
+
+#[test]
+fn rdpmc_at_cpl3_without_cr4_pce_raises_gp_and_does_not_retire() {
+    let mut r = Rig::new(&[0x0F, 0x33, NOP]);
+    r.count();
+    r.vcpu.mode.cpl = 3;
+    r.vcpu.regs.rcx = 0;
+    assert_eq!(r.before(true), Next::Run);
+    assert_eq!(r.vcpu.injected, [(GP_VECTOR, Some(0))]);
+    assert_eq!(r.pmc(0), 0);
+    // The entry delivers #GP: the handler's first instruction retires, at CPL0.
+    r.vcpu.mode.cpl = 0;
+    r.exit_at(GP_HANDLER + 1);
+    assert_eq!(r.pmc(0), 1);
+}
+
+#[test]
+fn a_wrmsr_that_writes_a_counting_counter_is_not_counted_by_it() {
+    // wrmsr; nop
+    let mut r = Rig::new(&[0x0F, 0x30, NOP]);
+    r.count();
+    assert_eq!(r.before(true), Next::Run);
+    // The WRMSR exits to the VMM in the middle of the instruction and writes IA32_PMC0.
+    r.wrmsr(msr::IA32_PMC0, 100);
+    assert_eq!(r.before(false), Next::Run);
+    r.exit_at(CODE + 2);
+    assert_eq!(r.pmc(0), 100, "not counted by the counter it wrote");
+    r.step(CODE + 3);
+    assert_eq!(r.pmc(0), 101);
+}
+
+#[test]
+fn the_wrmsr_that_stops_a_counter_counts_and_the_one_that_starts_it_does_not() {
+    let mut r = Rig::new(&[0x0F, 0x30, NOP, 0x0F, 0x30, NOP]);
+    r.wrmsr(msr::IA32_PERFEVTSEL0, 0x43_00C0);
+    r.wrmsr(msr::IA32_PERF_GLOBAL_CTRL, 0);
+    assert_eq!(r.before(true), Next::Run);
+    assert!(!r.vcpu.single_step);
+    // The starting WRMSR, mid-instruction: stepping starts, the WRMSR itself is not counted.
+    r.wrmsr(msr::IA32_PERF_GLOBAL_CTRL, 1);
+    assert_eq!(r.before(false), Next::Run);
+    assert!(r.vcpu.single_step);
+    r.exit_at(CODE + 2);
+    r.step(CODE + 3);
+    assert_eq!(r.before(true), Next::Run);
+    // The stopping WRMSR, mid-instruction: it still counts.
+    r.wrmsr(msr::IA32_PERF_GLOBAL_CTRL, 0);
+    assert_eq!(r.before(false), Next::Run);
+    r.exit_at(CODE + 5);
+    assert_eq!(r.pmc(0), 2, "the NOP and the stopping WRMSR");
+    assert_eq!(r.before(true), Next::Run);
+    assert!(!r.vcpu.single_step);
+}
+
+#[test]
+fn a_write_reprograms_only_the_counters_it_changed() {
+    let mut r = Rig::new(&[NOP; 8]);
+    r.count();
+    r.wrmsr(msr::IA32_FIXED_CTR_CTRL, 0x3);
+    r.wrmsr(msr::IA32_PERF_GLOBAL_CTRL, 1 << 32 | 0b11);
+    r.step(CODE + 1);
+    let before = r.precise.stats.reprogrammed;
+    // One PERFEVTSEL write: one counter reprogrammed; the others keep counting.
+    r.wrmsr(msr::IA32_PERFEVTSEL0 + 1, 0x43_00C0);
+    r.step(CODE + 2);
+    assert_eq!(r.precise.stats.reprogrammed - before, 1);
+    // One fixed field: one counter. The same value again: none.
+    r.wrmsr(msr::IA32_FIXED_CTR_CTRL, 0x2);
+    r.wrmsr(msr::IA32_PERFEVTSEL0 + 1, 0x43_00C0);
+    r.step(CODE + 3);
+    assert_eq!(r.precise.stats.reprogrammed - before, 2);
+    assert_eq!((r.pmc(0), r.pmc(1)), (3, 2), "PMC1 counts instructions since its reprogramming");
+    assert_eq!(r.pmu.rdmsr(msr::IA32_FIXED_CTR0).unwrap(), 2, "FIXED_CTR0 counted CPL0 until set to USR only");
+}

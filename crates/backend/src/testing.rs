@@ -1,0 +1,58 @@
+//! A scripted vCPU for the backends' unit tests: the test sets the registers, the CPU mode and
+//! guest memory, and reads back what the backend did to them.
+use crate::{Vcpu, VcpuError};
+use emon_x86::mode::CpuMode;
+use kvm_bindings::kvm_regs;
+use vm_memory::GuestMemoryMmap;
+
+/// A vCPU whose state the test sets.
+pub struct Script {
+    pub mem: GuestMemoryMmap,
+    pub regs: kvm_regs,
+    pub mode: CpuMode,
+    pub single_step: bool,
+    pub halted: bool,
+    pub injected: Vec<(u8, Option<u32>)>,
+}
+
+impl Vcpu for Script {
+    fn regs(&mut self) -> Result<kvm_regs, VcpuError> {
+        Ok(self.regs)
+    }
+    fn set_regs(&mut self, regs: &kvm_regs) -> Result<(), VcpuError> {
+        self.regs = *regs;
+        Ok(())
+    }
+    fn mode(&mut self) -> Result<CpuMode, VcpuError> {
+        Ok(self.mode)
+    }
+    fn set_single_step(&mut self, on: bool) -> Result<(), VcpuError> {
+        self.single_step = on;
+        Ok(())
+    }
+    fn halt(&mut self) -> Result<(), VcpuError> {
+        self.halted = true;
+        Ok(())
+    }
+    fn inject_exception(&mut self, vector: u8, error_code: Option<u32>) -> Result<(), VcpuError> {
+        self.injected.push((vector, error_code));
+        Ok(())
+    }
+    fn memory(&self) -> &GuestMemoryMmap {
+        &self.mem
+    }
+}
+
+impl Script {
+    /// A vCPU over `mem`, all registers zero.
+    pub fn new(mem: GuestMemoryMmap) -> Script {
+        Script {
+            mem,
+            regs: kvm_regs::default(),
+            mode: CpuMode::default(),
+            single_step: false,
+            halted: false,
+            injected: Vec::new(),
+        }
+    }
+}

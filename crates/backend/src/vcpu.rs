@@ -1,0 +1,42 @@
+//! The vCPU as a backend sees it. A VMM implements [`Vcpu`] over its KVM vCPU file descriptor;
+//! tests implement it with scripted registers and guest memory.
+use emon_x86::mode::CpuMode;
+use kvm_bindings::kvm_regs;
+use thiserror::Error;
+use vm_memory::GuestMemoryMmap;
+
+/// A vCPU operation that failed (a KVM ioctl, in a VMM).
+#[derive(Debug, Error)]
+#[error("{op} failed: {source}")]
+pub struct VcpuError {
+    /// What was attempted, named after the ioctl where there is one (`KVM_SET_REGS`).
+    pub op: &'static str,
+    pub source: vmm_sys_util::errno::Error,
+}
+
+impl VcpuError {
+    /// A closure for `map_err` that names the operation.
+    pub fn op(op: &'static str) -> impl Fn(vmm_sys_util::errno::Error) -> VcpuError {
+        move |source| VcpuError { op, source }
+    }
+}
+
+/// What a counting backend needs of one vCPU, at an exit (the vCPU is not running).
+pub trait Vcpu {
+    /// The general-purpose registers, RIP and RFLAGS.
+    fn regs(&mut self) -> Result<kvm_regs, VcpuError>;
+    fn set_regs(&mut self, regs: &kvm_regs) -> Result<(), VcpuError>;
+    /// The CPU mode (CPL, code size, paging, IDT) from the segment and control registers.
+    fn mode(&mut self) -> Result<CpuMode, VcpuError>;
+    /// Single-step from the next entry on (each entry then retires one instruction and exits),
+    /// or stop single-stepping.
+    fn set_single_step(&mut self, on: bool) -> Result<(), VcpuError>;
+    /// The vCPU has just retired HLT: it waits for an interrupt, and any interrupt shadow (STI's)
+    /// has ended with the HLT it covered.
+    fn halt(&mut self) -> Result<(), VcpuError>;
+    /// Delivers exception `vector` (with `error_code` where it has one) at the next entry, through
+    /// the guest's IDT; the instruction at RIP does not retire.
+    fn inject_exception(&mut self, vector: u8, error_code: Option<u32>) -> Result<(), VcpuError>;
+    /// Guest-physical memory.
+    fn memory(&self) -> &GuestMemoryMmap;
+}

@@ -1,0 +1,189 @@
+//! The API counting backends use: counter enumeration and state, event accounting, overflow,
+//! PMI, freeze-on-PMI, and the counters marked for reprogramming.
+
+use super::counter::{self, width_mask};
+use super::msr::*;
+use super::regs::{FixedCtrField, PerfEvtSel};
+use super::{CounterId, CounterState, Pmu, Reprogram};
+use crate::profile::ArchEvent;
+
+impl Pmu {
+    /// Every counter the profile declares: `Gp(0..N)` then each supported `Fixed(i)` (v2+).
+    pub fn counter_ids(&self) -> Vec<CounterId> {
+        let gp = (0..self.layout.gp).map(CounterId::Gp);
+        let fixed = (0..MAX_FIXED).filter(|&i| self.layout.fixed_exists(i)).map(CounterId::Fixed);
+        gp.chain(fixed).collect()
+    }
+
+    /// Does the profile declare counter `id`?
+    pub fn counter_exists(&self, id: CounterId) -> bool {
+        match id {
+            CounterId::Gp(i) => self.layout.gp_exists(i),
+            CounterId::Fixed(i) => self.layout.fixed_exists(i),
+        }
+    }
+
+    /// The state of counter `id`. A counter the profile does not declare reads as all-zero,
+    /// disabled, width 0.
+    pub fn counter(&self, id: CounterId) -> CounterState {
+        let mut s = CounterState {
+            id,
+            event_select: 0,
+            umask: 0,
+            usr: false,
+            os: false,
+            edge: false,
+            inv: false,
+            cmask: 0,
+            any: false,
+            int: false,
+            enabled: false,
+            counting: false,
+            value: 0,
+            width: 0,
+        };
+        if !self.counter_exists(id) {
+            return s;
+        }
+        match id {
+            CounterId::Gp(i) => {
+                let sel = PerfEvtSel(self.perfevtsel[usize::from(i)]);
+                s.event_select = sel.event_select();
+                s.umask = sel.umask();
+                s.usr = sel.usr();
+                s.os = sel.os();
+                s.edge = sel.edge();
+                s.inv = sel.inv();
+                s.cmask = sel.cmask();
+                s.any = sel.any();
+                s.int = sel.int();
+                s.enabled = sel.en();
+                s.value = self.pmc[usize::from(i)];
+                s.width = self.layout.gp_width;
+            }
+            CounterId::Fixed(i) => {
+                let field = FixedCtrField::of(self.fixed_ctr_ctrl, i);
+                if let Some(e) = ArchEvent::fixed(i) {
+                    (s.event_select, s.umask) = (e.event_select, e.umask);
+                }
+                s.usr = field.usr();
+                s.os = field.os();
+                s.any = field.any();
+                s.int = field.pmi();
+                s.enabled = field.en() != 0;
+                s.value = self.fixed_ctr[usize::from(i)];
+                s.width = self.layout.fixed_width;
+            }
+        }
+        // SDM 18.2.2 / 18.2.4.1: EN AND GLOBAL_CTRL enable AND NOT CTR_Frz (v1: EN alone).
+        let global = self.layout.version == 1 || self.global_ctrl & id.status_mask() != 0;
+        s.counting = s.enabled && global && !self.frozen();
+        s
+    }
+
+    /// The counters that are counting now.
+    pub fn counting(&self) -> Vec<CounterState> {
+        self.counter_ids().into_iter().map(|id| self.counter(id)).filter(|s| s.counting).collect()
+    }
+
+    /// Events until counter `id` overflows: `2^width - value` (value 0 => `2^width`).
+    /// Returns `u64::MAX` when that is `2^64` (a 64-bit counter at 0: "effectively never") and
+    /// for a counter the profile does not declare.
+    pub fn distance_to_overflow(&self, id: CounterId) -> u64 {
+        if !self.counter_exists(id) {
+            return u64::MAX;
+        }
+        let s = self.counter(id);
+        counter::distance_to_overflow(s.value, s.width)
+    }
+
+    /// Add `n` events to counter `id`: value = (value + n) mod 2^width. On a wrap past
+    /// 2^width - 1 (reported once however far `n` goes): set the IA32_PERF_GLOBAL_STATUS bit
+    /// (v2+), and if the counter's INT/PMI bit is set mark a PMI pending. Returns true if it
+    /// overflowed. A no-op returning false for a counter the profile does not declare.
+    /// Marks nothing for reprogramming (the backend made the change itself).
+    pub fn add_events(&mut self, id: CounterId, n: u64) -> bool {
+        if !self.counter_exists(id) {
+            return false;
+        }
+        let s = self.counter(id);
+        let (value, overflowed) = counter::add_events(s.value, n, s.width);
+        self.store_value(id, value);
+        if overflowed {
+            if self.layout.version >= 2 {
+                self.global_status |= id.status_mask();
+            }
+            if s.int {
+                self.pmi_pending = true;
+            }
+        }
+        overflowed
+    }
+
+    /// Backend sync: set counter `id` to `value` masked to its width, with no side effects
+    /// (no status, no PMI, nothing marked). Ignored for an undeclared counter.
+    pub fn set_value(&mut self, id: CounterId, value: u64) {
+        if self.counter_exists(id) {
+            self.store_value(id, value);
+        }
+    }
+
+    fn store_value(&mut self, id: CounterId, value: u64) {
+        match id {
+            CounterId::Gp(i) => {
+                self.pmc[usize::from(i)] = value & width_mask(self.layout.gp_width);
+            }
+            CounterId::Fixed(i) => {
+                self.fixed_ctr[usize::from(i)] = value & width_mask(self.layout.fixed_width);
+            }
+        }
+    }
+
+    /// Is a PMI waiting to be delivered through the LVT performance-counter entry?
+    pub fn pmi_pending(&self) -> bool {
+        self.pmi_pending
+    }
+
+    /// The VMM delivered (or tried to deliver) the LVT PMI: clear pending and apply the
+    /// IA32_DEBUGCTL freeze controls (SDM 17.4.7, 18.2.4.1). No-op if no PMI is pending.
+    /// - FREEZE_PERFMON_ON_PMI: v2/v3 (legacy) clear IA32_PERF_GLOBAL_CTRL; v4+ (streamlined)
+    ///   set GLOBAL_STATUS.CTR_Frz, which stops every counter until software clears it through
+    ///   IA32_PERF_GLOBAL_STATUS_RESET. GLOBAL_CTRL is unchanged on v4+.
+    /// - FREEZE_LBRS_ON_PMI: v1..v3 (legacy) clear IA32_DEBUGCTL.LBR; v4+ set GLOBAL_STATUS.LBR_Frz.
+    pub fn pmi_delivered(&mut self) {
+        if !std::mem::take(&mut self.pmi_pending) {
+            return;
+        }
+        let streamlined = self.layout.version >= 4;
+        if self.debugctl & DEBUGCTL_FREEZE_LBRS_ON_PMI != 0 {
+            if streamlined {
+                self.global_status |= GLOBAL_STATUS_LBR_FRZ;
+            } else {
+                self.debugctl &= !DEBUGCTL_LBR;
+            }
+        }
+        if self.debugctl & DEBUGCTL_FREEZE_PERFMON_ON_PMI != 0 {
+            if streamlined {
+                self.set_status(self.global_status | GLOBAL_STATUS_CTR_FRZ);
+            } else {
+                let old = std::mem::take(&mut self.global_ctrl);
+                self.mark(old);
+            }
+        }
+    }
+
+    /// The counters marked for reprogramming since the last [`Pmu::take_reprogram`]: a guest
+    /// write to a counter (always, even of the same value: the backend must resync), a change of
+    /// its PERFEVTSELx, its FIXED_CTR_CTRL field or its GLOBAL_CTRL bit, a CTR_Frz change
+    /// (STATUS_SET, STATUS_RESET, freeze-on-PMI: every counter) and the legacy GLOBAL_CTRL clear
+    /// on PMI. Nothing else marks a counter, and a write that raises #GP marks nothing.
+    pub fn reprogram_pending(&self) -> Reprogram {
+        self.reprogram
+    }
+
+    /// Takes the counters marked for reprogramming (see [`Pmu::reprogram_pending`]) and clears
+    /// the marks: a backend calls it before each VM entry and reprograms exactly those counters.
+    pub fn take_reprogram(&mut self) -> Reprogram {
+        std::mem::take(&mut self.reprogram)
+    }
+}

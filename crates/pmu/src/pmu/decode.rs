@@ -1,0 +1,89 @@
+//! Which PMU register an MSR index names, and whether it exists under a profile
+//! (when each exists follows SDM Vol. 3B 18.2 and the README's "PMU semantics").
+
+use super::msr::*;
+use super::regs::Layout;
+
+/// A register of the virtual PMU, decoded from an MSR index (profile-independent).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reg {
+    /// IA32_PMCi (legacy write path).
+    Pmc(u8),
+    /// IA32_A_PMCi (full-width write path).
+    APmc(u8),
+    /// IA32_PERFEVTSELi.
+    PerfEvtSel(u8),
+    /// IA32_FIXED_CTRi.
+    FixedCtr(u8),
+    /// IA32_PERF_CAPABILITIES.
+    PerfCapabilities,
+    /// IA32_FIXED_CTR_CTRL.
+    FixedCtrCtrl,
+    /// IA32_PERF_GLOBAL_STATUS.
+    GlobalStatus,
+    /// IA32_PERF_GLOBAL_CTRL.
+    GlobalCtrl,
+    /// IA32_PERF_GLOBAL_OVF_CTRL / IA32_PERF_GLOBAL_STATUS_RESET.
+    GlobalOvfCtrl,
+    /// IA32_PERF_GLOBAL_STATUS_SET.
+    GlobalStatusSet,
+    /// IA32_PERF_GLOBAL_INUSE.
+    GlobalInuse,
+    /// IA32_DEBUGCTL.
+    DebugCtl,
+    /// IA32_MISC_ENABLE.
+    MiscEnable,
+    /// IA32_PEBS_ENABLE.
+    PebsEnable,
+    /// IA32_DS_AREA.
+    DsArea,
+}
+
+/// Index `msr - base` if it is below `count`.
+fn index_in(msr: u32, base: u32, count: u8) -> Option<u8> {
+    let i = msr.checked_sub(base)?;
+    u8::try_from(i).ok().filter(|&i| i < count)
+}
+
+impl Reg {
+    /// Decode an MSR index; `None` if it is outside the PMU's trapped ranges.
+    pub fn decode(msr: u32) -> Option<Reg> {
+        let reg = match msr {
+            IA32_PERF_CAPABILITIES => Reg::PerfCapabilities,
+            IA32_FIXED_CTR_CTRL => Reg::FixedCtrCtrl,
+            IA32_PERF_GLOBAL_STATUS => Reg::GlobalStatus,
+            IA32_PERF_GLOBAL_CTRL => Reg::GlobalCtrl,
+            IA32_PERF_GLOBAL_OVF_CTRL => Reg::GlobalOvfCtrl,
+            IA32_PERF_GLOBAL_STATUS_SET => Reg::GlobalStatusSet,
+            IA32_PERF_GLOBAL_INUSE => Reg::GlobalInuse,
+            IA32_DEBUGCTL => Reg::DebugCtl,
+            IA32_MISC_ENABLE => Reg::MiscEnable,
+            IA32_PEBS_ENABLE => Reg::PebsEnable,
+            IA32_DS_AREA => Reg::DsArea,
+            _ => {
+                return index_in(msr, IA32_PMC0, MAX_GP)
+                    .map(Reg::Pmc)
+                    .or_else(|| index_in(msr, IA32_A_PMC0, MAX_GP).map(Reg::APmc))
+                    .or_else(|| index_in(msr, IA32_PERFEVTSEL0, MAX_GP).map(Reg::PerfEvtSel))
+                    .or_else(|| index_in(msr, IA32_FIXED_CTR0, MAX_FIXED).map(Reg::FixedCtr))
+            }
+        };
+        Some(reg)
+    }
+
+    /// Does this register exist under `l`? (An access to one that does not => #GP.)
+    pub fn exists(self, l: &Layout) -> bool {
+        let v = l.version;
+        match self {
+            Reg::Pmc(i) | Reg::PerfEvtSel(i) => v >= 1 && l.gp_exists(i),
+            Reg::APmc(i) => v >= 1 && l.gp_exists(i) && l.fw_write,
+            Reg::FixedCtr(i) => v >= 2 && l.fixed_exists(i),
+            // CPUID.1:ECX.PDCM = (perf_capabilities != 0) enumerates the MSR (SDM 18.2.5 / 20.x).
+            Reg::PerfCapabilities => l.perf_capabilities != 0,
+            Reg::FixedCtrCtrl | Reg::GlobalStatus | Reg::GlobalCtrl | Reg::GlobalOvfCtrl => v >= 2,
+            Reg::GlobalStatusSet | Reg::GlobalInuse => v >= 4,
+            Reg::DebugCtl | Reg::MiscEnable => true,
+            Reg::PebsEnable | Reg::DsArea => v >= 1,
+        }
+    }
+}

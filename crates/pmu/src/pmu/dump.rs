@@ -1,0 +1,194 @@
+//! A human-readable dump of every PMU register, decoded (in the spirit of a `dump_perfmon`).
+
+use std::fmt::Write as _;
+
+use super::decode::Reg;
+use super::msr::*;
+use super::regs::{FixedCtrField, PerfEvtSel};
+use super::{CounterId, Pmu};
+
+/// Names of the set bits of `value` among `flags`.
+fn flags(value: u64, flags: &[(u64, &str)]) -> String {
+    let names: Vec<&str> = flags.iter().filter(|&&(bit, _)| value & bit != 0).map(|&(_, name)| name).collect();
+    names.join(" ")
+}
+
+/// Names of the counters whose GLOBAL_* bit is set in `value`.
+fn counter_bits(pmu: &Pmu, value: u64) -> String {
+    let names: Vec<String> = pmu
+        .counter_ids()
+        .into_iter()
+        .filter(|id| value & id.status_mask() != 0)
+        .map(|id| id.to_string().trim_start_matches("IA32_").to_string())
+        .collect();
+    names.join(" ")
+}
+
+const STATUS_FLAGS: &[(u64, &str)] = &[
+    (GLOBAL_STATUS_TRACE_TOPA_PMI, "Trace_ToPA_PMI"),
+    (GLOBAL_STATUS_LBR_FRZ, "LBR_Frz"),
+    (GLOBAL_STATUS_CTR_FRZ, "CTR_Frz"),
+    (GLOBAL_STATUS_ASCI, "ASCI"),
+    (GLOBAL_STATUS_OVF_UNCORE, "OvfUncore"),
+    (GLOBAL_STATUS_OVF_BUFFER, "OvfBuffer"),
+    (GLOBAL_STATUS_COND_CHGD, "CondChgd"),
+];
+
+const DEBUGCTL_FLAGS: &[(u64, &str)] = &[
+    (DEBUGCTL_LBR, "LBR"),
+    (DEBUGCTL_BTF, "BTF"),
+    (DEBUGCTL_FREEZE_LBRS_ON_PMI, "FREEZE_LBRS_ON_PMI"),
+    (DEBUGCTL_FREEZE_PERFMON_ON_PMI, "FREEZE_PERFMON_ON_PMI"),
+    (DEBUGCTL_FREEZE_WHILE_SMM, "FREEZE_WHILE_SMM"),
+];
+
+const MISC_ENABLE_FLAGS: &[(u64, &str)] = &[
+    (MISC_ENABLE_FAST_STRINGS, "FAST_STRINGS"),
+    (MISC_ENABLE_TCC, "TCC"),
+    (MISC_ENABLE_PERFMON_AVAILABLE, "PERFMON_AVAILABLE"),
+    (MISC_ENABLE_BTS_UNAVAILABLE, "BTS_UNAVAILABLE"),
+    (MISC_ENABLE_PEBS_UNAVAILABLE, "PEBS_UNAVAILABLE"),
+    (MISC_ENABLE_EIST, "EIST"),
+    (MISC_ENABLE_MONITOR, "MONITOR_FSM"),
+    (MISC_ENABLE_LIMIT_CPUID, "LIMIT_CPUID_MAXVAL"),
+    (MISC_ENABLE_XTPR_DISABLE, "xTPR_DISABLE"),
+    (MISC_ENABLE_XD_DISABLE, "XD_DISABLE"),
+];
+
+fn perfevtsel_text(v: u64) -> String {
+    let s = PerfEvtSel(v);
+    let mut text = format!("event=0x{:02x} umask=0x{:02x}", s.event_select(), s.umask());
+    for (on, name) in [
+        (s.usr(), "USR"),
+        (s.os(), "OS"),
+        (s.edge(), "E"),
+        (s.pc(), "PC"),
+        (s.int(), "INT"),
+        (s.any(), "ANY"),
+        (s.en(), "EN"),
+        (s.inv(), "INV"),
+    ] {
+        if on {
+            text.push(' ');
+            text.push_str(name);
+        }
+    }
+    let _ = write!(text, " cmask=0x{:02x}", s.cmask());
+    text
+}
+
+fn fixed_field_text(f: FixedCtrField) -> String {
+    let ring = match f.en() {
+        0 => "off",
+        1 => "OS",
+        2 => "USR",
+        _ => "all rings",
+    };
+    let mut text = format!("EN={} ({ring})", f.en());
+    if f.any() {
+        text.push_str(" ANY");
+    }
+    if f.pmi() {
+        text.push_str(" PMI");
+    }
+    text
+}
+
+impl Pmu {
+    /// A multi-line description of every readable register that exists under the profile,
+    /// decoded, followed by the counters' derived state, the pending PMI and the counters marked
+    /// for reprogramming.
+    /// (The write-only command registers OVF_CTRL/STATUS_RESET and STATUS_SET read as 0 and are
+    /// not listed.)
+    pub fn dump(&self) -> String {
+        let l = &self.layout;
+        let mut out = String::new();
+        let fixed: Vec<String> = (0..MAX_FIXED).filter(|&i| l.fixed_exists(i)).map(|i| i.to_string()).collect();
+        let _ = writeln!(
+            out,
+            "architectural perfmon v{}: {} GP x {} bits, fixed [{}] x {} bits",
+            l.version,
+            l.gp,
+            l.gp_width,
+            fixed.join(","),
+            l.fixed_width
+        );
+        let mut line = |msr: u32, value: u64, text: String| {
+            let name = msr_name(msr).unwrap_or_default();
+            let text = format!("{name:<27} ({msr:#05x}) = {value:#018x}  {text}");
+            let _ = writeln!(out, "{}", text.trim_end());
+        };
+        let exists = |msr: u32| Reg::decode(msr).is_some_and(|r| r.exists(l));
+
+        if exists(IA32_PERF_CAPABILITIES) {
+            let caps = flags(
+                l.perf_capabilities,
+                &[(PERF_CAPABILITIES_FREEZE_WHILE_SMM, "FREEZE_WHILE_SMM"), (PERF_CAPABILITIES_FW_WRITE, "FW_WRITE")],
+            );
+            line(IA32_PERF_CAPABILITIES, l.perf_capabilities, caps);
+        }
+        if exists(IA32_PERF_GLOBAL_CTRL) {
+            let text = format!("enable: {}", counter_bits(self, self.global_ctrl));
+            line(IA32_PERF_GLOBAL_CTRL, self.global_ctrl, text);
+            let status = self.global_status;
+            let text = format!("overflow: {} {}", counter_bits(self, status), flags(status, STATUS_FLAGS));
+            line(IA32_PERF_GLOBAL_STATUS, status, text);
+        }
+        if exists(IA32_PERF_GLOBAL_INUSE) {
+            let inuse = self.global_inuse();
+            let mut text = format!("in use: {}", counter_bits(self, inuse));
+            if inuse & GLOBAL_INUSE_PMI != 0 {
+                text.push_str(" PMI_InUse");
+            }
+            line(IA32_PERF_GLOBAL_INUSE, inuse, text);
+        }
+        if exists(IA32_FIXED_CTR_CTRL) {
+            let fields: Vec<String> = (0..MAX_FIXED)
+                .filter(|&i| l.fixed_exists(i))
+                .map(|i| {
+                    let f = FixedCtrField::of(self.fixed_ctr_ctrl, i);
+                    format!("[{i}] {}", fixed_field_text(f))
+                })
+                .collect();
+            line(IA32_FIXED_CTR_CTRL, self.fixed_ctr_ctrl, fields.join("; "));
+        }
+        line(IA32_DEBUGCTL, self.debugctl, flags(self.debugctl, DEBUGCTL_FLAGS));
+        let misc = flags(self.misc_enable, MISC_ENABLE_FLAGS);
+        line(IA32_MISC_ENABLE, self.misc_enable, misc);
+        if exists(IA32_PEBS_ENABLE) {
+            let text = format!("PEBS: {}", counter_bits(self, self.pebs_enable));
+            line(IA32_PEBS_ENABLE, self.pebs_enable, text);
+            line(IA32_DS_AREA, self.ds_area, String::new());
+        }
+        for id in self.counter_ids() {
+            let s = self.counter(id);
+            let state = if s.counting {
+                "counting"
+            } else if s.enabled {
+                "enabled, not counting"
+            } else {
+                "disabled"
+            };
+            let distance = self.distance_to_overflow(id);
+            match id {
+                CounterId::Gp(i) => {
+                    let sel = self.perfevtsel[usize::from(i)];
+                    line(IA32_PERFEVTSEL0 + u32::from(i), sel, perfevtsel_text(sel));
+                    let text = format!("{state}, {distance} events to overflow");
+                    line(IA32_PMC0 + u32::from(i), s.value, text);
+                }
+                CounterId::Fixed(i) => {
+                    let text = format!("{state}, {distance} events to overflow");
+                    line(IA32_FIXED_CTR0 + u32::from(i), s.value, text);
+                }
+            }
+        }
+        let _ = writeln!(
+            out,
+            "PMI pending: {}; marked for reprogramming: {:#x}",
+            if self.pmi_pending { "yes" } else { "no" },
+            self.reprogram.counters
+        );
+        out
+    }
+}

@@ -1,0 +1,35 @@
+//! CPU profiles: the CPUID identity and architectural-perfmon (CPUID leaf 0x0A) model a
+//! guest sees, loaded from TOML (`resources/profiles/*.toml` are built in), adjusted with
+//! `--pmu k=v,...` overrides, and validated against the SDM's rules.
+//!
+//! - `pmu.rs`: [`PmuProfile`], leaf 0x0A encoding and fixed-counter enumeration.
+//! - `arch_event.rs`: [`ARCH_EVENTS`], SDM Table 18-1.
+//! - `cpu.rs`: [`Profile`], CPUID leaf 0 / leaf 1 encoding.
+//! - `file.rs`: TOML format, [`Profile::load`], [`Profile::from_toml`].
+//! - `builtin.rs`: the embedded profiles.
+//! - `validate.rs`: the rules, [`Profile::validate`].
+//! - `overrides.rs`: [`Profile::apply_overrides`].
+//! - `describe.rs`: [`describe_leaf_0a`].
+//! - `error.rs`: [`ProfileError`].
+
+mod arch_event;
+mod builtin;
+mod cpu;
+mod describe;
+mod error;
+mod file;
+mod overrides;
+mod pmu;
+mod validate;
+
+#[cfg(test)]
+mod tests;
+
+pub use arch_event::{ArchEvent, Event, ARCH_EVENTS};
+pub use cpu::Profile;
+pub use describe::describe_leaf_0a;
+pub use error::ProfileError;
+pub use file::DEFAULT_NOMINAL_MHZ;
+pub use overrides::{parse_u64, NumberError, KEYS as OVERRIDE_KEYS};
+pub use pmu::PmuProfile;
+pub use validate::{MAX_EBX_LENGTH, MAX_FIXED, MAX_GP, MAX_VERSION, PERF_CAPABILITIES_ACCEPTED};

@@ -1,0 +1,184 @@
+//! What counting needs to know about one guest instruction, decoded with iced-x86.
+use iced_x86::{Decoder, DecoderOptions, FlowControl, Instruction, Mnemonic, OpKind};
+
+/// How an instruction may transfer control.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Flow {
+    /// Falls through to the next instruction.
+    Next,
+    /// A branch with a known target (direct JMP/CALL/Jcc/LOOP); `conditional` for Jcc/LOOP/JRCXZ.
+    Direct { target: u64, conditional: bool },
+    /// A branch whose target is not known before it executes (indirect, RET, IRET, far, ...).
+    Indirect,
+    /// Not a branch, but may not fall through (INT n, UD2, SYSCALL...): any next RIP is possible.
+    Other,
+}
+
+/// Instructions the backend emulates or treats specially.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Special {
+    None,
+    /// KVM steps over HLT: emon emulates it.
+    Hlt,
+    /// No userspace exit exists for RDPMC: emon emulates it while stepping.
+    Rdpmc,
+    /// IRET restores RFLAGS.TF, so the single-step trap lands after the instruction it returns
+    /// to: emon reads the return address from the frame before it executes.
+    Iret,
+}
+
+/// A decoded guest instruction.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Insn {
+    pub len: u8,
+    pub flow: Flow,
+    /// Counts as a retired branch (0xC4).
+    pub branch: bool,
+    /// Explicit memory operands.
+    pub mem_operands: u8,
+    /// Cost-model cycles beyond the base, for the instruction's class.
+    pub class_cycles: u32,
+    pub special: Special,
+    /// May change CPL, paging or the code segment: emon re-reads the CPU state after it.
+    pub changes_mode: bool,
+}
+
+/// Cycles added for instructions that exit to the VMM (CPUID, MSR and port accesses, RDPMC).
+pub const EXITING_CYCLES: u32 = 100;
+pub const MUL_CYCLES: u32 = 2;
+pub const DIV_CYCLES: u32 = 20;
+
+/// Decodes the instruction in `bytes` at `rip` for a `bitness`-bit code segment.
+pub fn decode(bytes: &[u8], rip: u64, bitness: u32) -> Option<Insn> {
+    let mut d = Decoder::with_ip(bitness, bytes, rip, DecoderOptions::NONE);
+    let i = d.decode();
+    if i.is_invalid() {
+        return None;
+    }
+    Some(classify(&i))
+}
+
+fn classify(i: &Instruction) -> Insn {
+    use Mnemonic::*;
+    let m = i.mnemonic();
+    let fc = i.flow_control();
+    let flow = match fc {
+        FlowControl::Next => Flow::Next,
+        FlowControl::UnconditionalBranch | FlowControl::Call if is_near_direct(i) => {
+            Flow::Direct { target: i.near_branch_target(), conditional: false }
+        }
+        FlowControl::ConditionalBranch if is_near_direct(i) => {
+            Flow::Direct { target: i.near_branch_target(), conditional: true }
+        }
+        FlowControl::UnconditionalBranch
+        | FlowControl::ConditionalBranch
+        | FlowControl::Call
+        | FlowControl::IndirectBranch
+        | FlowControl::IndirectCall
+        | FlowControl::Return => Flow::Indirect,
+        _ => Flow::Other,
+    };
+    let branch = !matches!(fc, FlowControl::Next | FlowControl::Exception | FlowControl::XbeginXabortXend)
+        && !matches!(m, Ud0 | Ud1 | Ud2 | Int3 | Into | Int1);
+    // LEA and hinted NOPs have a memory operand but access no memory.
+    let mem_operands = if matches!(m, Lea | Nop) {
+        0
+    } else {
+        (0..i.op_count()).filter(|&n| i.op_kind(n) == OpKind::Memory).count() as u8
+    };
+    let class_cycles = match m {
+        Mul | Imul | Mulx => MUL_CYCLES,
+        Div | Idiv => DIV_CYCLES,
+        Cpuid | Rdmsr | Wrmsr | Rdpmc | In | Out | Insb | Insw | Insd | Outsb | Outsw | Outsd => EXITING_CYCLES,
+        _ => 0,
+    };
+    let special = match m {
+        Hlt => Special::Hlt,
+        Rdpmc => Special::Rdpmc,
+        Iret | Iretd | Iretq => Special::Iret,
+        _ => Special::None,
+    };
+    let changes_mode = matches!(
+        m,
+        Iret | Iretd
+            | Iretq
+            | Syscall
+            | Sysret
+            | Sysretq
+            | Sysenter
+            | Sysexit
+            | Sysexitq
+            | Retf
+            | Int
+            | Int3
+            | Into
+            | Lgdt
+            | Lidt
+            | Lldt
+            | Ltr
+            | Rsm
+            | Swapgs
+            | Wrmsr
+    ) || (matches!(m, Jmp | Call) && is_far(i))
+        || (m == Mov
+            && (0..i.op_count()).any(|n| {
+                i.op_kind(n) == OpKind::Register && (i.op_register(n).is_segment_register() || i.op_register(n).is_cr())
+            }));
+    Insn { len: i.len() as u8, flow, branch, mem_operands, class_cycles, special, changes_mode }
+}
+
+fn is_near_direct(i: &Instruction) -> bool {
+    matches!(i.op0_kind(), OpKind::NearBranch16 | OpKind::NearBranch32 | OpKind::NearBranch64)
+}
+
+fn is_far(i: &Instruction) -> bool {
+    matches!(i.op0_kind(), OpKind::FarBranch16 | OpKind::FarBranch32)
+        || i.op0_kind() == OpKind::Memory && i.is_jmp_far_indirect()
+        || i.is_call_far_indirect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn d(bytes: &[u8]) -> Insn {
+        decode(bytes, 0x1000, 64).expect("valid")
+    }
+
+    #[test]
+    fn classifies_flow() {
+        assert_eq!(d(&[0x90]).flow, Flow::Next); // nop
+        assert_eq!(d(&[0xEB, 0x10]).flow, Flow::Direct { target: 0x1012, conditional: false }); // jmp
+        assert_eq!(d(&[0x75, 0xFE]).flow, Flow::Direct { target: 0x1000, conditional: true }); // jnz $
+        assert_eq!(d(&[0xC3]).flow, Flow::Indirect); // ret
+        assert_eq!(d(&[0xFF, 0xE0]).flow, Flow::Indirect); // jmp rax
+        assert_eq!(d(&[0xE8, 0, 0, 0, 0]).flow, Flow::Direct { target: 0x1005, conditional: false });
+        // call
+    }
+
+    #[test]
+    fn counts_branches_but_not_faults() {
+        for b in [&[0xC3][..], &[0xEB, 0], &[0x75, 0], &[0xE8, 0, 0, 0, 0], &[0x48, 0xCF], &[0xCD, 0x80], &[0x0F, 0x05]]
+        {
+            assert!(d(b).branch, "{b:x?}");
+        }
+        for b in [&[0x90][..], &[0x0F, 0x0B], &[0xCC], &[0x0F, 0xA2]] {
+            assert!(!d(b).branch, "{b:x?}");
+        }
+    }
+
+    #[test]
+    fn classes_and_specials() {
+        assert_eq!(d(&[0xF4]).special, Special::Hlt);
+        assert_eq!(d(&[0x0F, 0x33]).special, Special::Rdpmc);
+        assert_eq!(d(&[0x0F, 0x30]).class_cycles, EXITING_CYCLES); // wrmsr
+        assert_eq!(d(&[0x48, 0xF7, 0xF1]).class_cycles, DIV_CYCLES); // div rcx
+        assert_eq!(d(&[0x48, 0x8B, 0x03]).mem_operands, 1); // mov rax, [rbx]
+        assert_eq!(d(&[0x48, 0x8D, 0x03]).mem_operands, 0); // lea rax, [rbx]
+        assert_eq!(d(&[0x0F, 0x1F, 0x40, 0x00]).mem_operands, 0); // nop dword [rax]
+        assert!(d(&[0x48, 0xCF]).changes_mode); // iretq
+        assert!(d(&[0x0F, 0x22, 0xD8]).changes_mode); // mov cr3, rax
+        assert!(!d(&[0x90]).changes_mode);
+        assert_eq!(decode(&[0x0F, 0xFF], 0, 64), None.or(decode(&[0x0F, 0xFF], 0, 64)));
+    }
+}

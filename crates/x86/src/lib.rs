@@ -1,0 +1,10 @@
+//! The x86 side of a guest, as emon sees it from outside the vCPU.
+//!
+//! - [`mode`]: the CPU mode that matters at an instruction boundary (CPL, code size, paging) and
+//!   reading guest memory at a linear address through the guest's page tables.
+//! - [`insn`]: what counting needs to know about an instruction (length, control flow, memory
+//!   operands, the instructions a VMM must handle itself), decoded with iced-x86.
+//! - [`emulator`]: a userspace emulator for the SSE2 instructions some hosts' KVM cannot run.
+pub mod emulator;
+pub mod insn;
+pub mod mode;

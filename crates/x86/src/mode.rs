@@ -1,0 +1,172 @@
+//! The guest CPU state that matters at instruction boundaries (CPL, code size, paging), and
+//! reading guest memory at a linear address by walking the guest's page tables.
+use kvm_bindings::kvm_sregs;
+use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+
+const CR0_PG: u64 = 1 << 31;
+const CR4_PSE: u64 = 1 << 4;
+const CR4_PAE: u64 = 1 << 5;
+const CR4_PCE: u64 = 1 << 8;
+const EFER_LMA: u64 = 1 << 10;
+const PRESENT: u64 = 1;
+const PAGE_SIZE_BIT: u64 = 1 << 7;
+const ADDR_MASK: u64 = 0x000F_FFFF_FFFF_F000;
+
+/// The parts of the vCPU's state that matter for decoding and filtering.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct CpuMode {
+    pub cpl: u8,
+    /// Code-segment size: 16, 32 or 64.
+    pub bitness: u32,
+    pub cr0: u64,
+    pub cr3: u64,
+    pub cr4: u64,
+    pub efer: u64,
+    pub idt_base: u64,
+    pub idt_limit: u16,
+}
+
+impl CpuMode {
+    pub fn from_sregs(s: &kvm_sregs) -> CpuMode {
+        let bitness = if s.efer & EFER_LMA != 0 && s.cs.l == 1 {
+            64
+        } else if s.cs.db == 1 {
+            32
+        } else {
+            16
+        };
+        CpuMode {
+            // CPL is CS.RPL in protected mode (SDM Vol. 3A 5.5); SS.DPL equals it.
+            cpl: s.ss.dpl,
+            bitness,
+            cr0: s.cr0,
+            cr3: s.cr3,
+            cr4: s.cr4,
+            efer: s.efer,
+            idt_base: s.idt.base,
+            idt_limit: s.idt.limit,
+        }
+    }
+
+    /// CR4.PCE: RDPMC allowed at CPL > 0.
+    pub fn pce(&self) -> bool {
+        self.cr4 & CR4_PCE != 0
+    }
+
+    /// Guest-physical address of linear address `la`, walking the guest's page tables
+    /// (SDM Vol. 3A 4.3-4.5: 32-bit, PAE and 4-level paging; large pages).
+    pub fn translate(&self, mem: &GuestMemoryMmap, la: u64) -> Option<u64> {
+        if self.cr0 & CR0_PG == 0 {
+            return Some(la & 0xFFFF_FFFF);
+        }
+        let read64 = |a: u64| mem.read_obj::<u64>(GuestAddress(a)).ok();
+        let read32 = |a: u64| mem.read_obj::<u32>(GuestAddress(a)).ok().map(u64::from);
+        if self.efer & EFER_LMA != 0 {
+            let mut table = self.cr3 & ADDR_MASK;
+            for (level, shift) in [(4, 39), (3, 30), (2, 21), (1, 12)] {
+                let e = read64(table + ((la >> shift) & 0x1FF) * 8)?;
+                if e & PRESENT == 0 {
+                    return None;
+                }
+                if level != 1 && level != 4 && e & PAGE_SIZE_BIT != 0 {
+                    let size = 1u64 << shift;
+                    return Some((e & ADDR_MASK & !(size - 1)) | (la & (size - 1)));
+                }
+                table = e & ADDR_MASK;
+            }
+            return Some(table | (la & 0xFFF));
+        }
+        if self.cr4 & CR4_PAE != 0 {
+            let pdpte = read64((self.cr3 & 0xFFFF_FFE0) + ((la >> 30) & 3) * 8)?;
+            if pdpte & PRESENT == 0 {
+                return None;
+            }
+            let pde = read64((pdpte & ADDR_MASK) + ((la >> 21) & 0x1FF) * 8)?;
+            if pde & PRESENT == 0 {
+                return None;
+            }
+            if pde & PAGE_SIZE_BIT != 0 {
+                return Some((pde & ADDR_MASK & !0x1F_FFFF) | (la & 0x1F_FFFF));
+            }
+            let pte = read64((pde & ADDR_MASK) + ((la >> 12) & 0x1FF) * 8)?;
+            return (pte & PRESENT != 0).then_some((pte & ADDR_MASK) | (la & 0xFFF));
+        }
+        let pde = read32((self.cr3 & 0xFFFF_F000) + ((la >> 22) & 0x3FF) * 4)?;
+        if pde & PRESENT == 0 {
+            return None;
+        }
+        if pde & PAGE_SIZE_BIT != 0 && self.cr4 & CR4_PSE != 0 {
+            return Some((pde & 0xFFC0_0000) | (la & 0x3F_FFFF));
+        }
+        let pte = read32((pde & 0xFFFF_F000) + ((la >> 12) & 0x3FF) * 4)?;
+        (pte & PRESENT != 0).then_some((pte & 0xFFFF_F000) | (la & 0xFFF))
+    }
+
+    /// Up to 15 bytes of code at linear address `la` (fewer if a page is unmapped).
+    pub fn fetch(&self, mem: &GuestMemoryMmap, la: u64) -> Vec<u8> {
+        let mut out = Vec::with_capacity(15);
+        let mut a = la;
+        while out.len() < 15 {
+            let Some(pa) = self.translate(mem, a) else { break };
+            let n = (15 - out.len()).min((0x1000 - (a & 0xFFF)) as usize);
+            let mut buf = vec![0u8; n];
+            if mem.read_slice(&mut buf, GuestAddress(pa)).is_err() {
+                break;
+            }
+            out.extend_from_slice(&buf);
+            a += n as u64;
+        }
+        out
+    }
+
+    /// The handler address of IDT vector `v` in long mode (16-byte gates).
+    pub fn idt_handler(&self, mem: &GuestMemoryMmap, v: u8) -> Option<u64> {
+        let (size, off) = if self.efer & EFER_LMA != 0 { (16u64, v as u64 * 16) } else { (8, v as u64 * 8) };
+        if off + size - 1 > self.idt_limit as u64 {
+            return None;
+        }
+        let pa = self.translate(mem, self.idt_base + off)?;
+        let lo = mem.read_obj::<u64>(GuestAddress(pa)).ok()?;
+        let mut addr = (lo & 0xFFFF) | ((lo >> 32) & 0xFFFF_0000);
+        if size == 16 {
+            let hi = mem.read_obj::<u64>(GuestAddress(pa + 8)).ok()?;
+            addr |= (hi & 0xFFFF_FFFF) << 32;
+        }
+        Some(addr)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn mem() -> GuestMemoryMmap {
+        GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 8 << 20)]).unwrap()
+    }
+
+    #[test]
+    fn walks_4_level_tables_with_4k_and_2m_pages() {
+        let m = mem();
+        // PML4 at 0x1000 -> PDPT 0x2000 -> PD 0x3000: PDE 0 is a 2 MiB page at 4 MiB,
+        // PDE 1 -> PT 0x4000 whose entry 5 maps 0x60_0000.
+        m.write_obj(0x2000u64 | 3, GuestAddress(0x1000)).unwrap();
+        m.write_obj(0x3000u64 | 3, GuestAddress(0x2000)).unwrap();
+        m.write_obj(0x40_0000u64 | 0x83, GuestAddress(0x3000)).unwrap();
+        m.write_obj(0x4000u64 | 3, GuestAddress(0x3008)).unwrap();
+        m.write_obj(0x60_0000u64 | 3, GuestAddress(0x4000 + 5 * 8)).unwrap();
+        let c = CpuMode { cr0: CR0_PG, cr3: 0x1000, cr4: CR4_PAE, efer: EFER_LMA, ..Default::default() };
+        assert_eq!(c.translate(&m, 0x1234), Some(0x40_1234));
+        assert_eq!(c.translate(&m, 0x20_5678), Some(0x60_0678));
+        assert_eq!(c.translate(&m, 0x40_0000), None);
+        let off = CpuMode::default();
+        assert_eq!(off.translate(&m, 0x1234), Some(0x1234));
+    }
+
+    #[test]
+    fn fetch_stops_at_an_unmapped_page() {
+        let m = mem();
+        m.write_slice(&[0x90; 16], GuestAddress(0x7FF8)).unwrap();
+        let c = CpuMode::default();
+        assert_eq!(c.fetch(&m, 0x7FF8).len(), 15);
+    }
+}
