@@ -229,7 +229,7 @@ fn run(args: RunArgs) -> Result<ExitCode, CliError> {
 }
 
 fn test(args: crate::runner::TestArgs) -> Result<ExitCode, CliError> {
-    crate::runner::main(args).map_err(CliError)
+    crate::runner::main(args).map_err(CliError::from)
 }
 
 fn print_statistics(r: &vmm::RunReport) {

@@ -14,6 +14,7 @@
 //!
 //! Relative paths are relative to the suite file's directory. Unknown fields are errors, and every
 //! error is one line naming the file, the line and the field.
+use super::RunnerError;
 use crate::backend::BackendKind;
 use serde::Deserialize;
 use std::path::{Path, PathBuf};
@@ -62,25 +63,30 @@ struct EntryFile {
 }
 
 /// Reads and parses the suite file at `path`.
-pub fn load(path: &Path) -> Result<Suite, String> {
+pub fn load(path: &Path) -> Result<Suite, RunnerError> {
     let origin = path.display().to_string();
-    let text = std::fs::read_to_string(path).map_err(|e| format!("{origin}: cannot read the suite file: {e}"))?;
+    let text =
+        std::fs::read_to_string(path).map_err(|source| RunnerError::ReadSuite { origin: origin.clone(), source })?;
     let dir = path.parent().map(Path::to_path_buf).unwrap_or_default();
     from_toml(&origin, dir, &text)
 }
 
 /// Parses suite TOML; `origin` names the source in errors, `dir` anchors relative paths.
-pub fn from_toml(origin: &str, dir: PathBuf, text: &str) -> Result<Suite, String> {
-    let file: SuiteFile = toml::from_str(text).map_err(|e| toml_error(origin, text, &e))?;
+pub fn from_toml(origin: &str, dir: PathBuf, text: &str) -> Result<Suite, RunnerError> {
+    let file: SuiteFile = toml::from_str(text).map_err(|e| toml_error(origin, text, e))?;
     if file.run.is_empty() {
-        return Err(format!("{origin}: run: no [[run]] entries"));
+        return Err(RunnerError::NoRuns { origin: origin.to_string() });
     }
     let mut entries = Vec::with_capacity(file.run.len());
     for spanned in file.run {
         let line = line_of(text, spanned.span().start);
         let e = spanned.into_inner();
-        let bad = |field: &str, value: &dyn std::fmt::Debug, rule: &str| {
-            format!("{origin}: line {line}: run.{field} = {value:?}: {rule}")
+        let bad = |field: &'static str, value: &dyn std::fmt::Debug, rule: &'static str| RunnerError::SuiteField {
+            origin: origin.to_string(),
+            line,
+            field,
+            value: format!("{value:?}"),
+            rule,
         };
         if e.kernels.is_empty() {
             return Err(bad("kernels", &e.kernels, "give at least one kernel (guest:NAME, a path or a glob)"));
@@ -121,25 +127,20 @@ fn line_of(text: &str, offset: usize) -> usize {
     text.get(..offset.min(text.len())).unwrap_or("").matches('\n').count() + 1
 }
 
-/// One line: the file, the position and text of the offending line, and the parser's message
-/// (which names the field, e.g. "unknown field `kernel`, expected one of ...").
-fn toml_error(origin: &str, text: &str, err: &toml::de::Error) -> String {
-    let message = err.message().split_whitespace().collect::<Vec<_>>().join(" ");
-    match err.span() {
-        Some(span) => {
-            let line = line_of(text, span.start);
-            let source = text.lines().nth(line - 1).unwrap_or("").trim();
-            format!("{origin}: line {line} (`{source}`): {message}")
-        }
-        None => format!("{origin}: {message}"),
-    }
+/// The parser's error, with the position and text of the offending line when it gives one.
+fn toml_error(origin: &str, text: &str, source: toml::de::Error) -> RunnerError {
+    let at = source.span().map(|span| {
+        let line = line_of(text, span.start);
+        (line, text.lines().nth(line - 1).unwrap_or("").trim().to_string())
+    });
+    RunnerError::SuiteSyntax { origin: origin.to_string(), at, source: Box::new(source) }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn parse(text: &str) -> Result<Suite, String> {
+    fn parse(text: &str) -> Result<Suite, RunnerError> {
         from_toml("s.toml", PathBuf::from("suites"), text)
     }
 
@@ -165,7 +166,7 @@ mod tests {
     }
 
     fn error(text: &str) -> String {
-        let e = parse(text).unwrap_err();
+        let e = parse(text).unwrap_err().to_string();
         assert!(!e.contains('\n'), "one line: {e}");
         assert!(e.starts_with("s.toml: "), "names the file: {e}");
         e
@@ -200,6 +201,11 @@ mod tests {
     #[test]
     fn a_missing_file_is_one_line() {
         let e = load(Path::new("/nonexistent/suite.toml")).unwrap_err();
+        assert!(
+            matches!(&e, RunnerError::ReadSuite { source, .. } if source.kind() == std::io::ErrorKind::NotFound),
+            "the I/O error is kept: {e:?}"
+        );
+        let e = e.to_string();
         assert!(e.starts_with("/nonexistent/suite.toml: cannot read the suite file"), "{e}");
     }
 }
