@@ -8,6 +8,7 @@
 //! - [`host_report`]: `emon host`, what this host offers emon.
 //! - [`runner`]: `emon test`, the test-matrix runner.
 //! - [`cli`]: the `emon` command line.
+//! - [`status`]: emon's exit statuses.
 pub mod backend;
 pub mod bench;
 pub mod cli;
@@ -16,4 +17,5 @@ pub mod host_report;
 pub mod pmu;
 pub mod profile;
 pub mod runner;
+pub mod status;
 pub mod vmm;

@@ -4,8 +4,8 @@ use super::VmmError;
 use crate::pmu::Pmu;
 use kvm_ioctls::{MsrFilterDefaultAction, MsrFilterRange, MsrFilterRangeFlags, VmFd};
 
-/// Denies (i.e. sends to userspace) every MSR the virtual PMU owns. Without it KVM swallows
-/// some of them (see ../shared/platform.md: the P6 perf MSRs and DEBUGCTL).
+/// Denies (i.e. sends to userspace) every MSR the virtual PMU owns. Without the filter KVM
+/// swallows some of them (README, "How a guest's PMU access reaches the model").
 pub fn install_filter(vm: &VmFd) -> Result<(), VmmError> {
     let bitmaps: Vec<Vec<u8>> =
         Pmu::TRAPPED_MSRS.iter().map(|&(first, last)| vec![0u8; (last - first + 1).div_ceil(8) as usize]).collect();
