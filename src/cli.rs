@@ -1,15 +1,16 @@
 //! The `emon` command line.
 use crate::backend::{self, BackendKind};
 use crate::guests;
-use crate::profile::Profile;
-use crate::vmm::{self, loader, SerialOut, VmConfig};
+use crate::profile::{Profile, ProfileError};
+use crate::status;
+use crate::vmm::{self, loader, SerialOut, VmConfig, VmmError};
 use clap::{Args, Parser, Subcommand};
-use std::path::PathBuf;
+use std::fs::File;
+use std::io::Write;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
 
-/// Exit status for errors in emon's input or setup (a bad profile, kernel, option, no KVM).
-pub const STATUS_ERROR: u8 = 2;
 /// The guest `emon` runs when given no kernel.
 pub const DEFAULT_GUEST: &str = "guest:cpuid-report";
 
@@ -81,6 +82,10 @@ struct RunArgs {
     /// Write a Chrome/Perfetto trace (JSON) of the run's PMU events to FILE.
     #[arg(long, value_name = "FILE")]
     trace: Option<PathBuf>,
+    /// Write a machine-readable report of the run (JSON) to FILE: how it ended, exit counts, MSR
+    /// statistics, PMIs, the backend, file descriptors and peak memory.
+    #[arg(long, value_name = "FILE")]
+    json: Option<PathBuf>,
     /// Load FILE as a multiboot module (repeatable).
     #[arg(long, value_name = "FILE")]
     module: Vec<PathBuf>,
@@ -105,14 +110,31 @@ struct RunArgs {
     cmdline: Vec<String>,
 }
 
-/// A one-line error for the user.
-#[derive(Debug)]
-struct CliError(String);
-
-impl<E: std::fmt::Display> From<E> for CliError {
-    fn from(e: E) -> Self {
-        CliError(e.to_string())
-    }
+/// Why a command could not do its job: one line for the user, exit status 2 ([`status::ERROR`]).
+#[derive(Debug, thiserror::Error)]
+pub enum CliError {
+    /// Loading a profile, or applying `--pmu` to it.
+    #[error(transparent)]
+    Profile(#[from] ProfileError),
+    /// Setting up or running the VM, the kernel's loading included (`VmmError::Kernel`).
+    #[error(transparent)]
+    Vmm(#[from] VmmError),
+    #[error("no built-in guest '{name}'; built-in guests: {}", available.join(", "))]
+    UnknownGuest { name: String, available: Vec<String> },
+    #[error("{}: cannot read the kernel: {source}", path.display())]
+    ReadKernel { path: PathBuf, source: std::io::Error },
+    #[error("module {}: {source}", path.display())]
+    ReadModule { path: PathBuf, source: std::io::Error },
+    #[error("--json {}: {source}", path.display())]
+    JsonFile { path: PathBuf, source: std::io::Error },
+    #[error("--timeout {0}: must be a positive number of seconds")]
+    Timeout(f64),
+    /// `emon test`'s errors in its input, as the runner words them.
+    #[error(transparent)]
+    Runner(#[from] crate::runner::RunnerError),
+    /// `emon bench`: a measurement run failed.
+    #[error("{0}")]
+    Bench(String),
 }
 
 pub fn main() -> ExitCode {
@@ -140,9 +162,9 @@ pub fn main() -> ExitCode {
     };
     match result {
         Ok(code) => code,
-        Err(CliError(msg)) => {
-            eprintln!("emon: {}", msg.replace('\n', " "));
-            ExitCode::from(STATUS_ERROR)
+        Err(e) => {
+            eprintln!("emon: {}", e.to_string().replace('\n', " "));
+            ExitCode::from(status::ERROR)
         }
     }
 }
@@ -164,12 +186,12 @@ fn load_profile(args: &ProfileArgs) -> Result<Profile, CliError> {
 fn load_kernel(spec: &str) -> Result<loader::Kernel, CliError> {
     let image = match spec.strip_prefix(guests::PREFIX) {
         Some(name) => guests::find(name)
-            .ok_or_else(|| {
-                let all: Vec<_> = guests::list().map(|(n, _)| n).collect();
-                CliError(format!("no built-in guest '{name}'; built-in guests: {}", all.join(", ")))
+            .ok_or_else(|| CliError::UnknownGuest {
+                name: name.to_owned(),
+                available: guests::list().map(|(n, _)| n.to_owned()).collect(),
             })?
             .to_vec(),
-        None => std::fs::read(spec).map_err(|e| CliError(format!("{spec}: cannot read the kernel: {e}")))?,
+        None => std::fs::read(spec).map_err(|source| CliError::ReadKernel { path: spec.into(), source })?,
     };
     Ok(loader::Kernel { name: spec.to_owned(), image })
 }
@@ -181,14 +203,12 @@ fn run(args: RunArgs) -> Result<ExitCode, CliError> {
         .module
         .iter()
         .map(|p| {
-            let data = std::fs::read(p).map_err(|e| CliError(format!("module {}: {e}", p.display())))?;
+            let data = std::fs::read(p).map_err(|source| CliError::ReadModule { path: p.clone(), source })?;
             Ok(loader::Module { name: p.display().to_string(), data })
         })
         .collect::<Result<Vec<_>, CliError>>()?;
     let timeout = match args.timeout {
-        Some(s) if !(s.is_finite() && s > 0.0) => {
-            return Err(CliError(format!("--timeout {s}: must be a positive number of seconds")))
-        }
+        Some(s) if !(s.is_finite() && s > 0.0) => return Err(CliError::Timeout(s)),
         Some(s) => Some(Duration::from_secs_f64(s)),
         None => None,
     };
@@ -209,7 +229,17 @@ fn run(args: RunArgs) -> Result<ExitCode, CliError> {
         backend,
         trace: args.trace.clone(),
     };
-    let report = vmm::run(config)?;
+    // Created before the guest runs, so that an unwritable FILE is an error, not a lost report.
+    let json = args.json.as_deref().map(JsonOut::create).transpose()?;
+    let report = match vmm::run(config) {
+        Ok(report) => report,
+        Err(e) => {
+            if let Some(json) = json {
+                json.discard();
+            }
+            return Err(e.into());
+        }
+    };
     if let vmm::VcpuStop::Shutdown { registers, .. } = &report.stop {
         eprintln!("{registers}");
     }
@@ -224,8 +254,44 @@ fn run(args: RunArgs) -> Result<ExitCode, CliError> {
     if let Some(e) = &report.serial_error {
         eprintln!("emon: warning: writing the guest's serial output failed: {e}");
     }
+    if let Some(json) = json {
+        if let Err(e) = json.write(&report) {
+            eprintln!("emon: warning: writing the JSON report failed: {e}");
+        }
+    }
     eprintln!("{}", report.summary());
     Ok(ExitCode::from(report.exit_status() as u8))
+}
+
+/// `--json FILE`, open from before the run until the report is written.
+struct JsonOut {
+    file: File,
+    path: PathBuf,
+    /// emon created the file (rather than truncating one that existed).
+    created: bool,
+}
+
+impl JsonOut {
+    fn create(path: &Path) -> Result<JsonOut, CliError> {
+        let created = !path.exists();
+        let file = File::create(path).map_err(|source| CliError::JsonFile { path: path.to_owned(), source })?;
+        Ok(JsonOut { file, path: path.to_owned(), created })
+    }
+
+    fn write(self, report: &vmm::RunReport) -> std::io::Result<()> {
+        let mut out = std::io::BufWriter::new(self.file);
+        serde_json::to_writer_pretty(&mut out, &report.json())?;
+        out.write_all(b"\n")?;
+        out.flush()
+    }
+
+    /// The run never reached the guest: no report, and no empty file left behind by emon.
+    fn discard(self) {
+        if self.created {
+            drop(self.file);
+            let _ = std::fs::remove_file(&self.path);
+        }
+    }
 }
 
 fn test(args: crate::runner::TestArgs) -> Result<ExitCode, CliError> {
@@ -253,7 +319,7 @@ fn print_statistics(r: &vmm::RunReport) {
     if r.msr.unknown_untracked > 0 {
         eprintln!("  {} more accesses to other non-PMU MSRs", r.msr.unknown_untracked);
     }
-    eprintln!("peak memory (VmHWM): {} KiB", peak_rss_kib().map_or("unknown".into(), |k| k.to_string()));
+    eprintln!("peak memory (VmHWM): {} KiB", r.peak_memory_kib.map_or("unknown".into(), |k| k.to_string()));
     for (port, n) in &r.unhandled_ports {
         eprintln!("  unhandled port {port:#x}: {n} accesses");
     }
@@ -301,7 +367,7 @@ fn show_cpuid(args: &ProfileArgs) -> Result<ExitCode, CliError> {
 fn bench(args: &BenchArgs) -> Result<ExitCode, CliError> {
     let profile = load_profile(&args.profile)?;
     let hz = crate::bench::tsc_hz();
-    let f = crate::bench::measure(&profile, args.iterations, args.exits).map_err(CliError)?;
+    let f = crate::bench::measure(&profile, args.iterations, args.exits).map_err(CliError::Bench)?;
     let per = |tsc: u64, n: u64| tsc as f64 / n as f64;
     let ips = |tsc: u64| f.loop_instructions as f64 / (tsc as f64 / hz);
     println!("emon bench (profile {}, TSC {:.0} MHz); ratios are from this one run", profile.name, hz / 1e6);
@@ -365,9 +431,39 @@ fn list_events(args: &ProfileArgs) -> Result<ExitCode, CliError> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// This process's peak resident set size (VmHWM in /proc/self/status), in KiB.
-fn peak_rss_kib() -> Option<u64> {
-    let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
-    line.split_whitespace().nth(1)?.parse().ok()
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::error::Error as _;
+
+    fn enoent() -> std::io::Error {
+        std::io::Error::from_raw_os_error(libc::ENOENT)
+    }
+
+    #[test]
+    fn errors_keep_their_one_line_messages() {
+        let cases = [
+            (CliError::ReadKernel { path: "k.elf".into(), source: enoent() }, "k.elf: cannot read the kernel: "),
+            (CliError::ReadModule { path: "m.bin".into(), source: enoent() }, "module m.bin: "),
+            (CliError::JsonFile { path: "/x/r.json".into(), source: enoent() }, "--json /x/r.json: "),
+        ];
+        for (e, start) in cases {
+            assert_eq!(e.to_string(), format!("{start}No such file or directory (os error 2)"));
+            assert!(e.source().is_some_and(|s| s.is::<std::io::Error>()), "{e}");
+        }
+        let e = CliError::UnknownGuest { name: "x".into(), available: vec!["a".into(), "b".into()] };
+        assert_eq!(e.to_string(), "no built-in guest 'x'; built-in guests: a, b");
+        assert_eq!(CliError::Timeout(-1.0).to_string(), "--timeout -1: must be a positive number of seconds");
+    }
+
+    #[test]
+    fn wrapped_errors_are_shown_as_they_are() {
+        let e = CliError::from(VmmError::NoKvm);
+        assert_eq!(e.to_string(), VmmError::NoKvm.to_string());
+        let e = CliError::from(VmmError::SerialFile { path: "s.txt".into(), source: enoent() });
+        assert_eq!(e.to_string(), "serial output s.txt: No such file or directory (os error 2)");
+        assert!(e.source().is_some_and(|s| s.is::<std::io::Error>()), "the io::Error, through VmmError");
+        let p = Profile::load("no-such-profile").unwrap_err();
+        assert_eq!(CliError::from(p.clone()).to_string(), p.to_string());
+    }
 }

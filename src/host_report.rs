@@ -374,14 +374,14 @@ impl fmt::Display for HostReport {
 }
 
 /// `emon host`: prints the report and exits 0 (KVM's absence is part of the report); 2
-/// ([`crate::cli::STATUS_ERROR`]) only if stdout cannot be written (a closed pipe is fine).
+/// ([`crate::status::ERROR`]) only if stdout cannot be written (a closed pipe is fine).
 pub fn run() -> ExitCode {
     use std::io::Write;
     let report = HostReport::gather().to_string();
     match io::stdout().lock().write_all(report.as_bytes()) {
         Err(e) if e.kind() != io::ErrorKind::BrokenPipe => {
             eprintln!("emon: writing the host report: {e}");
-            ExitCode::from(crate::cli::STATUS_ERROR)
+            ExitCode::from(crate::status::ERROR)
         }
         _ => ExitCode::SUCCESS,
     }

@@ -12,6 +12,7 @@
 //! - [`host_report`]: `emon host`, what this host offers emon.
 //! - [`runner`]: `emon test`, the test-matrix runner.
 //! - [`cli`]: the `emon` command line.
+//! - [`status`]: emon's exit statuses.
 pub use emon_backend as backend;
 pub use emon_pmu::{pmu, profile};
 pub use emon_x86 as x86;
@@ -20,4 +21,5 @@ pub mod cli;
 pub mod guests;
 pub mod host_report;
 pub mod runner;
+pub mod status;
 pub mod vmm;

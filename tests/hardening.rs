@@ -3,9 +3,8 @@
 mod common;
 use common::*;
 
-fn peak_kib(r: &Run) -> u64 {
-    let l = r.stderr.lines().find(|l| l.starts_with("peak memory (VmHWM):")).unwrap_or_else(|| panic!("{}", r.stderr));
-    l.split_whitespace().nth(3).unwrap().parse().unwrap()
+fn peak_kib(report: &serde_json::Value) -> u64 {
+    report["peak_memory_kib"].as_u64().unwrap_or_else(|| panic!("no peak memory in {report:#}"))
 }
 
 #[test]
@@ -13,18 +12,15 @@ fn a_guest_touching_many_msrs_does_not_grow_emons_memory() {
     if !kvm_available() {
         return;
     }
-    let few = emon(&["run", "--ignore-msrs", "--verbose", "guest:bench", "--", "mode=unknown-msrs", "n=1000"]);
-    let many = emon(&["run", "--ignore-msrs", "--verbose", "guest:bench", "--", "mode=unknown-msrs", "n=100000"]);
-    few.assert_status(0);
-    many.assert_status(0);
+    let args = |n| ["--ignore-msrs", "guest:bench", "--", "mode=unknown-msrs", n];
+    let (few_run, few) = emon_json("hardening-msrs-few", &args("n=1000"));
+    let (many_run, many) = emon_json("hardening-msrs-many", &args("n=100000"));
+    few_run.assert_status(0);
+    many_run.assert_status(0);
     // Statistics keep the first 256 distinct MSRs and aggregate the rest.
-    let tracked = many.stderr.lines().filter(|l| l.starts_with("  non-PMU MSR ")).count();
-    assert_eq!(tracked, 256, "{}", many.stderr);
-    assert!(
-        many.stderr.contains(&format!("  {} more accesses to other non-PMU MSRs", 100_000 - 256)),
-        "{}",
-        many.stderr
-    );
+    let msr = &many["msr"];
+    assert_eq!(msr["unknown"].as_array().map(Vec::len), Some(256), "{msr:#}");
+    assert_eq!(msr["unknown_untracked"], 100_000 - 256, "{msr:#}");
     let (a, b) = (peak_kib(&few), peak_kib(&many));
     assert!(b < a + 2048, "100x the distinct MSRs grew emon's peak memory from {a} KiB to {b} KiB");
 }
@@ -105,11 +101,20 @@ fn multiboot_aout_kludge_with_inconsistent_addresses() {
 }
 
 #[test]
-fn unwritable_serial_file_and_missing_module() {
+fn unwritable_serial_or_json_file_and_missing_module() {
     if !kvm_available() {
         return;
     }
     assert_error(&emon(&["run", "--serial", "/nonexistent/dir/out.txt"]), &["/nonexistent/dir/out.txt"]);
+    assert_error(
+        &emon(&["run", "--json", "/nonexistent/dir/report.json"]),
+        &["--json", "/nonexistent/dir/report.json"],
+    );
+    // A run that never reaches the guest leaves no report behind.
+    let report = json_path("hardening-no-guest");
+    let truncated = file("truncated-for-json.elf", &elf64()[..80]);
+    assert_error(&emon(&["run", "--json", report.to_str().unwrap(), &truncated]), &[&truncated]);
+    assert!(!report.exists(), "{} was left behind", report.display());
     let k = assemble("mb-ok", &multiboot_source("    xor %eax, %eax\n    jmp exit\n"), false, 0x100000);
     assert_error(&emon(&["run", "--module", "/nonexistent/mod", k.to_str().unwrap()]), &["/nonexistent/mod"]);
 }

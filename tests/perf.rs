@@ -81,16 +81,18 @@ fn reprogramming_100000_times_leaves_file_descriptors_flat() {
     if !kvm_available() {
         return;
     }
-    let r = perf_run(&["guest:bench", "--", "mode=reprogram", "n=100000"]);
+    let (r, report) = emon_json(
+        "perf-reprogram",
+        &["--backend", "perf", "--timeout", "120", "guest:bench", "--", "mode=reprogram", "n=100000"],
+    );
     r.assert_status(0);
     assert!(r.stdout.contains("bench reprogram n=100000"), "{}", r.stdout);
-    let summary = r.stderr.lines().find(|l| l.starts_with("perf backend:")).unwrap_or_else(|| panic!("{}", r.stderr));
+    let summary = report["backend"]["summary"].as_str().unwrap_or_else(|| panic!("{report:#}"));
     assert!(summary.contains("100000 host events opened"), "{summary}");
     assert!(summary.contains("(at most 1 open at once)"), "{summary}");
-    let fds = r.stderr.lines().find(|l| l.starts_with("file descriptors:")).unwrap_or_else(|| panic!("{}", r.stderr));
-    let n: Vec<usize> = fds.split_whitespace().filter_map(|w| w.parse().ok()).collect();
-    assert_eq!(n.len(), 2, "{fds}");
-    assert_eq!(n[0], n[1], "file descriptors grew during the run: {fds}");
+    let fds = &report["fds"];
+    assert!(fds["at_start"].as_u64().is_some_and(|n| n > 0), "{fds}");
+    assert_eq!(fds["at_start"], fds["at_end"], "file descriptors grew during the run: {fds}");
 }
 
 #[test]

@@ -1,6 +1,6 @@
 //! The ways a run ends, each with its exit status and one-line summary: the debug-exit port
 //! (the guest's code), triple fault (3, registers printed), --timeout (4), Ctrl-C (130);
-//! and unknown MSRs: #GP, or ignored with --ignore-msrs.
+//! unknown MSRs: #GP, or ignored with --ignore-msrs; and the `--json` report of each ending.
 mod common;
 use common::*;
 use std::time::Duration;
@@ -30,10 +30,14 @@ fn triple_fault_exits_3_with_registers() {
     }
     // #DE with an empty IDT: #DF, then a triple fault.
     let body = "    lidt null_idt\n    xor %ecx, %ecx\n    div %ecx\nnull_idt: .word 0\n    .long 0\n";
-    let r = emon(&["run", &kernel("triple", body)]);
+    let (r, json) = emon_json("run-end-triple", &[&kernel("triple", body)]);
     r.assert_status(3);
     assert!(summary_line(&r).contains("triple fault"), "{}", r.stderr);
     assert!(r.stderr.contains("rip=") && r.stderr.contains("cr0="), "registers not printed: {}", r.stderr);
+    assert_consistent(&r, &json);
+    assert_eq!(json["end"]["kind"], "shutdown", "{json:#}");
+    assert!(json["end"]["reason"].as_str().is_some_and(|w| w.contains("triple fault")), "{json:#}");
+    assert!(json["end"]["registers"].as_str().is_some_and(|w| w.contains("rip=")), "{json:#}");
 }
 
 #[test]
@@ -52,8 +56,9 @@ fn ctrl_c_exits_130() {
         return;
     }
     let k = kernel("spin2", "1:  jmp 1b\n");
+    let report = json_path("run-end-ctrl-c");
     let child = std::process::Command::new(env!("CARGO_BIN_EXE_emon"))
-        .args(["run", "--timeout", "20", &k])
+        .args(["run", "--timeout", "20", "--json", report.to_str().unwrap(), &k])
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .spawn()
@@ -65,6 +70,9 @@ fn ctrl_c_exits_130() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(130), "{stderr}");
     assert!(stderr.contains("interrupted"), "{stderr}");
+    let json = read_json(&report, &stderr);
+    assert_eq!(json["end"], serde_json::json!({"kind": "interrupted"}), "{json:#}");
+    assert_eq!(json["status"], 130, "{json:#}");
 }
 
 const READ_UNKNOWN_MSR: &str = "    mov $0x12345, %ecx\n    rdmsr\n    xor %eax, %eax\n    jmp exit\n";
@@ -88,4 +96,76 @@ fn ignore_msrs_reads_zero() {
     let r = emon(&["run", "--ignore-msrs", "--verbose", &kernel("msr-ignored", READ_UNKNOWN_MSR)]);
     r.assert_status(0);
     assert!(r.stderr.contains("non-PMU MSR 0x12345: 1 accesses"), "{}", r.stderr);
+}
+
+/// The `--json` report agrees with the run: the exit status, and each figure of the one-line
+/// summary ("... after T s, N exits, M PMU MSR accesses, G #GP injected, backend B (status S)").
+fn assert_consistent(r: &Run, json: &serde_json::Value) {
+    let line = summary_line(r);
+    assert_eq!(json["summary"], line, "{json:#}");
+    assert_eq!(json["status"], r.status, "{json:#}");
+    let after = |what: &str| {
+        let (before, _) = line.split_once(what).unwrap_or_else(|| panic!("no {what:?} in {line}"));
+        before.rsplit([' ', '(']).next().unwrap().to_owned()
+    };
+    let n = |what: &str| after(what).parse::<u64>().unwrap_or_else(|e| panic!("{what:?} in {line}: {e}"));
+    assert_eq!(format!("{:.2}", json["elapsed_s"].as_f64().unwrap()), after(" s, "), "{json:#}");
+    assert_eq!(json["exits"]["total"], n(" exits"), "{json:#}");
+    let msr = &json["msr"];
+    assert_eq!(msr["pmu_reads"].as_u64().unwrap() + msr["pmu_writes"].as_u64().unwrap(), n(" PMU MSR accesses"));
+    assert_eq!(msr["gp_injected"], n(" #GP injected"), "{json:#}");
+    let status = line.rsplit_once("(status ").and_then(|(_, s)| s.strip_suffix(')')).unwrap();
+    assert_eq!(json["status"].to_string(), status, "{json:#}");
+    let backend = json["backend"]["name"].as_str().unwrap();
+    assert!(line.contains(&format!(", backend {backend}")), "{line} {json:#}");
+    // Every exit is counted once, by its kind (debug and shutdown exits only in the total).
+    let e = &json["exits"];
+    let kinds: u64 = ["pio", "mmio", "msr", "other"].iter().map(|k| e[k].as_u64().unwrap()).sum();
+    assert!(kinds <= e["total"].as_u64().unwrap(), "{e}");
+    assert!(e["sse_emulated"].is_u64() && e["interrupted"].is_u64(), "{e}");
+    for f in ["at_start", "at_end"] {
+        assert!(json["fds"][f].as_u64().is_some_and(|n| n > 2), "{json:#}");
+    }
+    assert!(json["peak_memory_kib"].as_u64().is_some_and(|k| k > 0), "{json:#}");
+    for k in ["fixed", "nmi", "masked", "dropped"] {
+        assert!(json["pmis"][k].is_u64(), "{json:#}");
+    }
+    assert!(json["backend"]["summary"].as_str().is_some_and(|s| !s.is_empty()), "{json:#}");
+    assert!(json["backend"]["notes"].is_array(), "{json:#}");
+    assert_eq!(json["trace"], serde_json::json!({"events": 0, "error": null}), "{json:#}");
+}
+
+#[test]
+fn json_report_of_a_debug_exit() {
+    if !kvm_available() {
+        return;
+    }
+    // A PMU MSR read (IA32_PERF_GLOBAL_CTRL), an ignored unknown MSR, an unhandled port, exit 5.
+    let body = "    mov $0x38f, %ecx\n    rdmsr\n    mov $0x12345, %ecx\n    rdmsr\n    rdmsr\n\
+                    mov $0x80, %dx\n    out %al, %dx\n    mov $5, %eax\n    jmp exit\n";
+    let (r, json) = emon_json("run-end-exit", &["--ignore-msrs", &kernel("json-exit", body)]);
+    r.assert_status(5);
+    assert_consistent(&r, &json);
+    assert_eq!(json["end"], serde_json::json!({"kind": "debug-exit", "code": 5}), "{json:#}");
+    let msr = &json["msr"];
+    assert_eq!(msr["pmu_reads"], 1, "{msr:#}");
+    assert_eq!(msr["pmu_writes"], 0, "{msr:#}");
+    assert_eq!(msr["gp_injected"], 0, "{msr:#}");
+    assert_eq!(msr["unknown"], serde_json::json!([{"msr": 0x12345, "accesses": 2}]), "{msr:#}");
+    assert_eq!(msr["unknown_untracked"], 0, "{msr:#}");
+    assert_eq!(json["unhandled_ports"], serde_json::json!([{"port": 0x80, "accesses": 1}]), "{json:#}");
+    assert_eq!(json["exits"]["msr"], 3, "{json:#}");
+    assert_eq!(json["serial_error"], serde_json::Value::Null, "{json:#}");
+}
+
+#[test]
+fn json_report_of_a_timeout() {
+    if !kvm_available() {
+        return;
+    }
+    let (r, json) = emon_json("run-end-timeout", &["--timeout", "0.5", &kernel("json-spin", "1:  jmp 1b\n")]);
+    r.assert_status(4);
+    assert_consistent(&r, &json);
+    assert_eq!(json["end"], serde_json::json!({"kind": "timeout"}), "{json:#}");
+    assert!(json["elapsed_s"].as_f64().is_some_and(|s| s >= 0.45), "{json:#}");
 }

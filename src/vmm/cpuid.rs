@@ -1,6 +1,9 @@
 //! The CPUID table the guest gets: KVM_GET_SUPPORTED_CPUID with the profile applied on top.
+use super::error::kvm_err;
+use super::VmmError;
 use crate::profile::Profile;
-use kvm_bindings::{kvm_cpuid_entry2, KVM_CPUID_FLAG_SIGNIFCANT_INDEX};
+use kvm_bindings::{kvm_cpuid_entry2, KVM_CPUID_FLAG_SIGNIFCANT_INDEX, KVM_MAX_CPUID_ENTRIES};
+use kvm_ioctls::Kvm;
 
 const LEAF_PERFMON: u32 = 0xA;
 /// CPUID.01H:ECX.PDCM: IA32_PERF_CAPABILITIES exists.
@@ -14,6 +17,14 @@ const EXT1_ECX_AMD_PERFCTR: u32 = (1 << 23) | (1 << 24) | (1 << 28);
 /// Leaves that describe PMUs other than architectural perfmon v0-v5: Intel's leaf 0x23
 /// (architectural perfmon extended) and AMD's 0x80000022 (PerfMonV2).
 const HIDDEN_LEAVES: [u32; 2] = [0x23, 0x8000_0022];
+
+/// The CPUID table the guest gets under `profile`.
+pub fn guest_cpuid(kvm: &Kvm, profile: &Profile) -> Result<kvm_bindings::CpuId, VmmError> {
+    let supported = kvm.get_supported_cpuid(KVM_MAX_CPUID_ENTRIES).map_err(kvm_err("KVM_GET_SUPPORTED_CPUID"))?;
+    let mut entries = supported.as_slice().to_vec();
+    apply_profile(&mut entries, profile);
+    kvm_bindings::CpuId::from_entries(&entries).map_err(VmmError::CpuidTable)
+}
 
 /// Applies `profile` to a supported-CPUID table: vendor and signature (leaves 0, 1), leaf 0xA,
 /// PDCM, and hides every other PMU the host's table may advertise.

@@ -30,7 +30,7 @@ pub fn install_handler() -> Result<(), super::VmmError> {
     let mut result = Ok(());
     ONCE.call_once(|| {
         result = register_signal_handler(kick_signal(), on_kick)
-            .map_err(|e| super::VmmError::Setup(format!("installing the vCPU kick signal handler: {e}")));
+            .map_err(|source| super::VmmError::SignalHandler { signal: "vCPU kick signal", source });
     });
     result
 }

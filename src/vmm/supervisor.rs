@@ -2,10 +2,10 @@
 //! timer, Ctrl-C, and the vCPU thread's "finished" notification.
 use super::kick::{kick_signal, StopReason, StopRequest};
 use super::VmmError;
-use event_manager::{EventOps, EventSet, Events, MutEventSubscriber};
+use event_manager::{EventManager, EventOps, EventSet, Events, MutEventSubscriber, SubscriberOps};
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicI32, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use vmm_sys_util::eventfd::EventFd;
 use vmm_sys_util::timerfd::TimerFd;
@@ -20,6 +20,23 @@ extern "C" fn on_sigint(_: libc::c_int, _: *mut libc::siginfo_t, _: *mut libc::c
         // SAFETY: writing 8 bytes from a valid u64 to an eventfd.
         unsafe { libc::write(fd, &one as *const u64 as *const libc::c_void, 8) };
     }
+}
+
+/// Runs the event loop until the vCPU thread writes `vcpu_done`, stopping the vCPU through `stop`
+/// (and a kick) on the timeout or Ctrl-C.
+pub fn supervise(
+    timeout: Option<Duration>,
+    vcpu_done: EventFd,
+    stop: Arc<StopRequest>,
+    vcpu_thread: libc::pthread_t,
+) -> Result<(), VmmError> {
+    let supervisor = Arc::new(Mutex::new(Supervisor::new(timeout, vcpu_done, stop, vcpu_thread)?));
+    let mut events = EventManager::<Arc<Mutex<Supervisor>>>::new().map_err(VmmError::EventManager)?;
+    events.add_subscriber(supervisor.clone());
+    while !supervisor.lock().map(|s| s.finished).unwrap_or(true) {
+        events.run().map_err(VmmError::EventLoop)?;
+    }
+    Ok(())
 }
 
 pub struct Supervisor {
@@ -38,21 +55,18 @@ impl Supervisor {
         stop: Arc<StopRequest>,
         vcpu_thread: libc::pthread_t,
     ) -> Result<Self, VmmError> {
-        fn setup(what: &str, e: impl std::fmt::Display) -> VmmError {
-            VmmError::Setup(format!("{what}: {e}"))
-        }
         let timer = match timeout {
             Some(t) => {
-                let mut fd = TimerFd::new().map_err(|e| setup("timerfd", e))?;
-                fd.reset(t, None).map_err(|e| setup("arming the timeout", e))?;
+                let mut fd = TimerFd::new().map_err(|source| VmmError::Timer { what: "timerfd", source })?;
+                fd.reset(t, None).map_err(|source| VmmError::Timer { what: "arming the timeout", source })?;
                 Some(fd)
             }
             None => None,
         };
-        let sigint = EventFd::new(libc::EFD_NONBLOCK).map_err(|e| setup("eventfd", e))?;
+        let sigint = EventFd::new(libc::EFD_NONBLOCK).map_err(VmmError::EventFd)?;
         SIGINT_FD.store(sigint.as_raw_fd(), Ordering::SeqCst);
         vmm_sys_util::signal::register_signal_handler(libc::SIGINT, on_sigint)
-            .map_err(|e| VmmError::Setup(format!("installing the SIGINT handler: {e}")))?;
+            .map_err(|source| VmmError::SignalHandler { signal: "SIGINT", source })?;
         Ok(Supervisor { timer, sigint, vcpu_done, stop, vcpu_thread, finished: false })
     }
 

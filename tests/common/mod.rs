@@ -65,6 +65,30 @@ pub fn emon(args: &[&str]) -> Run {
     }
 }
 
+/// Where a test's `emon run --json` report goes: `name` must be unique among all tests.
+pub fn json_path(name: &str) -> PathBuf {
+    let p = tmp_dir("json").join(format!("{name}.json"));
+    let _ = std::fs::remove_file(&p);
+    p
+}
+
+/// The `--json` report at `path`, parsed; `stderr` is emon's, for the failure message.
+pub fn read_json(path: &Path, stderr: &str) -> serde_json::Value {
+    let text = std::fs::read_to_string(path)
+        .unwrap_or_else(|e| panic!("no JSON report at {}: {e}\n--- stderr\n{stderr}", path.display()));
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: not JSON: {e}\n{text}", path.display()))
+}
+
+/// `emon run --json FILE ARGS...`: the run and its JSON report (`name` as for [`json_path`]).
+pub fn emon_json(name: &str, args: &[&str]) -> (Run, serde_json::Value) {
+    let path = json_path(name);
+    let mut a = vec!["run", "--json", path.to_str().unwrap()];
+    a.extend_from_slice(args);
+    let r = emon(&a);
+    let json = read_json(&path, &r.stderr);
+    (r, json)
+}
+
 pub fn tmp_dir(name: &str) -> PathBuf {
     let d = Path::new(env!("CARGO_TARGET_TMPDIR")).join(name);
     std::fs::create_dir_all(&d).expect("create test dir");

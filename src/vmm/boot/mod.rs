@@ -72,6 +72,9 @@ pub fn enter(vcpu: &VcpuFd, mem: &GuestMemoryMmap, ram_size: u64, e: &Entry) -> 
 }
 
 pub(crate) fn write(mem: &GuestMemoryMmap, addr: u64, bytes: &[u8]) -> Result<(), super::VmmError> {
-    mem.write_slice(bytes, GuestAddress(addr))
-        .map_err(|e| super::VmmError::Memory(format!("writing {} bytes at {addr:#x}: {e}", bytes.len())))
+    mem.write_slice(bytes, GuestAddress(addr)).map_err(|source| super::VmmError::MemoryWrite {
+        addr,
+        len: bytes.len(),
+        source,
+    })
 }

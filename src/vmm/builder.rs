@@ -1,0 +1,141 @@
+//! Building a VM ready to run: KVM, the VM with its in-kernel irqchip and PIT, MSR exits and the
+//! PMU MSR filter, guest RAM, the vCPU with its CPUID table and local APIC, the kernel loaded and
+//! its entry state, the port-I/O bus (COM1, debug-exit, fw_cfg) and the `--trace` file. `build`
+//! does every step that can fail before the guest runs; `super::run` then only runs it.
+use super::devices::{fw_cfg::FwCfg, serial, PioBus};
+use super::error::kvm_err;
+use super::loader::{self, Format};
+use super::vcpu::{ExitStats, Vcpu};
+use super::{boot, cpuid, host, kick, layout, msr, trace, xsave, SerialOut, VmConfig, VmmError};
+use crate::pmu::Pmu;
+use kvm_bindings::{kvm_pit_config, kvm_userspace_memory_region};
+use kvm_ioctls::{Kvm, VcpuFd, VmFd};
+use std::path::Path;
+use std::sync::Arc;
+use vm_memory::{GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion};
+use vmm_sys_util::eventfd::EventFd;
+
+/// KVM_SET_TSS_ADDR: three pages of guest-physical space that are not RAM (above the largest
+/// `--memory`, below 4 GiB) for KVM's own use.
+const TSS_ADDRESS: usize = 0xFFFB_D000;
+
+/// A VM ready to run: its one vCPU, with everything the exit loop needs.
+pub struct BuiltVm {
+    pub vcpu: Vcpu,
+    /// How the kernel was booted.
+    pub format: Format,
+    /// The VM and KVM itself, kept open for as long as the VM runs.
+    pub vm: VmFd,
+    pub kvm: Kvm,
+}
+
+/// Builds the VM `config` describes, up to the guest's first instruction.
+pub fn build(config: VmConfig) -> Result<BuiltVm, VmmError> {
+    let ram = guest_ram(config.memory_mib)?;
+    let kvm = host::open()?;
+    let vm = create_vm(&kvm)?;
+    let mem = create_memory(&vm, ram)?;
+    let fd = create_vcpu(&kvm, &vm, &config)?;
+    let format = load_kernel(&fd, &mem, ram, &config)?;
+    let bus = create_bus(&vm, ram, &config)?;
+    let tracer = config.trace.as_deref().map(create_tracer).transpose()?;
+    let vcpu = Vcpu {
+        fd,
+        mem,
+        bus,
+        pmu: Pmu::new(&config.profile.pmu),
+        backend: config.backend,
+        pmis: Default::default(),
+        tracer,
+        msrs: msr::MsrDispatch { ignore_unknown: config.ignore_msrs, stats: Default::default() },
+        stats: ExitStats::default(),
+        stop: Arc::new(kick::StopRequest::default()),
+        xsave: xsave::XsaveAbi::probe(&vm),
+    };
+    Ok(BuiltVm { vcpu, format, vm, kvm })
+}
+
+/// `--memory` in bytes, within what emon's memory layout allows.
+fn guest_ram(mib: u64) -> Result<u64, VmmError> {
+    let ram = mib.checked_mul(1 << 20).ok_or(VmmError::MemorySize(mib))?;
+    if !(layout::MIN_RAM..=layout::MAX_RAM).contains(&ram) {
+        return Err(VmmError::MemorySize(mib));
+    }
+    Ok(ram)
+}
+
+/// The VM with the in-kernel local APIC, I/O APIC, PIC and PIT, and every PMU MSR access
+/// exiting to userspace (README, "How a guest's PMU access reaches the model").
+fn create_vm(kvm: &Kvm) -> Result<VmFd, VmmError> {
+    let vm = kvm.create_vm().map_err(kvm_err("KVM_CREATE_VM"))?;
+    vm.set_tss_address(TSS_ADDRESS).map_err(kvm_err("KVM_SET_TSS_ADDR"))?;
+    vm.create_irq_chip().map_err(kvm_err("KVM_CREATE_IRQCHIP"))?;
+    vm.create_pit2(kvm_pit_config::default()).map_err(kvm_err("KVM_CREATE_PIT2"))?;
+    msr::install_filter(&vm)?;
+    Ok(vm)
+}
+
+/// `ram` bytes of guest RAM from address 0, registered with the VM.
+fn create_memory(vm: &VmFd, ram: u64) -> Result<GuestMemoryMmap, VmmError> {
+    let mem = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), ram as usize)])
+        .map_err(|source| VmmError::MemoryAlloc { mib: ram >> 20, source })?;
+    for (slot, region) in mem.iter().enumerate() {
+        let host = mem.get_host_address(region.start_addr()).map_err(VmmError::MemoryHostAddress)?;
+        let r = kvm_userspace_memory_region {
+            slot: slot as u32,
+            guest_phys_addr: region.start_addr().0,
+            memory_size: region.len(),
+            userspace_addr: host as u64,
+            flags: 0,
+        };
+        // SAFETY: the mapping lives as long as `mem`, which outlives the VM's use of it.
+        unsafe { vm.set_user_memory_region(r) }.map_err(kvm_err("KVM_SET_USER_MEMORY_REGION"))?;
+    }
+    Ok(mem)
+}
+
+/// vCPU 0 with the profile's CPUID table and its local APIC wired as firmware leaves it.
+fn create_vcpu(kvm: &Kvm, vm: &VmFd, config: &VmConfig) -> Result<VcpuFd, VmmError> {
+    let fd = vm.create_vcpu(0).map_err(kvm_err("KVM_CREATE_VCPU"))?;
+    fd.set_cpuid2(&cpuid::guest_cpuid(kvm, &config.profile)?).map_err(kvm_err("KVM_SET_CPUID2"))?;
+    setup_lapic(&fd)?;
+    Ok(fd)
+}
+
+/// Wires LINT0 as ExtINT and LINT1 as NMI, as firmware leaves them for the boot CPU.
+fn setup_lapic(vcpu: &VcpuFd) -> Result<(), VmmError> {
+    use crate::backend::lapic::{self, DELIVERY_EXTINT, DELIVERY_MODE_SHIFT, DELIVERY_NMI, LVT_LINT0, LVT_LINT1};
+    let mut state = vcpu.get_lapic().map_err(kvm_err("KVM_GET_LAPIC"))?;
+    let page = lapic::bytes(&mut state.regs);
+    for (off, mode) in [(LVT_LINT0, DELIVERY_EXTINT), (LVT_LINT1, DELIVERY_NMI)] {
+        let v = (lapic::reg(page, off) & !(0b111 << DELIVERY_MODE_SHIFT)) | mode << DELIVERY_MODE_SHIFT;
+        lapic::set_reg(page, off, v);
+    }
+    vcpu.set_lapic(&state).map_err(kvm_err("KVM_SET_LAPIC"))
+}
+
+/// Loads the kernel and its modules into guest RAM and sets the vCPU at its entry point.
+fn load_kernel(fd: &VcpuFd, mem: &GuestMemoryMmap, ram: u64, config: &VmConfig) -> Result<Format, VmmError> {
+    let (format, entry) = loader::load(mem, ram, &config.kernel, &config.cmdline, &config.modules)
+        .map_err(|source| VmmError::Kernel { name: config.kernel.name.clone(), source })?;
+    boot::enter(fd, mem, ram, &entry)?;
+    Ok(format)
+}
+
+/// The port-I/O bus: COM1 on its IRQ line (an irqfd), and fw_cfg.
+fn create_bus(vm: &VmFd, ram: u64, config: &VmConfig) -> Result<PioBus, VmmError> {
+    let out: serial::Output = match &config.serial {
+        SerialOut::Stdout => Box::new(std::io::stdout()),
+        SerialOut::File(path) => {
+            Box::new(std::fs::File::create(path).map_err(|source| VmmError::SerialFile { path: path.clone(), source })?)
+        }
+    };
+    let irq = EventFd::new(libc::EFD_NONBLOCK).map_err(VmmError::EventFd)?;
+    vm.register_irqfd(&irq, serial::COM1_IRQ).map_err(kvm_err("KVM_IRQFD"))?;
+    Ok(PioBus::new(serial::SerialPort::new(serial::IrqTrigger(irq), out), FwCfg::new(ram, 1, &config.cmdline)))
+}
+
+/// `--trace FILE`.
+fn create_tracer(path: &Path) -> Result<trace::Tracer, VmmError> {
+    trace::Tracer::create(path).map_err(|source| VmmError::TraceFile { path: path.to_owned(), source })
+}

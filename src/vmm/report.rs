@@ -1,0 +1,231 @@
+//! [`RunReport`]: how a run ended and what happened during it; its exit status, its one-line
+//! summary, and [`JsonReport`], the machine-readable form `emon run --json FILE` writes.
+use super::kick::StopReason;
+use super::loader::Format;
+use super::msr::MsrStats;
+use super::vcpu::{ExitStats, PmiStats, Vcpu, VcpuStop};
+use crate::pmu::Pmu;
+use crate::status;
+use serde::{Serialize, Serializer};
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+/// How a run ended, and what happened during it.
+pub struct RunReport {
+    pub stop: VcpuStop,
+    pub format: Format,
+    pub elapsed: Duration,
+    pub exits: ExitStats,
+    pub msr: MsrStats,
+    pub unhandled_ports: BTreeMap<u16, u64>,
+    pub serial_error: Option<String>,
+    /// The PMU state at the end of the run.
+    pub pmu: Pmu,
+    pub pmis: PmiStats,
+    /// The backend's account of the run.
+    pub backend: String,
+    pub backend_name: &'static str,
+    pub backend_notes: Vec<String>,
+    /// Events written to the `--trace` file, and the error writing it, if any.
+    pub trace_events: u64,
+    pub trace_error: Option<String>,
+    /// emon's peak resident set size (VmHWM) when the run ended, in KiB; `None` if
+    /// /proc/self/status does not say.
+    pub peak_memory_kib: Option<u64>,
+}
+
+impl RunReport {
+    /// The report of a run that ended with `stop` after `elapsed`, from the vCPU's state.
+    pub(super) fn collect(stop: VcpuStop, format: Format, elapsed: Duration, vcpu: Vcpu) -> RunReport {
+        RunReport {
+            stop,
+            format,
+            elapsed,
+            exits: vcpu.stats,
+            msr: vcpu.msrs.stats,
+            unhandled_ports: vcpu.bus.unhandled,
+            serial_error: vcpu.bus.serial.output_error,
+            pmu: vcpu.pmu,
+            pmis: vcpu.pmis,
+            backend: vcpu.backend.summary(),
+            backend_name: vcpu.backend.name(),
+            backend_notes: vcpu.backend.notes(),
+            trace_events: vcpu.tracer.as_ref().map_or(0, |t| t.events),
+            trace_error: vcpu.tracer.as_ref().and_then(|t| t.error.clone()),
+            peak_memory_kib: peak_memory_kib(),
+        }
+    }
+
+    /// emon's exit status: the guest's code for the debug-exit port, else 3/4/130 (see [`status`]).
+    pub fn exit_status(&self) -> i32 {
+        match &self.stop {
+            VcpuStop::DebugExit(code) => *code as i32,
+            VcpuStop::Shutdown { .. } => status::SHUTDOWN.into(),
+            VcpuStop::Stopped(StopReason::Timeout) => status::TIMEOUT.into(),
+            VcpuStop::Stopped(StopReason::Interrupted) => status::INTERRUPTED.into(),
+        }
+    }
+
+    /// The one-line summary of why the run ended.
+    pub fn summary(&self) -> String {
+        let why = match &self.stop {
+            VcpuStop::DebugExit(code) => {
+                format!("guest exited with code {code} through the debug-exit port")
+            }
+            VcpuStop::Shutdown { why, .. } => format!("guest shut down: {why}"),
+            VcpuStop::Stopped(StopReason::Timeout) => "timeout: the guest was stopped".into(),
+            VcpuStop::Stopped(StopReason::Interrupted) => "interrupted (Ctrl-C)".into(),
+        };
+        let mut backend = self.backend_name.to_owned();
+        for n in &self.backend_notes {
+            backend += &format!("; {n}");
+        }
+        format!(
+            "emon: {why} after {:.2} s, {} exits, {} PMU MSR accesses, {} #GP injected, backend {backend} (status {})",
+            self.elapsed.as_secs_f64(),
+            self.exits.total,
+            self.msr.pmu_reads + self.msr.pmu_writes,
+            self.msr.gp_injected,
+            self.exit_status()
+        )
+    }
+
+    /// The machine-readable report (`emon run --json`).
+    pub fn json(&self) -> JsonReport<'_> {
+        let end = match &self.stop {
+            VcpuStop::DebugExit(code) => End::DebugExit { code: *code },
+            VcpuStop::Shutdown { why, registers } => End::Shutdown { reason: why, registers },
+            VcpuStop::Stopped(StopReason::Timeout) => End::Timeout,
+            VcpuStop::Stopped(StopReason::Interrupted) => End::Interrupted,
+        };
+        let (e, p) = (&self.exits, &self.pmis);
+        JsonReport {
+            end,
+            status: self.exit_status(),
+            summary: self.summary(),
+            elapsed_s: self.elapsed.as_secs_f64(),
+            exits: Counts([
+                ("total", e.total),
+                ("pio", e.pio),
+                ("mmio", e.mmio),
+                ("msr", e.msr),
+                ("interrupted", e.interrupted),
+                ("other", e.other),
+                ("sse_emulated", e.sse_emulated),
+            ]),
+            msr: JsonMsrs {
+                pmu_reads: self.msr.pmu_reads,
+                pmu_writes: self.msr.pmu_writes,
+                gp_injected: self.msr.gp_injected,
+                unknown: self.msr.unknown.iter().map(|(&msr, &accesses)| UnknownMsr { msr, accesses }).collect(),
+                unknown_untracked: self.msr.unknown_untracked,
+            },
+            pmis: Counts([("fixed", p.fixed), ("nmi", p.nmi), ("masked", p.masked), ("dropped", p.dropped)]),
+            backend: JsonBackend { name: self.backend_name, notes: &self.backend_notes, summary: &self.backend },
+            fds: Counts([("at_start", e.fds_at_start as u64), ("at_end", e.fds_at_end as u64)]),
+            peak_memory_kib: self.peak_memory_kib,
+            unhandled_ports: self
+                .unhandled_ports
+                .iter()
+                .map(|(&port, &accesses)| UnhandledPort { port, accesses })
+                .collect(),
+            trace: JsonTrace { events: self.trace_events, error: self.trace_error.as_deref() },
+            serial_error: self.serial_error.as_deref(),
+        }
+    }
+}
+
+/// This process's peak resident set size (VmHWM in /proc/self/status), in KiB.
+fn peak_memory_kib() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    line.split_whitespace().nth(1)?.parse().ok()
+}
+
+/// `emon run --json FILE`: the run report as one JSON object (README, "Command line").
+#[derive(Debug, Serialize)]
+pub struct JsonReport<'a> {
+    /// How the run ended.
+    pub end: End<'a>,
+    /// emon's exit status.
+    pub status: i32,
+    /// The one-line summary emon printed on stderr.
+    pub summary: String,
+    pub elapsed_s: f64,
+    /// [`ExitStats`]' exit counts: total, pio, mmio, msr, interrupted, other, sse_emulated.
+    pub exits: Counts<7>,
+    pub msr: JsonMsrs,
+    /// PMIs by how they were delivered: fixed, nmi, masked, dropped.
+    pub pmis: Counts<4>,
+    pub backend: JsonBackend<'a>,
+    /// Open file descriptors at the first KVM_RUN and at the end of the run: at_start, at_end.
+    pub fds: Counts<2>,
+    /// emon's peak resident set size (VmHWM), in KiB; null if the kernel does not report it.
+    pub peak_memory_kib: Option<u64>,
+    /// Ports nothing emulates, which read as all-ones and ignore writes.
+    pub unhandled_ports: Vec<UnhandledPort>,
+    pub trace: JsonTrace<'a>,
+    /// Writing the guest's serial output failed with this error.
+    pub serial_error: Option<&'a str>,
+}
+
+/// How the run ended: `{"kind": "debug-exit", "code": N}`, `{"kind": "shutdown", "reason": ...,
+/// "registers": ...}`, `{"kind": "timeout"}` or `{"kind": "interrupted"}`.
+#[derive(Debug, Serialize)]
+#[serde(tag = "kind", rename_all = "kebab-case")]
+pub enum End<'a> {
+    DebugExit { code: u32 },
+    Shutdown { reason: &'a str, registers: &'a str },
+    Timeout,
+    Interrupted,
+}
+
+/// Named counts, serialized as one JSON object with the names as keys, in this order.
+#[derive(Debug)]
+pub struct Counts<const N: usize>(pub [(&'static str, u64); N]);
+
+impl<const N: usize> Serialize for Counts<N> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_map(self.0.iter().copied())
+    }
+}
+
+/// [`MsrStats`]: PMU MSR accesses, #GPs injected, and the non-PMU MSRs.
+#[derive(Debug, Serialize)]
+pub struct JsonMsrs {
+    pub pmu_reads: u64,
+    pub pmu_writes: u64,
+    pub gp_injected: u64,
+    /// The first [`super::msr::MAX_TRACKED_MSRS`] distinct non-PMU MSRs, by index.
+    pub unknown: Vec<UnknownMsr>,
+    /// Accesses to the non-PMU MSRs beyond those.
+    pub unknown_untracked: u64,
+}
+
+#[derive(Debug, Serialize)]
+pub struct UnknownMsr {
+    pub msr: u32,
+    pub accesses: u64,
+}
+
+#[derive(Debug, Serialize)]
+pub struct JsonBackend<'a> {
+    pub name: &'a str,
+    /// The notes in the one-line summary.
+    pub notes: &'a [String],
+    /// The backend's account of the run, as `--verbose` prints it.
+    pub summary: &'a str,
+}
+
+#[derive(Debug, Serialize)]
+pub struct UnhandledPort {
+    pub port: u16,
+    pub accesses: u64,
+}
+
+/// `--trace`: events written, and the error that stopped the writing, if any.
+#[derive(Debug, Serialize)]
+pub struct JsonTrace<'a> {
+    pub events: u64,
+    pub error: Option<&'a str>,
+}
