@@ -1,12 +1,22 @@
 //! `emon bench`: the precise backend's instruction rate against the bare single-step rate, and
 //! the cost of a trapped PMU MSR exit against a plain port-I/O exit, measured in one invocation.
-use crate::backend::{precise::Precise, stepper::BareStep, Backend};
+use crate::backend::precise::{Engine, Precise};
+use crate::backend::{stepper::BareStep, Backend};
 use crate::profile::Profile;
 use crate::vmm::{self, loader::Kernel, SerialOut, VcpuStop, VmConfig};
 use std::time::Duration;
 
 /// One guest run's `bench` line, as key=value pairs.
 fn run(profile: &Profile, backend: Box<dyn Backend>, args: &str) -> Result<Vec<(String, u64)>, String> {
+    run_with_memory(profile, backend, args, 64)
+}
+
+fn run_with_memory(
+    profile: &Profile,
+    backend: Box<dyn Backend>,
+    args: &str,
+    memory_mib: u64,
+) -> Result<Vec<(String, u64)>, String> {
     let image = crate::guests::find("bench").ok_or("the bench guest is not built in")?.to_vec();
     let out = std::env::temp_dir().join(format!("emon-bench-{}.txt", std::process::id()));
     let config = VmConfig {
@@ -14,7 +24,7 @@ fn run(profile: &Profile, backend: Box<dyn Backend>, args: &str) -> Result<Vec<(
         kernel: Kernel { name: "guest:bench".into(), image },
         cmdline: args.into(),
         modules: vec![],
-        memory_mib: 64,
+        memory_mib,
         timeout: Some(Duration::from_secs(600)),
         serial: SerialOut::File(out.clone()),
         ignore_msrs: false,
@@ -79,9 +89,10 @@ pub fn measure(profile: &Profile, iterations: u64, exits: u64) -> Result<Figures
         kvm_msr_tsc: u64::MAX,
     };
     for _ in 0..ROUNDS {
-        let precise = run(profile, Box::new(Precise::new()), &format!("mode=loop-counted n={iterations}"))?;
+        let precise =
+            run(profile, Box::new(Precise::with_engine(Engine::Step)), &format!("mode=loop-counted n={iterations}"))?;
         let bare = run(profile, Box::new(BareStep::default()), &format!("mode=loop n={iterations}"))?;
-        let exit = run(profile, Box::new(Precise::new()), &format!("mode=exits n={exits}"))?;
+        let exit = run(profile, Box::new(Precise::with_engine(Engine::Step)), &format!("mode=exits n={exits}"))?;
         f.loop_instructions = get(&precise, "instructions")?;
         // The counted region is the loop plus the RDTSC sequences around it.
         let counted = get(&precise, "counted")?;
@@ -98,6 +109,54 @@ pub fn measure(profile: &Profile, iterations: u64, exits: u64) -> Result<Figures
         f.kvm_msr_tsc = f.kvm_msr_tsc.min(get(&exit, "kvm_msr_tsc")?);
     }
     Ok(f)
+}
+
+/// A code shape counted by the precise backend under each engine: instructions counted and
+/// TSC ticks taken, the best of [`ROUNDS`] alternating rounds each.
+#[derive(Debug, Clone)]
+pub struct Shape {
+    pub name: &'static str,
+    pub tcg: (u64, u64),
+    pub step: (u64, u64),
+}
+
+impl Shape {
+    /// The TCG engine's counted instructions per second over single-stepping's.
+    pub fn ratio(&self) -> f64 {
+        let rate = |(n, tsc): (u64, u64)| n as f64 / tsc as f64;
+        rate(self.tcg) / rate(self.step)
+    }
+}
+
+/// The shapes of `guest:bench mode=shape`, with iterations for the TCG engine and for stepping.
+pub const SHAPES: &[(&str, u64, u64)] = &[
+    ("straight", 200_000, 300),
+    ("loop10", 500_000, 1_000),
+    ("loopdot", 20_000_000, 3_000),
+    ("branchy", 2_000_000, 2_000),
+];
+
+/// Counts each of [`SHAPES`] under the TCG engine and under single-stepping.
+pub fn measure_shapes(profile: &Profile) -> Result<Vec<Shape>, String> {
+    let mut out: Vec<Shape> =
+        SHAPES.iter().map(|(name, _, _)| Shape { name, tcg: (0, u64::MAX), step: (0, u64::MAX) }).collect();
+    for _ in 0..ROUNDS {
+        for (shape, (name, n_tcg, n_step)) in out.iter_mut().zip(SHAPES) {
+            for (engine, n, slot) in [(Engine::Tcg, n_tcg, &mut shape.tcg), (Engine::Step, n_step, &mut shape.step)] {
+                let kv = run_with_memory(
+                    profile,
+                    Box::new(Precise::with_engine(engine)),
+                    &format!("mode=shape shape={name} n={n}"),
+                    128,
+                )?;
+                let (counted, tsc) = (get(&kv, "counted")?, get(&kv, "tsc")?);
+                if tsc < slot.1 {
+                    *slot = (counted, tsc);
+                }
+            }
+        }
+    }
+    Ok(out)
 }
 
 /// The host's TSC rate (the guest's TSC runs at the same rate under KVM), measured over 100 ms.

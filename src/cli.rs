@@ -99,6 +99,10 @@ struct RunArgs {
     /// host's CPU vendor matches the profile's).
     #[arg(long)]
     allow_raw_events: bool,
+    /// precise backend: run counted code in the TCG engine (fast, the default) or single-step
+    /// every instruction in KVM (the reference).
+    #[arg(long, value_enum, default_value_t = backend::precise::Engine::DEFAULT)]
+    precise_engine: backend::precise::Engine,
     /// Log exits and print statistics and the PMU state at the end.
     #[arg(long, short)]
     verbose: bool,
@@ -212,7 +216,8 @@ fn run(args: RunArgs) -> Result<ExitCode, CliError> {
         Some(s) => Some(Duration::from_secs_f64(s)),
         None => None,
     };
-    let (backend, why) = backend::select(args.backend, &profile, args.allow_raw_events, vmm::kick::kick_signal());
+    let (backend, why) =
+        backend::select(args.backend, &profile, args.allow_raw_events, vmm::kick::kick_signal(), args.precise_engine);
     if args.verbose {
         eprintln!("emon: backend {}: {why}", backend.name());
     }
@@ -372,7 +377,7 @@ fn bench(args: &BenchArgs) -> Result<ExitCode, CliError> {
     let ips = |tsc: u64| f.loop_instructions as f64 / (tsc as f64 / hz);
     println!("emon bench (profile {}, TSC {:.0} MHz); ratios are from this one run", profile.name, hz / 1e6);
     println!(
-        "  precise backend:   {} instructions counted in {:.1} TSC ticks each = {:.0} instructions/s",
+        "  precise backend (single-stepping): {} instructions counted in {:.1} TSC ticks each = {:.0} instructions/s",
         f.loop_instructions,
         per(f.precise_tsc, f.loop_instructions),
         ips(f.precise_tsc)
@@ -389,6 +394,17 @@ fn bench(args: &BenchArgs) -> Result<ExitCode, CliError> {
     println!("  in-kernel MSR exit (RDMSR IA32_TIME_STAMP_COUNTER): {:.0} ticks", per(f.kvm_msr_tsc, f.exits));
     println!("  PMU MSR exit / port I/O exit: {:.3}x", f.pmu_msr_vs_port_io());
     println!("  in-kernel MSR exit / port I/O exit: {:.3}x", f.kvm_msr_vs_port_io());
+    println!("  precise backend, TCG engine against single-stepping (counted instructions/s):");
+    for s in crate::bench::measure_shapes(&profile).map_err(CliError::Bench)? {
+        let ips = |(n, tsc): (u64, u64)| n as f64 / (tsc as f64 / hz);
+        println!(
+            "    {:<9} TCG {:>12.0}/s, step {:>8.0}/s: engine / single-step {:.0}x",
+            s.name,
+            ips(s.tcg),
+            ips(s.step),
+            s.ratio()
+        );
+    }
     Ok(ExitCode::SUCCESS)
 }
 
@@ -428,6 +444,11 @@ fn list_events(args: &ProfileArgs) -> Result<ExitCode, CliError> {
         );
     }
     println!("Any other event select/umask counts 0 under the precise backend.");
+    println!(
+        "Privilege levels: CPL0 code counts exactly (TCG engine or single-stepping). User-mode (CPL3) code counts \
+         only where KVM can single-step it; where it cannot (kvm_pvm), the run summary says NOT EXACT \
+         (README, \"User mode (CPL3) on this host\")."
+    );
     Ok(ExitCode::SUCCESS)
 }
 

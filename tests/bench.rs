@@ -20,4 +20,12 @@ fn bench_reports_ratios_from_one_run() {
     // and guards against gross regressions only.
     assert!(ratio("precise / bare single-step rate") > 0.6, "{}", r.stdout);
     assert!(ratio("PMU MSR exit / port I/O exit") > 0.0, "{}", r.stdout);
+    // The TCG engine against single-stepping, per code shape: at least 100x measured on every
+    // shape here (about 550x on the branchy loop, the slowest); the bound leaves room for load.
+    for shape in ["straight", "loop10", "loopdot", "branchy"] {
+        let line =
+            r.stdout.lines().find(|l| l.trim_start().starts_with(shape)).unwrap_or_else(|| panic!("{}", r.stdout));
+        let x: f64 = line.rsplit(' ').next().unwrap().trim_end_matches('x').parse().unwrap();
+        assert!(x > 50.0, "{shape}: {line}");
+    }
 }

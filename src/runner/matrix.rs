@@ -53,6 +53,7 @@ pub fn expand_cli(args: &TestArgs) -> Result<Vec<RunSpec>, RunnerError> {
         backend: args.backend,
         args: args.cmdline.clone(),
         timeout: args.timeout,
+        memory: None,
         round: None,
     };
     check_profiles(&profiles, &args.pmu).map_err(|(_, e)| e)?;
@@ -84,6 +85,7 @@ pub fn expand_suite(suite: &suite::Suite, args: &TestArgs) -> Result<Vec<RunSpec
             backend: e.backend.or(args.backend),
             args: e.args.clone().map_or_else(|| args.cmdline.clone(), |a| vec![a]),
             timeout: e.timeout.unwrap_or(args.timeout),
+            memory: e.memory,
             round: None,
         };
         runs.extend(cross(&kernels, &profiles, &template));

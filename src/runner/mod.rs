@@ -53,6 +53,8 @@ pub struct RunSpec {
     pub backend: Option<BackendKind>,
     pub args: Vec<String>,
     pub timeout: f64,
+    /// `--memory` in MiB, where the suite sets it.
+    pub memory: Option<u64>,
     /// With `--repeat N`: this run's round (1-based) and N.
     pub round: Option<(usize, usize)>,
 }
@@ -100,6 +102,9 @@ impl RunSpec {
         }
         if let Some(b) = self.backend_name() {
             a.extend(["--backend".into(), b]);
+        }
+        if let Some(m) = self.memory {
+            a.extend(["--memory".into(), m.to_string()]);
         }
         a.extend(["--timeout".into(), self.timeout.to_string(), self.kernel.clone()]);
         if !self.args.is_empty() {
@@ -216,6 +221,7 @@ mod tests {
             backend: Some(BackendKind::Precise),
             args: vec!["a".into(), "b".into()],
             timeout: 2.5,
+            memory: None,
             round: None,
         };
         assert_eq!(

@@ -103,6 +103,7 @@ mod tests {
             backend: None,
             args: vec![],
             timeout: DEFAULT_TIMEOUT_S,
+            memory: None,
             round: None,
         }
     }

@@ -444,6 +444,7 @@ mod tests {
             backend: None,
             args: vec![],
             timeout: 5.0,
+            memory: None,
             round: None,
         };
         let parsed = parse::parse(out);

@@ -10,6 +10,7 @@
 //! pmu = "version=2,gp=2"        # optional: profile overrides, as `emon run --pmu`
 //! backend = "precise"           # optional: auto, precise or perf
 //! timeout = 30                  # optional: seconds (default: `emon test --timeout`)
+//! memory = 128                  # optional: guest RAM in MiB (default: `emon run`'s)
 //! ```
 //!
 //! Relative paths are relative to the suite file's directory. Unknown fields are errors, and every
@@ -42,6 +43,8 @@ pub struct Entry {
     pub pmu: Option<String>,
     pub backend: Option<BackendKind>,
     pub timeout: Option<f64>,
+    /// Guest RAM in MiB.
+    pub memory: Option<u64>,
 }
 
 #[derive(Deserialize)]
@@ -60,6 +63,7 @@ struct EntryFile {
     pmu: Option<String>,
     backend: Option<String>,
     timeout: Option<f64>,
+    memory: Option<u64>,
 }
 
 /// Reads and parses the suite file at `path`.
@@ -118,6 +122,7 @@ pub fn from_toml(origin: &str, dir: PathBuf, text: &str) -> Result<Suite, Runner
             pmu: e.pmu,
             backend,
             timeout: e.timeout,
+            memory: e.memory,
         });
     }
     Ok(Suite { origin: origin.to_string(), dir, description: file.description, entries })

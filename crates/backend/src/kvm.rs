@@ -4,11 +4,10 @@
 use crate::pmi::{plan, PmiDelivery};
 use crate::{lapic, Vcpu, VcpuError};
 use emon_pmu::pmu::Pmu;
-use emon_x86::mode::CpuMode;
 use kvm_bindings::{
-    kvm_enable_cap, kvm_guest_debug, kvm_mp_state, kvm_regs, KVM_CAP_X86_USER_SPACE_MSR, KVM_GUESTDBG_ENABLE,
-    KVM_GUESTDBG_SINGLESTEP, KVM_MP_STATE_HALTED, KVM_MSR_EXIT_REASON_FILTER, KVM_MSR_EXIT_REASON_INVAL,
-    KVM_MSR_EXIT_REASON_UNKNOWN, KVM_VCPUEVENT_VALID_SHADOW,
+    kvm_enable_cap, kvm_guest_debug, kvm_mp_state, kvm_regs, kvm_sregs, KVM_CAP_X86_USER_SPACE_MSR,
+    KVM_GUESTDBG_ENABLE, KVM_GUESTDBG_SINGLESTEP, KVM_MP_STATE_HALTED, KVM_MSR_EXIT_REASON_FILTER,
+    KVM_MSR_EXIT_REASON_INVAL, KVM_MSR_EXIT_REASON_UNKNOWN, KVM_VCPUEVENT_VALID_SHADOW,
 };
 use kvm_ioctls::{MsrFilterDefaultAction, MsrFilterRange, MsrFilterRangeFlags, VcpuFd, VmFd};
 use vm_memory::GuestMemoryMmap;
@@ -53,8 +52,8 @@ impl Vcpu for KvmVcpu<'_> {
         self.fd.set_regs(regs).map_err(VcpuError::op("KVM_SET_REGS"))
     }
 
-    fn mode(&mut self) -> Result<CpuMode, VcpuError> {
-        Ok(CpuMode::from_sregs(&self.fd.get_sregs().map_err(VcpuError::op("KVM_GET_SREGS"))?))
+    fn sregs(&mut self) -> Result<kvm_sregs, VcpuError> {
+        self.fd.get_sregs().map_err(VcpuError::op("KVM_GET_SREGS"))
     }
 
     fn set_single_step(&mut self, on: bool) -> Result<(), VcpuError> {

@@ -103,13 +103,21 @@ pub enum BackendKind {
 
 /// The backend for `kind` under `profile`, and why it was chosen. The perf backend's overflow
 /// signals go to the vCPU thread as `kick_signal`, whose handler must make KVM_RUN return.
-pub fn select(kind: BackendKind, profile: &Profile, allow_raw: bool, kick_signal: i32) -> (Box<dyn Backend>, String) {
+pub fn select(
+    kind: BackendKind,
+    profile: &Profile,
+    allow_raw: bool,
+    kick_signal: i32,
+    engine: precise::Engine,
+) -> (Box<dyn Backend>, String) {
     let caps = perf::host_caps(allow_raw);
     let perf = |caps| -> Box<dyn Backend> {
         Box::new(perf::counting::Perf::new(caps, &profile.vendor, profile.pmu.nominal_mhz, kick_signal))
     };
     match kind {
-        BackendKind::Precise => (Box::new(precise::Precise::new()), "requested with --backend precise".into()),
+        BackendKind::Precise => {
+            (Box::new(precise::Precise::with_engine(engine)), "requested with --backend precise".into())
+        }
         BackendKind::Perf => {
             let why = if caps.hardware.is_empty() {
                 format!(
@@ -123,7 +131,7 @@ pub fn select(kind: BackendKind, profile: &Profile, allow_raw: bool, kick_signal
         }
         BackendKind::Auto => match probe::auto_choice(&caps) {
             (BackendKind::Perf, why) => (perf(caps), why),
-            (_, why) => (Box::new(precise::Precise::new()), why),
+            (_, why) => (Box::new(precise::Precise::with_engine(engine)), why),
         },
     }
 }

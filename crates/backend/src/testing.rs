@@ -2,7 +2,7 @@
 //! guest memory, and reads back what the backend did to them.
 use crate::{Vcpu, VcpuError};
 use emon_x86::mode::CpuMode;
-use kvm_bindings::kvm_regs;
+use kvm_bindings::{kvm_regs, kvm_sregs};
 use vm_memory::GuestMemoryMmap;
 
 /// A vCPU whose state the test sets.
@@ -22,6 +22,9 @@ impl Vcpu for Script {
     fn set_regs(&mut self, regs: &kvm_regs) -> Result<(), VcpuError> {
         self.regs = *regs;
         Ok(())
+    }
+    fn sregs(&mut self) -> Result<kvm_sregs, VcpuError> {
+        Ok(kvm_sregs::default())
     }
     fn mode(&mut self) -> Result<CpuMode, VcpuError> {
         Ok(self.mode)

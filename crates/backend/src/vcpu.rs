@@ -1,7 +1,7 @@
 //! The vCPU as a backend sees it. A VMM implements [`Vcpu`] over its KVM vCPU file descriptor;
 //! tests implement it with scripted registers and guest memory.
 use emon_x86::mode::CpuMode;
-use kvm_bindings::kvm_regs;
+use kvm_bindings::{kvm_regs, kvm_sregs};
 use thiserror::Error;
 use vm_memory::GuestMemoryMmap;
 
@@ -26,8 +26,12 @@ pub trait Vcpu {
     /// The general-purpose registers, RIP and RFLAGS.
     fn regs(&mut self) -> Result<kvm_regs, VcpuError>;
     fn set_regs(&mut self, regs: &kvm_regs) -> Result<(), VcpuError>;
+    /// The segment, control and descriptor-table registers, and EFER.
+    fn sregs(&mut self) -> Result<kvm_sregs, VcpuError>;
     /// The CPU mode (CPL, code size, paging, IDT) from the segment and control registers.
-    fn mode(&mut self) -> Result<CpuMode, VcpuError>;
+    fn mode(&mut self) -> Result<CpuMode, VcpuError> {
+        Ok(CpuMode::from_sregs(&self.sregs()?))
+    }
     /// Single-step from the next entry on (each entry then retires one instruction and exits),
     /// or stop single-stepping.
     fn set_single_step(&mut self, on: bool) -> Result<(), VcpuError>;

@@ -24,6 +24,37 @@ fn spin(n: u64) {
     unsafe { asm!("2:", "dec {n}", "jnz 2b", n = inout(reg) n => _, options(nostack, nomem)) };
 }
 
+/// The code shapes `emon bench` compares the engines on, `n` iterations each:
+/// - `straight`: 64 ALU instructions and a loop branch (straight-line code);
+/// - `loop10`: KVM's PMU test loop, `mov rax, [rsi]; add rsi, 64; nop x 7; loop` (reads n x 64 bytes);
+/// - `loopdot`: `loop .`;
+/// - `branchy`: a loop whose conditional branch alternates taken and not taken.
+fn run_shape(shape: &str, n: u64) {
+    // SAFETY: registers only, except loop10, which reads n x 64 bytes of RAM from 16 MiB up.
+    unsafe {
+        match shape {
+            "straight" => asm!(
+                "2:",
+                ".rept 64", "add rax, 1", ".endr",
+                "dec rcx", "jnz 2b",
+                inout("rcx") n => _, out("rax") _, options(nostack, nomem),
+            ),
+            "loop10" => asm!(
+                "2: mov rax, [rsi]", "add rsi, 64",
+                "nop", "nop", "nop", "nop", "nop", "nop", "nop",
+                "loop 2b",
+                inout("rcx") n => _, inout("rsi") 0x100_0000u64 => _, out("rax") _, options(nostack, readonly),
+            ),
+            "loopdot" => asm!("2: loop 2b", inout("rcx") n => _, options(nostack, nomem)),
+            "branchy" => asm!(
+                "2: test rcx, 1", "jz 3f", "add rax, 1", "3: add rdx, 1", "dec rcx", "jnz 2b",
+                inout("rcx") n => _, out("rax") _, out("rdx") _, options(nostack, nomem),
+            ),
+            _ => {}
+        }
+    }
+}
+
 fn time(f: impl FnOnce()) -> u64 {
     let t0 = rdtsc();
     f();
@@ -100,7 +131,20 @@ fn main(boot: &emon_guest::BootInfo) -> i32 {
             }
             println!("bench unknown-msrs n={}", dec(n));
         }
-        m => println!("bench: unknown mode '{m}' (loop, loop-counted, exits, cycles, reprogram, unknown-msrs)"),
+        "shape" => {
+            // A code shape for the precise backend's engines, counted on IA32_PMC0 (instructions).
+            let shape = boot.arg("shape").unwrap_or("");
+            let version = cpuid(0xA, 0).eax & 0xFF;
+            wrmsr(IA32_PMC0, 0);
+            if version >= 2 {
+                wrmsr(IA32_PERF_GLOBAL_CTRL, 1);
+            }
+            wrmsr(IA32_PERFEVTSEL0, 0x4300C0);
+            let tsc = time(|| run_shape(shape, n));
+            wrmsr(IA32_PERFEVTSEL0, 0);
+            println!("bench shape={} n={} counted={} tsc={}", shape, dec(n), dec(rdmsr(IA32_PMC0)), dec(tsc));
+        }
+        m => println!("bench: unknown mode '{m}' (loop, loop-counted, exits, cycles, reprogram, unknown-msrs, shape)"),
     }
     0
 }

@@ -8,6 +8,8 @@
 //! HLT (which KVM steps over) and RDPMC (which has no userspace exit) are emulated. When no
 //! counter is counting the guest runs free.
 pub mod events;
+#[cfg(feature = "tcg")]
+pub mod tcg;
 #[cfg(test)]
 mod tests;
 
@@ -36,12 +38,48 @@ struct Pending {
 
 /// #GP, the general-protection exception (SDM Vol. 3A 6.15).
 const GP_VECTOR: u8 = 13;
+/// #DB, the debug exception: where a single-step trap goes when the VMM does not get it.
+const DB_VECTOR: u8 = 1;
 
 /// Decoded instructions kept at most (about 3 MiB).
 const MAX_CACHED_INSNS: usize = 65_536;
 
 /// At most this many instructions retire in one step whose traps were lost.
 const MAX_LOST_TRAPS: usize = 64;
+
+/// How the precise backend runs the code it counts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
+pub enum Engine {
+    /// Runs counted code in QEMU's TCG (through unicorn) and single-steps only what must go
+    /// through KVM (README, "The TCG engine").
+    Tcg,
+    /// Single-steps every counted instruction in KVM: the reference.
+    Step,
+}
+
+impl Engine {
+    /// The engine this build runs by default: TCG when it is built in.
+    pub const DEFAULT: Engine = if cfg!(feature = "tcg") { Engine::Tcg } else { Engine::Step };
+}
+
+/// The TCG engine, made on the vCPU thread the first time it runs.
+#[cfg(feature = "tcg")]
+#[derive(Default)]
+struct TcgSlot {
+    engine: Option<tcg::Tcg>,
+    /// Boundaries to step in KVM before trying the engine again.
+    cooldown: u32,
+}
+
+// SAFETY: the engine (which holds unicorn's non-thread-safe handle) is created in `before_run`,
+// on the vCPU thread, and used only there; a `Precise` is moved to that thread before it has one.
+#[cfg(feature = "tcg")]
+unsafe impl Send for TcgSlot {}
+
+/// Steps after an engine run that retired little (or nothing) before the engine is tried again.
+#[cfg(feature = "tcg")]
+const TCG_COOLDOWN: u32 = 16;
 
 /// What the backend did, for the run summary.
 #[derive(Debug, Default, Clone, Copy)]
@@ -56,6 +94,11 @@ pub struct Stats {
     pub reprogrammed: u64,
     /// Instructions that retired without their own single-step trap.
     pub lost_traps: u64,
+    /// Single-steps of user-mode (CPL3) code that did not come back to the VMM.
+    pub cpl3_lost: u64,
+    /// TCG engine runs, and the instructions they retired.
+    pub engine_runs: u64,
+    pub engine_retired: u64,
 }
 
 /// Edge-detect slots: GP counters, then fixed counters.
@@ -77,6 +120,11 @@ pub struct Precise {
     edges: [bool; SLOTS],
     cache: HashMap<u64, Option<Insn>>,
     cache_cr3: u64,
+    engine: Engine,
+    /// Why the TCG engine was given up for stepping, if it was.
+    engine_failed: Option<String>,
+    #[cfg(feature = "tcg")]
+    tcg: TcgSlot,
     pub stats: Stats,
 }
 
@@ -88,6 +136,11 @@ impl Default for Precise {
 
 impl Precise {
     pub fn new() -> Precise {
+        Precise::with_engine(Engine::DEFAULT)
+    }
+
+    /// A precise backend that runs counted code with `engine` (TCG only when built in).
+    pub fn with_engine(engine: Engine) -> Precise {
         Precise {
             stepping: false,
             rip: None,
@@ -98,8 +151,84 @@ impl Precise {
             edges: [false; SLOTS],
             cache: HashMap::new(),
             cache_cr3: 0,
+            engine: if cfg!(feature = "tcg") { engine } else { Engine::Step },
+            engine_failed: (engine == Engine::Tcg && !cfg!(feature = "tcg"))
+                .then(|| "this emon was built without the tcg feature".to_string()),
+            #[cfg(feature = "tcg")]
+            tcg: TcgSlot::default(),
             stats: Stats::default(),
         }
+    }
+
+    /// The engine that runs counted code.
+    pub fn engine(&self) -> Engine {
+        self.engine
+    }
+
+    /// Runs counted code in the TCG engine from the boundary at `rip`, when it may (see
+    /// [`tcg`]): `Some(Next::Retired)` if it retired anything, `None` to single-step instead.
+    #[cfg(feature = "tcg")]
+    fn fast_forward(&mut self, cx: &mut Cx, rip: u64, mode: &CpuMode) -> Result<Option<Next>, BackendError> {
+        if self.engine != Engine::Tcg || mode.bitness != 64 || self.armed.iter().any(|a| a.cmask != 0) {
+            return Ok(None);
+        }
+        if self.tcg.cooldown > 0 {
+            self.tcg.cooldown -= 1;
+            return Ok(None);
+        }
+        // Not worth entering the engine for an instruction it would hand back at once.
+        let bytes = mode.fetch(cx.vcpu.memory(), rip);
+        let first = iced_x86::Decoder::with_ip(64, &bytes, rip, iced_x86::DecoderOptions::NONE).decode();
+        if !tcg::runs_in_engine(&first, &mut iced_x86::InstructionInfoFactory::new()) {
+            return Ok(None);
+        }
+        if self.tcg.engine.is_none() {
+            match tcg::Tcg::new(cx.vcpu.memory()) {
+                Ok(e) => self.tcg.engine = Some(e),
+                Err(e) => return Ok(self.give_up_engine(e.to_string())),
+            }
+        }
+        let engine = self.tcg.engine.as_mut().expect("made above");
+        let regs = cx.vcpu.regs()?;
+        let sregs = cx.vcpu.sregs()?;
+        let armed: Vec<(Armed, u64)> = self.armed.iter().map(|a| (*a, cx.pmu.distance_to_overflow(a.id))).collect();
+        let run = match engine.run(&regs, &sregs, *mode, &armed, tcg::BUDGET) {
+            Ok(run) => run,
+            Err(e) => return Ok(self.give_up_engine(e.to_string())),
+        };
+        self.stats.engine_runs += 1;
+        // KVM runs at least the next instruction: it delivers interrupts and runs what the
+        // engine handed over.
+        self.tcg.cooldown = if run.retired < 64 { TCG_COOLDOWN } else { 1 };
+        if run.retired == 0 {
+            return Ok(None);
+        }
+        for ((a, _), n) in armed.iter().zip(&run.counts) {
+            // The engine stops short of every overflow: the overflowing instruction is stepped.
+            if *n > 0 && cx.pmu.add_events(a.id, *n) {
+                tracing::error!("{}: the TCG engine crossed an overflow", a.id);
+            }
+        }
+        self.stats.retired += run.retired;
+        self.stats.engine_retired += run.retired;
+        cx.vcpu.set_regs(&run.regs)?;
+        self.rip = Some(run.regs.rip);
+        Ok(Some(Next::Retired))
+    }
+
+    #[cfg(not(feature = "tcg"))]
+    fn fast_forward(&mut self, _cx: &mut Cx, _rip: u64, _mode: &CpuMode) -> Result<Option<Next>, BackendError> {
+        Ok(None)
+    }
+
+    /// The engine failed: every count from here on comes from single-stepping, and the run
+    /// summary says why.
+    #[cfg(feature = "tcg")]
+    fn give_up_engine(&mut self, why: String) -> Option<Next> {
+        tracing::warn!("{why}; single-stepping instead");
+        self.engine_failed = Some(why);
+        self.engine = Engine::Step;
+        None
     }
 
     fn set_stepping(&mut self, cx: &mut Cx, on: bool) -> Result<(), BackendError> {
@@ -195,16 +324,16 @@ impl Precise {
 
     /// The handler whose first instruction, retired, leaves the vCPU at `pc`: the event that
     /// was delivered before the pending instruction.
-    fn event_handler(&mut self, cx: &Cx, mode: &CpuMode, pc: u64) -> Option<(u64, Insn)> {
+    fn event_handler(&mut self, cx: &Cx, mode: &CpuMode, pc: u64) -> Option<(u8, u64, Insn)> {
         let mut branch_match = None;
         for v in 0..=255u8 {
             let Some(h) = mode.idt_handler(cx.vcpu.memory(), v) else { continue };
             let Some(i) = self.decode(cx, mode, h) else { continue };
             if h + i.len as u64 == pc && matches!(i.flow, Flow::Next) {
-                return Some((h, i));
+                return Some((v, h, i));
             }
             if branch_match.is_none() && follows(&i, h, pc) {
-                branch_match = Some((h, i));
+                branch_match = Some((v, h, i));
             }
         }
         branch_match
@@ -341,6 +470,11 @@ impl Backend for Precise {
         }
         let rip = self.rip(cx)?;
         let mode = self.mode(cx)?;
+        if !self.halted {
+            if let Some(next) = self.fast_forward(cx, rip, &mode)? {
+                return Ok(next);
+            }
+        }
         let mut p = Pending {
             rip,
             cpl: mode.cpl,
@@ -410,8 +544,15 @@ impl Backend for Precise {
                 self.stats.events += 1;
                 self.mode = None;
                 let mode = self.mode(cx)?;
-                match self.event_handler(cx, &mode, pc) {
-                    Some((h, i)) => (i, h, mode.cpl),
+                let handler = self.event_handler(cx, &mode, pc);
+                // A user-mode instruction whose single-step trap went into the guest's own #DB
+                // handler (or to no handler emon can find): this host cannot step CPL3 code, and
+                // what it ran is not counted (README, "User mode (CPL3) on this host").
+                if p.cpl == 3 && handler.as_ref().is_none_or(|(v, _, _)| *v == DB_VECTOR) {
+                    self.stats.cpl3_lost += 1;
+                }
+                match handler {
+                    Some((_, h, i)) => (i, h, mode.cpl),
                     None => (UNKNOWN, pc, mode.cpl),
                 }
             }
@@ -436,9 +577,30 @@ impl Backend for Precise {
 
     fn summary(&self) -> String {
         let s = &self.stats;
+        let engine = match (self.engine, &self.engine_failed) {
+            (Engine::Tcg, _) => format!("TCG engine: {} of them in {} runs", s.engine_retired, s.engine_runs),
+            (Engine::Step, Some(why)) => {
+                format!("single-stepped: {why} (TCG engine before that: {})", s.engine_retired)
+            }
+            (Engine::Step, None) => "single-stepped (--precise-engine step)".into(),
+        };
         format!(
-            "precise backend: {} instructions counted ({} without their own single-step trap), {} interrupts/exceptions seen while stepping, {} HLT and {} RDPMC emulated, stepping switched {} times",
-            s.retired, s.lost_traps, s.events, s.hlt, s.rdpmc, s.arm_changes
+            "precise backend: {} instructions counted ({engine}; {} without their own single-step trap), {} interrupts/exceptions seen while stepping, {} HLT and {} RDPMC emulated, stepping switched {} times, {} counters reprogrammed",
+            s.retired, s.lost_traps, s.events, s.hlt, s.rdpmc, s.arm_changes, s.reprogrammed
         )
+    }
+
+    fn notes(&self) -> Vec<String> {
+        let mut notes = Vec::new();
+        if let Some(why) = &self.engine_failed {
+            notes.push(format!("counted by single-stepping only ({why})"));
+        }
+        if self.stats.cpl3_lost > 0 {
+            notes.push(format!(
+                "NOT EXACT: user-mode (CPL3) code could not be single-stepped on this host ({} steps lost to the guest's #DB handler); its instructions are not counted",
+                self.stats.cpl3_lost
+            ));
+        }
+        notes
     }
 }

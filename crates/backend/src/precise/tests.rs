@@ -11,6 +11,7 @@ use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 const CODE: u64 = 0x10000;
 const HANDLER: u64 = 0x11000;
 const GP_HANDLER: u64 = 0x12000;
+const DB_HANDLER: u64 = 0x13000;
 const STACK: u64 = 0x20000;
 const IDT: u64 = 0x4000;
 const TIMER: u8 = 0x20;
@@ -46,10 +47,12 @@ impl Rig {
                 ..Script::new(mem)
             },
             pmu: Pmu::new(&Profile::load("skylake").unwrap().pmu),
-            precise: Precise::new(),
+            precise: Precise::with_engine(Engine::Step),
         };
         rig.gate(TIMER, HANDLER);
         rig.gate(GP_VECTOR, GP_HANDLER);
+        rig.gate(DB_VECTOR, DB_HANDLER);
+        rig.vcpu.mem.write_slice(&[0x90, 0x90], GuestAddress(DB_HANDLER)).unwrap();
         // Both handlers start with two NOPs.
         rig.vcpu.mem.write_slice(&[0x90, 0x90], GuestAddress(HANDLER)).unwrap();
         rig.vcpu.mem.write_slice(&[0x90, 0x90], GuestAddress(GP_HANDLER)).unwrap();
@@ -279,4 +282,21 @@ fn a_write_reprograms_only_the_counters_it_changed() {
     assert_eq!(r.precise.stats.reprogrammed - before, 2);
     assert_eq!((r.pmc(0), r.pmc(1)), (3, 2), "PMC1 counts instructions since its reprogramming");
     assert_eq!(r.pmu.rdmsr(msr::IA32_FIXED_CTR0).unwrap(), 2, "FIXED_CTR0 counted CPL0 until set to USR only");
+}
+
+#[test]
+fn a_user_mode_step_lost_to_the_guests_db_handler_is_reported() {
+    let mut r = Rig::new(&[NOP, NOP]);
+    r.count();
+    r.vcpu.mode.cpl = 3;
+    assert_eq!(r.before(true), Next::Run);
+    // This host delivers the single-step trap of CPL3 code into the guest's #DB handler.
+    r.vcpu.mode.cpl = 0;
+    r.exit_at(DB_HANDLER + 1);
+    assert_eq!(r.precise.stats.cpl3_lost, 1);
+    assert!(
+        r.precise.notes().iter().any(|n| n.starts_with("NOT EXACT: user-mode (CPL3) code")),
+        "{:?}",
+        r.precise.notes()
+    );
 }

@@ -1,0 +1,684 @@
+//! The precise backend's TCG engine: runs counted guest code in QEMU's TCG (through unicorn) on
+//! the VM's own memory, and counts it per translated block, instead of single-stepping it in KVM.
+//!
+//! The engine is a fast-forward between single steps. At an instruction boundary the backend
+//! loads the vCPU's registers into the engine, which runs until, before any block it must not
+//! run:
+//! - a block holding an instruction that must go through KVM ([`runs_in_engine`]: port I/O, MSRs,
+//!   CPUID, RDPMC, RDTSC, HLT, INT/IRET/SYSCALL, control and segment register loads, STI/CLI/POPF,
+//!   x87/SSE/AVX, anything privileged or unknown);
+//! - a block that could bring a counter to its overflow (the step that overflows it is the
+//!   single-stepper's, so the PMI keeps zero skid);
+//! - the end of its budget (so that KVM delivers interrupts at bounded intervals).
+//!
+//! It also stops at a fault (a page fault, an access outside RAM such as the local APIC): the
+//! faulting instruction has not retired, and KVM runs it and delivers the real exception. The
+//! registers go back to the vCPU, and single-stepping resumes exactly where the engine stopped.
+//! Every count is exact: a block counts only once it has retired, and a block cut short counts
+//! the instructions before the fault.
+use super::events::Armed;
+use emon_x86::insn::{self, Insn};
+use emon_x86::mode::CpuMode;
+use iced_x86::{Code, Decoder, DecoderOptions, FlowControl, Instruction, InstructionInfoFactory, Mnemonic, OpAccess};
+use kvm_bindings::{kvm_regs, kvm_sregs};
+use std::collections::HashMap;
+use unicorn_engine::unicorn_const::{uc_error, Arch, Mode, Prot};
+use unicorn_engine::{RegisterX86, Unicorn};
+use vm_memory::{GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion};
+
+/// Instructions one engine run retires at most before handing back to KVM (about 30 ms here).
+pub const BUDGET: u64 = 10_000_000;
+
+/// Blocks decoded at most per address space (bounded like the stepper's decode cache).
+const MAX_BLOCKS: usize = 16_384;
+
+/// Why an engine run ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stop {
+    /// Before an instruction the engine must not run.
+    Handover,
+    /// A counter is close to its overflow.
+    Overflow,
+    /// The instruction budget is spent.
+    Budget,
+    /// A fault in the engine (the instruction at the stop did not retire).
+    Fault,
+}
+
+/// What one engine run retired.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Run {
+    pub retired: u64,
+    /// Per armed counter, in the order given: its events (after the counter's filters).
+    pub counts: Vec<u64>,
+    pub regs: kvm_regs,
+    pub stop: Stop,
+}
+
+/// A decoded block: each instruction's address and facts, whether the engine may run it, and
+/// per armed counter what it adds when it retires whole.
+#[derive(Debug, Clone)]
+struct Block {
+    insns: Vec<(u64, Insn)>,
+    runnable: bool,
+    /// The block is `loop .` alone (LOOP to itself, counting in RCX): see [`on_block`].
+    self_loop: bool,
+    /// Per armed counter: the events of every instruction but the last.
+    body: Vec<u64>,
+    /// Per armed counter: the last instruction's events when it branches and when it does not.
+    last_taken: Vec<u64>,
+    last_not: Vec<u64>,
+}
+
+impl Block {
+    fn sums(&mut self, armed: &[Armed], counting: &[bool]) {
+        let n = self.insns.len();
+        let per = |a: &Armed, on: bool, (rip, i): &(u64, Insn), taken: bool| {
+            if on {
+                a.model.increment(i, *rip, taken)
+            } else {
+                0
+            }
+        };
+        self.body = armed
+            .iter()
+            .zip(counting)
+            .map(|(a, on)| self.insns[..n.saturating_sub(1)].iter().map(|x| per(a, *on, x, false)).sum())
+            .collect();
+        let last = self.insns.last();
+        self.last_taken = armed.iter().zip(counting).map(|(a, on)| last.map_or(0, |x| per(a, *on, x, true))).collect();
+        self.last_not = armed.iter().zip(counting).map(|(a, on)| last.map_or(0, |x| per(a, *on, x, false))).collect();
+    }
+}
+
+/// State the block hook works on.
+struct Acc {
+    mode: CpuMode,
+    mem: GuestMemoryMmap,
+    armed: Vec<Armed>,
+    counting: Vec<bool>,
+    /// Events each armed counter may still take before it would overflow.
+    room: Vec<u64>,
+    counts: Vec<u64>,
+    retired: u64,
+    budget: u64,
+    /// The block entered last, not yet known to have retired.
+    current: Option<u64>,
+    blocks: HashMap<u64, Block>,
+    stop: Option<Stop>,
+}
+
+impl Acc {
+    fn block(&mut self, addr: u64, size: u32) -> &Block {
+        if self.blocks.len() >= MAX_BLOCKS {
+            self.blocks.clear();
+        }
+        let (mode, mem, armed, counting) = (&self.mode, &self.mem, &self.armed, &self.counting);
+        self.blocks.entry(addr).or_insert_with(|| {
+            let mut b = decode_block(mode, mem, addr, size as usize);
+            b.sums(armed, counting);
+            b
+        })
+    }
+
+    /// Counts the whole block at `addr` as retired; control went on to `next`.
+    fn retire_block(&mut self, addr: u64, next: u64) {
+        let b = &self.blocks[&addr];
+        let Some((rip, last)) = b.insns.last() else { return };
+        let taken = super::taken(last, *rip, next);
+        self.retired += b.insns.len() as u64;
+        for (k, count) in self.counts.iter_mut().enumerate() {
+            *count += b.body[k] + if taken { b.last_taken[k] } else { b.last_not[k] };
+        }
+    }
+
+    /// Counts the first `n` instructions of the block at `addr` (none of them a taken branch:
+    /// the block was cut short by a fault at the next one).
+    fn retire_first(&mut self, addr: u64, n: usize) {
+        let insns = &self.blocks[&addr].insns[..n];
+        self.retired += n as u64;
+        for (k, (a, on)) in self.armed.iter().zip(&self.counting).enumerate() {
+            if *on {
+                self.counts[k] += insns.iter().map(|(rip, i)| a.model.increment(i, *rip, false)).sum::<u64>();
+            }
+        }
+    }
+
+    /// Whether the block at `addr` could bring a counter to its overflow.
+    fn could_overflow(&self, addr: u64) -> bool {
+        let b = &self.blocks[&addr];
+        (0..self.counts.len()).any(|k| self.counts[k] + b.body[k] + b.last_taken[k].max(b.last_not[k]) >= self.room[k])
+    }
+}
+
+/// Decodes the block of `size` bytes at linear `addr`.
+fn decode_block(mode: &CpuMode, mem: &GuestMemoryMmap, addr: u64, size: usize) -> Block {
+    let mut bytes = Vec::with_capacity(size + 15);
+    let mut a = addr;
+    while bytes.len() < size + 15 {
+        let chunk = mode.fetch(mem, a);
+        if chunk.is_empty() {
+            break;
+        }
+        a += chunk.len() as u64;
+        bytes.extend(chunk);
+    }
+    let mut insns = Vec::new();
+    let mut runnable = true;
+    let mut self_loop = false;
+    let mut d = Decoder::with_ip(64, &bytes, addr, DecoderOptions::NONE);
+    let mut info = InstructionInfoFactory::new();
+    while d.ip() < addr + size as u64 {
+        let i = d.decode();
+        let facts = if i.is_invalid() { None } else { insn::decode(&bytes[(i.ip() - addr) as usize..], i.ip(), 64) };
+        match facts {
+            Some(f) if runs_in_engine(&i, &mut info) => {
+                self_loop = i.code() == Code::Loop_rel8_64_RCX && i.near_branch_target() == i.ip();
+                insns.push((i.ip(), f));
+            }
+            _ => {
+                runnable = false;
+                break;
+            }
+        }
+    }
+    let self_loop = self_loop && insns.len() == 1;
+    Block { insns, runnable, self_loop, body: Vec::new(), last_taken: Vec::new(), last_not: Vec::new() }
+}
+
+/// Whether the engine may run `i`: plain integer instructions whose effects are registers, flags
+/// and memory, nothing KVM or the VMM must see (see the module documentation).
+pub fn runs_in_engine(i: &Instruction, info: &mut InstructionInfoFactory) -> bool {
+    use Mnemonic::*;
+    if i.is_invalid()
+        || i.is_privileged()
+        || i.is_jmp_far()
+        || i.is_call_far()
+        || i.is_jmp_far_indirect()
+        || i.is_call_far_indirect()
+    {
+        return false;
+    }
+    if !matches!(
+        i.flow_control(),
+        FlowControl::Next
+            | FlowControl::UnconditionalBranch
+            | FlowControl::ConditionalBranch
+            | FlowControl::IndirectBranch
+            | FlowControl::Call
+            | FlowControl::IndirectCall
+            | FlowControl::Return
+    ) {
+        return false;
+    }
+    if matches!(
+        i.mnemonic(),
+        Cpuid
+            | Rdtsc
+            | Rdtscp
+            | Rdpmc
+            | Rdmsr
+            | Wrmsr
+            | In
+            | Out
+            | Insb
+            | Insw
+            | Insd
+            | Outsb
+            | Outsw
+            | Outsd
+            | Hlt
+            | Sti
+            | Cli
+            | Popf
+            | Popfq
+            | Popfd
+            | Iret
+            | Iretd
+            | Iretq
+            | Syscall
+            | Sysret
+            | Sysretq
+            | Sysenter
+            | Sysexit
+            | Int
+            | Int1
+            | Int3
+            | Into
+            | Ud0
+            | Ud1
+            | Ud2
+            | Retf
+            | Lss
+            | Lfs
+            | Lgs
+            | Lds
+            | Les
+            | Swapgs
+            | Rdfsbase
+            | Rdgsbase
+            | Wrfsbase
+            | Wrgsbase
+            | Xgetbv
+            | Xsetbv
+            | Rdrand
+            | Rdseed
+            | Rdpid
+            | Pause
+            | Clflush
+            | Clflushopt
+            | Clwb
+            | Wbinvd
+            | Invd
+            | Monitor
+            | Mwait
+            | Umonitor
+            | Umwait
+            | Tpause
+            | Enqcmd
+            | Serialize
+    ) {
+        return false;
+    }
+    if i.code() == Code::Pushfq || i.code() == Code::Pushfd || i.code() == Code::Pushfw {
+        // RFLAGS.VIF/VM/RF read differently under TCG; KVM keeps the truth.
+        return false;
+    }
+    // Segment register loads and any x87/MMX/SSE/AVX register (not moved into the engine).
+    let used = info.info(i);
+    for r in used.used_registers() {
+        let reg = r.register();
+        if reg.is_segment_register() && r.access() != OpAccess::Read {
+            return false;
+        }
+        if reg.is_xmm()
+            || reg.is_ymm()
+            || reg.is_zmm()
+            || reg.is_mm()
+            || reg.is_st()
+            || reg.is_k()
+            || reg.is_cr()
+            || reg.is_dr()
+            || reg.is_tr()
+        {
+            return false;
+        }
+    }
+    // Only the base integer instruction sets.
+    i.cpuid_features().iter().all(|f| {
+        use iced_x86::CpuidFeature::*;
+        matches!(
+            f,
+            INTEL8086
+                | INTEL8086_ONLY
+                | INTEL186
+                | INTEL286
+                | INTEL386
+                | INTEL486
+                | X64
+                | CMOV
+                | CX8
+                | CMPXCHG16B
+                | MULTIBYTENOP
+                | BMI1
+                | BMI2
+                | LZCNT
+                | POPCNT
+                | ADX
+                | MOVBE
+        )
+    })
+}
+
+/// The engine: one unicorn instance over the VM's memory, made on the vCPU thread.
+pub struct Tcg {
+    uc: Unicorn<'static, Option<Acc>>,
+    mem: GuestMemoryMmap,
+}
+
+#[repr(C)]
+struct Mmr {
+    selector: u16,
+    base: u64,
+    limit: u32,
+    flags: u32,
+}
+
+#[repr(C)]
+struct Msr {
+    rid: u32,
+    value: u64,
+}
+
+fn bytes_of<T>(v: &T) -> &[u8] {
+    // SAFETY: `T` is a plain repr(C) struct; its bytes (padding included) are read as the C API reads them.
+    unsafe { std::slice::from_raw_parts(v as *const T as *const u8, std::mem::size_of::<T>()) }
+}
+
+/// Why the engine cannot be used.
+#[derive(Debug, thiserror::Error)]
+#[error("the TCG engine: {what}: {err:?}")]
+pub struct TcgError {
+    pub what: &'static str,
+    pub err: uc_error,
+}
+
+fn uc_err(what: &'static str) -> impl Fn(uc_error) -> TcgError {
+    move |err| TcgError { what, err }
+}
+
+impl Tcg {
+    /// An engine with every region of `mem` mapped at its guest-physical address.
+    pub fn new(mem: &GuestMemoryMmap) -> Result<Tcg, TcgError> {
+        let mut uc = Unicorn::new_with_data(Arch::X86, Mode::MODE_64, None).map_err(uc_err("creating the engine"))?;
+        for region in mem.iter() {
+            let host = mem
+                .get_host_address(region.start_addr())
+                .map_err(|_| TcgError { what: "guest memory", err: uc_error::ARG })?;
+            // SAFETY: the mapping lives as long as `mem`, which the engine keeps a handle to.
+            unsafe { uc.mem_map_ptr(region.start_addr().0, region.len(), Prot::ALL, host.cast()) }
+                .map_err(uc_err("mapping guest memory"))?;
+        }
+        uc.add_block_hook(1, 0, on_block).map_err(uc_err("adding the block hook"))?;
+        // An exception (#PF, #GP, #DE ...) stops the engine before the faulting instruction retires.
+        uc.add_intr_hook(|uc, _vector| {
+            if let Some(acc) = uc.get_data_mut() {
+                acc.stop = Some(Stop::Fault);
+            }
+            let _ = uc.emu_stop();
+        })
+        .map_err(uc_err("adding the interrupt hook"))?;
+        Ok(Tcg { uc, mem: mem.clone() })
+    }
+
+    /// Runs from the vCPU state `regs`/`sregs` for at most `budget` instructions, counting for
+    /// `armed` (each with how far it is from overflowing) at CPL `mode.cpl`. Never crosses an
+    /// overflow: see the module documentation.
+    pub fn run(
+        &mut self,
+        regs: &kvm_regs,
+        sregs: &kvm_sregs,
+        mode: CpuMode,
+        armed: &[(Armed, u64)],
+        budget: u64,
+    ) -> Result<Run, TcgError> {
+        self.load(regs, sregs)?;
+        let counting = armed.iter().map(|(a, _)| if mode.cpl == 0 { a.os } else { a.usr }).collect();
+        *self.uc.get_data_mut() = Some(Acc {
+            mode,
+            mem: self.mem.clone(),
+            armed: armed.iter().map(|(a, _)| *a).collect(),
+            counting,
+            room: armed.iter().map(|(_, d)| *d).collect(),
+            counts: vec![0; armed.len()],
+            retired: 0,
+            budget,
+            current: None,
+            blocks: HashMap::new(),
+            stop: None,
+        });
+        // Code and page tables may have changed since the last run (KVM ran the guest).
+        self.uc.ctl_flush_tb().map_err(uc_err("flushing translations"))?;
+        self.uc.ctl_flush_tlb().map_err(uc_err("flushing the TLB"))?;
+        let started = self.uc.emu_start(regs.rip, u64::MAX, 0, 0);
+        let pc = self.uc.reg_read(RegisterX86::RIP).map_err(uc_err("reading RIP"))?;
+        let mut acc = self.uc.get_data_mut().take().expect("set above");
+        let stop = match (started, acc.stop) {
+            (_, Some(s)) => s,
+            // Memory outside RAM (the local APIC), or an instruction the engine cannot run.
+            (Err(_), None) => Stop::Fault,
+            (Ok(()), None) => Stop::Budget,
+        };
+        // The block entered last retired up to `pc` (all of it when the engine left it).
+        if let Some(addr) = acc.current.take() {
+            let in_block = acc.blocks[&addr].insns.iter().position(|(rip, _)| *rip == pc);
+            match (stop, in_block) {
+                // A fault inside the block: the instructions before the faulting one retired.
+                (Stop::Fault, Some(k)) => acc.retire_first(addr, k),
+                // Stopped at a block boundary: the block entered last retired whole.
+                _ => acc.retire_block(addr, pc),
+            }
+        }
+        let mut out = *regs;
+        for (r, slot) in gprs(&mut out) {
+            *slot = self.uc.reg_read(r).map_err(uc_err("reading registers"))?;
+        }
+        out.rip = pc;
+        Ok(Run { retired: acc.retired, counts: acc.counts, regs: out, stop })
+    }
+
+    fn load(&mut self, r: &kvm_regs, s: &kvm_sregs) -> Result<(), TcgError> {
+        let uc = &mut self.uc;
+        let w = uc_err("loading the vCPU state");
+        let msr = |uc: &mut Unicorn<'static, Option<Acc>>, rid: u32, value: u64| {
+            uc.reg_write_long(RegisterX86::MSR, bytes_of(&Msr { rid, value }))
+        };
+        uc.reg_write(RegisterX86::CR4, s.cr4).map_err(&w)?;
+        msr(uc, 0xC000_0080, s.efer).map_err(&w)?; // IA32_EFER
+        uc.reg_write(RegisterX86::CR3, s.cr3).map_err(&w)?;
+        uc.reg_write(RegisterX86::CR0, s.cr0).map_err(&w)?;
+        for (reg, dt) in [(RegisterX86::GDTR, &s.gdt), (RegisterX86::IDTR, &s.idt)] {
+            let m = Mmr { selector: 0, base: dt.base, limit: u32::from(dt.limit), flags: 0 };
+            uc.reg_write_long(reg, bytes_of(&m)).map_err(&w)?;
+        }
+        for (reg, seg) in
+            [(RegisterX86::SS, &s.ss), (RegisterX86::CS, &s.cs), (RegisterX86::DS, &s.ds), (RegisterX86::ES, &s.es)]
+        {
+            uc.reg_write(reg, u64::from(seg.selector)).map_err(&w)?;
+        }
+        uc.reg_write(RegisterX86::FS_BASE, s.fs.base).map_err(&w)?;
+        uc.reg_write(RegisterX86::GS_BASE, s.gs.base).map_err(&w)?;
+        let mut values = *r;
+        for (reg, v) in gprs(&mut values) {
+            uc.reg_write(reg, *v).map_err(&w)?;
+        }
+        uc.reg_write(RegisterX86::RIP, r.rip).map_err(&w)?;
+        Ok(())
+    }
+}
+
+/// The general-purpose registers and RFLAGS, each with its unicorn name (RIP is set apart).
+fn gprs(r: &mut kvm_regs) -> [(RegisterX86, &mut u64); 17] {
+    [
+        (RegisterX86::RAX, &mut r.rax),
+        (RegisterX86::RBX, &mut r.rbx),
+        (RegisterX86::RCX, &mut r.rcx),
+        (RegisterX86::RDX, &mut r.rdx),
+        (RegisterX86::RSI, &mut r.rsi),
+        (RegisterX86::RDI, &mut r.rdi),
+        (RegisterX86::RSP, &mut r.rsp),
+        (RegisterX86::RBP, &mut r.rbp),
+        (RegisterX86::R8, &mut r.r8),
+        (RegisterX86::R9, &mut r.r9),
+        (RegisterX86::R10, &mut r.r10),
+        (RegisterX86::R11, &mut r.r11),
+        (RegisterX86::R12, &mut r.r12),
+        (RegisterX86::R13, &mut r.r13),
+        (RegisterX86::R14, &mut r.r14),
+        (RegisterX86::R15, &mut r.r15),
+        (RegisterX86::RFLAGS, &mut r.rflags),
+    ]
+}
+
+/// The block hook: the block entered before this one has retired; this one runs only if the
+/// engine may run all of it, no counter could overflow in it, and budget remains.
+fn on_block(uc: &mut Unicorn<'_, Option<Acc>>, addr: u64, size: u32) {
+    let Some(acc) = uc.get_data_mut() else { return };
+    if let Some(prev) = acc.current.take() {
+        acc.retire_block(prev, addr);
+    }
+    let block = acc.block(addr, size);
+    let (runnable, n) = (block.runnable, block.insns.len());
+    let stop = if !runnable || n == 0 {
+        Some(Stop::Handover)
+    } else if acc.could_overflow(addr) {
+        Some(Stop::Overflow)
+    } else if acc.retired + n as u64 > acc.budget {
+        Some(Stop::Budget)
+    } else {
+        None
+    };
+    match stop {
+        Some(s) => {
+            acc.stop = Some(s);
+            let _ = uc.emu_stop();
+        }
+        None => {
+            acc.current = Some(addr);
+            if acc.blocks[&addr].self_loop {
+                loop_ahead(uc, addr);
+            }
+        }
+    }
+}
+
+/// `loop .` with RCX = c: c - 1 taken LOOPs, then one that falls through. The engine retires as
+/// many of the taken ones at once as the budget and every counter's room allow (each exactly as
+/// the block would, for every counter), leaves RCX as they would, and lets the block run on.
+fn loop_ahead(uc: &mut Unicorn<'_, Option<Acc>>, addr: u64) {
+    let Ok(c) = uc.reg_read(RegisterX86::RCX) else { return };
+    let Some(acc) = uc.get_data_mut() else { return };
+    let b = &acc.blocks[&addr];
+    // The block itself still runs once after the skipped iterations: keep room for it.
+    let mut k = c.saturating_sub(1).min(acc.budget.saturating_sub(acc.retired + 1));
+    for j in 0..acc.counts.len() {
+        let per = b.last_taken[j];
+        let left = acc.room[j].saturating_sub(acc.counts[j] + b.last_taken[j].max(b.last_not[j]) + 1);
+        if let Some(most) = left.checked_div(per) {
+            k = k.min(most);
+        }
+    }
+    if k == 0 {
+        return;
+    }
+    let per: Vec<u64> = b.last_taken.clone();
+    acc.retired += k;
+    for (count, p) in acc.counts.iter_mut().zip(per) {
+        *count += k * p;
+    }
+    let _ = uc.reg_write(RegisterX86::RCX, c - k);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::precise::events::Model;
+    use emon_pmu::pmu::CounterId;
+    use kvm_bindings::{kvm_dtable, kvm_segment};
+    use vm_memory::{Bytes, GuestAddress};
+
+    const CODE: u64 = 0x10000;
+    const GDT: u64 = 0x5000;
+
+    /// Long mode at CPL0 with the first 2 MiB identity-mapped and a flat GDT, `code` at CODE.
+    fn machine(code: &[u8]) -> (GuestMemoryMmap, kvm_regs, kvm_sregs, CpuMode) {
+        let mem = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 2 << 20)]).unwrap();
+        mem.write_obj(0x2003u64, GuestAddress(0x1000)).unwrap();
+        mem.write_obj(0x3003u64, GuestAddress(0x2000)).unwrap();
+        mem.write_obj(0x83u64, GuestAddress(0x3000)).unwrap();
+        mem.write_obj(0x0020_9A00_0000_0000u64, GuestAddress(GDT + 8)).unwrap(); // 64-bit code
+        mem.write_obj(0x0000_9200_0000_0000u64, GuestAddress(GDT + 16)).unwrap(); // data
+        mem.write_slice(code, GuestAddress(CODE)).unwrap();
+        let cs = kvm_segment { selector: 8, type_: 0xB, present: 1, s: 1, l: 1, ..Default::default() };
+        let ds = kvm_segment { selector: 0x10, type_: 0x3, present: 1, s: 1, db: 1, ..Default::default() };
+        let sregs = kvm_sregs {
+            cs,
+            ds,
+            es: ds,
+            ss: ds,
+            fs: ds,
+            gs: ds,
+            gdt: kvm_dtable { base: GDT, limit: 23, ..Default::default() },
+            cr0: 1 << 31 | 1 << 4 | 1,
+            cr3: 0x1000,
+            cr4: 1 << 5,
+            efer: 1 << 10 | 1 << 8,
+            ..Default::default()
+        };
+        let regs = kvm_regs { rip: CODE, rsp: 0x8000, rflags: 2, ..Default::default() };
+        let mode = CpuMode {
+            bitness: 64,
+            cr0: sregs.cr0,
+            cr3: 0x1000,
+            cr4: sregs.cr4,
+            efer: sregs.efer,
+            ..Default::default()
+        };
+        (mem, regs, sregs, mode)
+    }
+
+    fn armed(model: Model) -> Armed {
+        Armed { id: CounterId::Gp(0), model, usr: true, os: true, cmask: 0, inv: false, edge: false }
+    }
+
+    /// mov ecx, 1000; loop .; out dx, al
+    const LOOP: &[u8] = &[0xB9, 0xE8, 0x03, 0x00, 0x00, 0xE2, 0xFE, 0xEE];
+
+    #[test]
+    fn runs_a_loop_exactly_and_hands_port_io_to_kvm() {
+        let (mem, regs, sregs, mode) = machine(LOOP);
+        let mut tcg = Tcg::new(&mem).unwrap();
+        let counters = [(armed(Model::Instructions), u64::MAX), (armed(Model::Branches), u64::MAX)];
+        let r = tcg.run(&regs, &sregs, mode, &counters, BUDGET).unwrap();
+        assert_eq!(r.stop, Stop::Handover);
+        assert_eq!((r.regs.rip, r.regs.rcx), (CODE + 7, 0), "stopped before the OUT, after the loop");
+        assert_eq!((r.retired, r.counts.clone()), (1001, vec![1001, 1000]), "{r:?}");
+    }
+
+    #[test]
+    fn a_stop_leaves_registers_and_counts_in_agreement() {
+        // The first block is `mov ecx, 1000; loop .` (2 instructions); later ones the LOOP alone.
+        for budget in [2, 3, 50, 777] {
+            let (mem, regs, sregs, mode) = machine(LOOP);
+            let mut tcg = Tcg::new(&mem).unwrap();
+            let r = tcg.run(&regs, &sregs, mode, &[(armed(Model::Instructions), u64::MAX)], budget).unwrap();
+            assert_eq!(r.stop, Stop::Budget, "{budget}");
+            assert!(r.retired <= budget && r.retired + 1 >= budget, "{budget}: {r:?}");
+            // Every retired LOOP decremented RCX once.
+            assert_eq!(1000 - r.regs.rcx, r.retired - 1, "{budget}: {r:?}");
+            assert_eq!(r.regs.rip, CODE + 5);
+        }
+    }
+
+    #[test]
+    fn stops_short_of_a_counters_overflow() {
+        let (mem, regs, sregs, mode) = machine(LOOP);
+        let mut tcg = Tcg::new(&mem).unwrap();
+        let r = tcg.run(&regs, &sregs, mode, &[(armed(Model::Instructions), 300)], BUDGET).unwrap();
+        assert_eq!(r.stop, Stop::Overflow);
+        assert!(r.counts[0] < 300 && r.counts[0] >= 290, "{r:?}");
+        assert_eq!(1000 - r.regs.rcx, r.retired - 1);
+    }
+
+    #[test]
+    fn a_fault_stops_before_the_faulting_instruction() {
+        // mov ecx, 5; mov eax, [0xFEE00030] (the local APIC, not RAM); nop
+        let code = [0xB9, 0x05, 0x00, 0x00, 0x00, 0x8B, 0x04, 0x25, 0x30, 0x00, 0xE0, 0xFE, 0x90];
+        let (mem, regs, sregs, mode) = machine(&code);
+        let mut tcg = Tcg::new(&mem).unwrap();
+        let r = tcg.run(&regs, &sregs, mode, &[(armed(Model::Instructions), u64::MAX)], BUDGET).unwrap();
+        assert_eq!((r.stop, r.regs.rip, r.regs.rcx, r.retired), (Stop::Fault, CODE + 5, 5, 1), "{r:?}");
+    }
+
+    #[test]
+    fn decides_what_runs_in_the_engine() {
+        let runs = |bytes: &[u8]| {
+            let i = Decoder::with_ip(64, bytes, 0, DecoderOptions::NONE).decode();
+            runs_in_engine(&i, &mut InstructionInfoFactory::new())
+        };
+        assert!(runs(&[0xE2, 0xFE])); // loop
+        assert!(runs(&[0x48, 0x8B, 0x06])); // mov rax, [rsi]
+        assert!(runs(&[0x0F, 0x1F, 0x00])); // nop dword [rax]
+        assert!(!runs(&[0xEE])); // out
+        assert!(!runs(&[0x0F, 0x30])); // wrmsr
+        assert!(!runs(&[0x0F, 0xA2])); // cpuid
+        assert!(!runs(&[0x0F, 0x31])); // rdtsc
+        assert!(!runs(&[0xF4])); // hlt
+        assert!(!runs(&[0xFB])); // sti
+        assert!(!runs(&[0x48, 0xCF])); // iretq
+        assert!(!runs(&[0x66, 0x0F, 0xEF, 0xC0])); // pxor xmm0, xmm0
+        assert!(!runs(&[0x8E, 0xD8])); // mov ds, ax
+        assert!(!runs(&[0x0F, 0x22, 0xD8])); // mov cr3, rax
+        assert!(!runs(&[0xCD, 0x80])); // int 0x80
+    }
+}
