@@ -56,6 +56,19 @@ impl Vcpu for KvmVcpu<'_> {
         self.fd.get_sregs().map_err(VcpuError::op("KVM_GET_SREGS"))
     }
 
+    fn set_sregs(&mut self, sregs: &kvm_sregs) -> Result<(), VcpuError> {
+        self.fd.set_sregs(sregs).map_err(VcpuError::op("KVM_SET_SREGS"))
+    }
+
+    fn end_nmi_blocking(&mut self) -> Result<(), VcpuError> {
+        let mut ev = self.fd.get_vcpu_events().map_err(VcpuError::op("KVM_GET_VCPU_EVENTS"))?;
+        if ev.nmi.masked != 0 {
+            ev.nmi.masked = 0;
+            self.fd.set_vcpu_events(&ev).map_err(VcpuError::op("KVM_SET_VCPU_EVENTS"))?;
+        }
+        Ok(())
+    }
+
     fn set_single_step(&mut self, on: bool) -> Result<(), VcpuError> {
         let control = if on { KVM_GUESTDBG_ENABLE | KVM_GUESTDBG_SINGLESTEP } else { 0 };
         self.fd

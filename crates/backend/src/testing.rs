@@ -26,6 +26,12 @@ impl Vcpu for Script {
     fn sregs(&mut self) -> Result<kvm_sregs, VcpuError> {
         Ok(kvm_sregs::default())
     }
+    fn set_sregs(&mut self, _sregs: &kvm_sregs) -> Result<(), VcpuError> {
+        Ok(())
+    }
+    fn end_nmi_blocking(&mut self) -> Result<(), VcpuError> {
+        Ok(())
+    }
     fn mode(&mut self) -> Result<CpuMode, VcpuError> {
         Ok(self.mode)
     }

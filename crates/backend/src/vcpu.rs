@@ -28,6 +28,10 @@ pub trait Vcpu {
     fn set_regs(&mut self, regs: &kvm_regs) -> Result<(), VcpuError>;
     /// The segment, control and descriptor-table registers, and EFER.
     fn sregs(&mut self) -> Result<kvm_sregs, VcpuError>;
+    fn set_sregs(&mut self, sregs: &kvm_sregs) -> Result<(), VcpuError>;
+    /// An IRET ran outside the vCPU (in an emulator): NMI blocking ends, as the IRET would have
+    /// ended it (SDM Vol. 3A 6.7.1).
+    fn end_nmi_blocking(&mut self) -> Result<(), VcpuError>;
     /// The CPU mode (CPL, code size, paging, IDT) from the segment and control registers.
     fn mode(&mut self) -> Result<CpuMode, VcpuError> {
         Ok(CpuMode::from_sregs(&self.sregs()?))

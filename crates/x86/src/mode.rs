@@ -1,6 +1,6 @@
 //! The guest CPU state that matters at instruction boundaries (CPL, code size, paging), and
 //! reading guest memory at a linear address by walking the guest's page tables.
-use kvm_bindings::kvm_sregs;
+use kvm_bindings::{kvm_segment, kvm_sregs};
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
 const CR0_PG: u64 = 1 << 31;
@@ -119,6 +119,34 @@ impl CpuMode {
         out
     }
 
+    /// The segment register `selector` loads from the GDT at `gdt_base` (SDM Vol. 3A 3.4.5,
+    /// Figure 3-8), as KVM represents it; a null selector gives an unusable segment. `None` when
+    /// the descriptor cannot be read.
+    pub fn segment(&self, mem: &GuestMemoryMmap, gdt_base: u64, selector: u16) -> Option<kvm_segment> {
+        if selector & !3 == 0 {
+            return Some(kvm_segment { selector, unusable: 1, ..Default::default() });
+        }
+        let pa = self.translate(mem, gdt_base + u64::from(selector & !7))?;
+        let d = mem.read_obj::<u64>(GuestAddress(pa)).ok()?;
+        let g = ((d >> 55) & 1) as u8;
+        let raw_limit = ((d & 0xFFFF) | ((d >> 32) & 0xF_0000)) as u32;
+        Some(kvm_segment {
+            base: ((d >> 16) & 0xFF_FFFF) | (((d >> 56) & 0xFF) << 24),
+            limit: if g == 1 { (raw_limit << 12) | 0xFFF } else { raw_limit },
+            selector,
+            type_: ((d >> 40) & 0xF) as u8,
+            present: ((d >> 47) & 1) as u8,
+            dpl: ((d >> 45) & 3) as u8,
+            db: ((d >> 54) & 1) as u8,
+            s: ((d >> 44) & 1) as u8,
+            l: ((d >> 53) & 1) as u8,
+            g,
+            avl: ((d >> 52) & 1) as u8,
+            unusable: 0,
+            padding: 0,
+        })
+    }
+
     /// The handler address of IDT vector `v` in long mode (16-byte gates).
     pub fn idt_handler(&self, mem: &GuestMemoryMmap, v: u8) -> Option<u64> {
         let (size, off) = if self.efer & EFER_LMA != 0 { (16u64, v as u64 * 16) } else { (8, v as u64 * 8) };
@@ -160,6 +188,20 @@ mod tests {
         assert_eq!(c.translate(&m, 0x40_0000), None);
         let off = CpuMode::default();
         assert_eq!(off.translate(&m, 0x1234), Some(0x1234));
+    }
+
+    #[test]
+    fn decodes_segment_descriptors() {
+        let m = mem();
+        m.write_obj(0x00AF_FA00_0000_FFFFu64, GuestAddress(0x5020)).unwrap(); // user code, 64-bit, DPL 3
+        m.write_obj(0x00CF_F200_0000_FFFFu64, GuestAddress(0x5018)).unwrap(); // user data, DPL 3
+        let c = CpuMode::default();
+        let cs = c.segment(&m, 0x5000, 0x23).unwrap();
+        assert_eq!((cs.type_, cs.dpl, cs.l, cs.db, cs.s, cs.present, cs.g), (0xB - 1, 3, 1, 0, 1, 1, 1));
+        assert_eq!((cs.base, cs.limit, cs.selector, cs.unusable), (0, 0xFFFF_FFFF, 0x23, 0));
+        let ds = c.segment(&m, 0x5000, 0x1B).unwrap();
+        assert_eq!((ds.type_, ds.dpl, ds.db, ds.l), (0x2, 3, 1, 0));
+        assert_eq!(c.segment(&m, 0x5000, 0).unwrap().unusable, 1);
     }
 
     #[test]

@@ -34,6 +34,8 @@ struct Pending {
     expect_event: bool,
     /// For an IRET: where it returns (read from the frame before it ran).
     iret_target: Option<u64>,
+    /// For an IRET: it returns to user mode (the frame's CS.RPL is 3).
+    iret_to_user: bool,
 }
 
 /// #GP, the general-protection exception (SDM Vol. 3A 6.15).
@@ -70,6 +72,9 @@ struct TcgSlot {
     engine: Option<tcg::Tcg>,
     /// Boundaries to step in KVM before trying the engine again.
     cooldown: u32,
+    /// The engine's last run ended in user mode and the vCPU has not run since: the engine
+    /// holds the CPL3 state and can go on from it.
+    at_cpl3: bool,
 }
 
 // SAFETY: the engine (which holds unicorn's non-thread-safe handle) is created in `before_run`,
@@ -172,15 +177,22 @@ impl Precise {
         if self.engine != Engine::Tcg || mode.bitness != 64 || self.armed.iter().any(|a| a.cmask != 0) {
             return Ok(None);
         }
-        if self.tcg.cooldown > 0 {
+        // User mode runs in the engine only where the engine entered it (through an IRETQ):
+        // unicorn's API cannot load CPL3 state (it refuses an SS with RPL 3 at CPL0).
+        let resume = mode.cpl == 3;
+        if resume && !self.tcg.at_cpl3 {
+            return Ok(None);
+        }
+        let bytes = mode.fetch(cx.vcpu.memory(), rip);
+        let first = iced_x86::Decoder::with_ip(64, &bytes, rip, iced_x86::DecoderOptions::NONE).decode();
+        let iret = first.code() == iced_x86::Code::Iretq;
+        if self.tcg.cooldown > 0 && !resume && !iret {
             self.tcg.cooldown -= 1;
             return Ok(None);
         }
         // Not worth entering the engine for an instruction it would hand back at once.
-        let bytes = mode.fetch(cx.vcpu.memory(), rip);
-        let first = iced_x86::Decoder::with_ip(64, &bytes, rip, iced_x86::DecoderOptions::NONE).decode();
         if !tcg::runs_in_engine(&first, &mut iced_x86::InstructionInfoFactory::new()) {
-            return Ok(None);
+            return Ok(if resume { self.user_mode_handover(cx, &first)? } else { None });
         }
         if self.tcg.engine.is_none() {
             match tcg::Tcg::new(cx.vcpu.memory()) {
@@ -190,30 +202,77 @@ impl Precise {
         }
         let engine = self.tcg.engine.as_mut().expect("made above");
         let regs = cx.vcpu.regs()?;
-        let sregs = cx.vcpu.sregs()?;
+        let mut sregs = cx.vcpu.sregs()?;
         let armed: Vec<(Armed, u64)> = self.armed.iter().map(|a| (*a, cx.pmu.distance_to_overflow(a.id))).collect();
-        let run = match engine.run(&regs, &sregs, *mode, &armed, tcg::BUDGET) {
+        let run = match engine.run(&regs, &sregs, *mode, &armed, tcg::BUDGET, resume) {
             Ok(run) => run,
             Err(e) => return Ok(self.give_up_engine(e.to_string())),
         };
         self.stats.engine_runs += 1;
-        // KVM runs at least the next instruction: it delivers interrupts and runs what the
-        // engine handed over.
+        // KVM runs at least the next kernel instruction: it delivers interrupts and runs what the
+        // engine handed over. (At CPL3 the engine goes on: KVM cannot step user mode here.)
         self.tcg.cooldown = if run.retired < 64 { TCG_COOLDOWN } else { 1 };
+        self.tcg.at_cpl3 = run.cpl == 3;
         if run.retired == 0 {
-            return Ok(None);
+            return Ok(if resume { self.user_mode_handover(cx, &first)? } else { None });
         }
         for ((a, _), n) in armed.iter().zip(&run.counts) {
-            // The engine stops short of every overflow: the overflowing instruction is stepped.
-            if *n > 0 && cx.pmu.add_events(a.id, *n) {
+            // At CPL0 the engine stops short of every overflow, and the overflowing instruction
+            // is stepped; at CPL3 it stops right after it (`Stop::Overflowed`).
+            if *n > 0 && cx.pmu.add_events(a.id, *n) && run.stop != tcg::Stop::Overflowed {
                 tracing::error!("{}: the TCG engine crossed an overflow", a.id);
             }
         }
         self.stats.retired += run.retired;
         self.stats.engine_retired += run.retired;
         cx.vcpu.set_regs(&run.regs)?;
+        if let Some((sel, fs_base, gs_base)) = run.segments {
+            // An IRETQ ran in the engine: the segments it loaded go to the vCPU, and NMI
+            // blocking ends as the IRETQ ends it.
+            let mem = cx.vcpu.memory();
+            let slots = [&mut sregs.cs, &mut sregs.ss, &mut sregs.ds, &mut sregs.es, &mut sregs.fs, &mut sregs.gs];
+            for (slot, selector) in slots.into_iter().zip(sel) {
+                if slot.selector != selector || slot.unusable == 1 {
+                    if let Some(seg) = mode.segment(mem, sregs.gdt.base, selector) {
+                        *slot = seg;
+                    }
+                }
+            }
+            sregs.fs.base = fs_base;
+            sregs.gs.base = gs_base;
+            cx.vcpu.set_sregs(&sregs)?;
+            cx.vcpu.end_nmi_blocking()?;
+            self.mode = None;
+        }
         self.rip = Some(run.regs.rip);
+        if run.stop == tcg::Stop::Overflowed && cx.pmu.pmi_pending() {
+            // The PMI goes out before the next entry; the vCPU takes it first thing.
+            self.halted = true;
+        }
         Ok(Some(Next::Retired))
+    }
+
+    /// User mode in the engine reached an instruction the engine does not run. Privileged ones
+    /// raise #GP(0) at CPL3 (SDM Vol. 3A 5.9): emon delivers it, and the vCPU enters the kernel's
+    /// handler, which it can step. RDPMC is emulated as when stepping. Anything else is stepped,
+    /// which this host may not do (the run then says NOT EXACT).
+    #[cfg(feature = "tcg")]
+    fn user_mode_handover(&mut self, cx: &mut Cx, i: &iced_x86::Instruction) -> Result<Option<Next>, BackendError> {
+        use iced_x86::Mnemonic::*;
+        let iopl = (cx.vcpu.regs()?.rflags >> 12) & 3;
+        let privileged = i.is_privileged()
+            || matches!(i.mnemonic(), Hlt | Rdmsr | Wrmsr)
+            || (iopl < 3 && matches!(i.mnemonic(), Cli | Sti | In | Out | Insb | Insw | Insd | Outsb | Outsw | Outsd));
+        if privileged {
+            cx.vcpu.inject_exception(GP_VECTOR, Some(0))?;
+            self.halted = true;
+            self.tcg.at_cpl3 = false;
+            return Ok(Some(Next::Retired));
+        }
+        if i.mnemonic() != Rdpmc {
+            self.tcg.at_cpl3 = false;
+        }
+        Ok(None)
     }
 
     #[cfg(not(feature = "tcg"))]
@@ -340,15 +399,18 @@ impl Precise {
     }
 
     /// The RIP an IRET at the current boundary returns to: the first slot of its frame.
-    fn iret_target(&mut self, cx: &mut Cx, mode: &CpuMode) -> Result<Option<u64>, BackendError> {
+    /// The RIP an IRET at the current boundary returns to, and whether it returns to user mode:
+    /// the first two slots of its frame (RIP, CS).
+    fn iret_target(&mut self, cx: &mut Cx, mode: &CpuMode) -> Result<Option<(u64, bool)>, BackendError> {
         let rsp = cx.vcpu.regs()?.rsp;
         let width = if mode.bitness == 64 { 8 } else { 4 };
-        let Some(pa) = mode.translate(cx.vcpu.memory(), rsp) else { return Ok(None) };
-        let mut b = [0u8; 8];
-        if vm_memory::Bytes::read_slice(cx.vcpu.memory(), &mut b[..width], vm_memory::GuestAddress(pa)).is_err() {
-            return Ok(None);
-        }
-        Ok(Some(u64::from_le_bytes(b)))
+        let slot = |k: u64| -> Option<u64> {
+            let pa = mode.translate(cx.vcpu.memory(), rsp + k * width as u64)?;
+            let mut b = [0u8; 8];
+            vm_memory::Bytes::read_slice(cx.vcpu.memory(), &mut b[..width], vm_memory::GuestAddress(pa)).ok()?;
+            Some(u64::from_le_bytes(b))
+        };
+        Ok(slot(0).map(|rip| (rip, slot(1).is_some_and(|cs| cs & 3 == 3))))
     }
 
     /// The instructions that retired from `from` up to `pc` along straight-line code (the
@@ -440,12 +502,9 @@ const UNKNOWN: Insn = Insn {
     changes_mode: true,
 };
 
-impl Backend for Precise {
-    fn name(&self) -> &'static str {
-        "precise"
-    }
-
-    fn before_run(&mut self, cx: &mut Cx, at_boundary: bool) -> Result<Next, BackendError> {
+impl Precise {
+    /// Reprograms the marked counters and arms for the next entry (see [`Backend::before_run`]).
+    fn arm(&mut self, cx: &mut Cx, at_boundary: bool) -> Result<Next, BackendError> {
         let r = cx.pmu.take_reprogram();
         self.reprogram(cx, r);
         if !at_boundary {
@@ -481,12 +540,17 @@ impl Backend for Precise {
             armed: self.armed.clone(),
             expect_event: std::mem::take(&mut self.halted),
             iret_target: None,
+            iret_to_user: false,
         };
         if !p.expect_event {
             match self.decode(cx, &mode, rip) {
                 Some(i) if i.special == Special::Hlt => return self.emulate_hlt(cx, p, &i),
                 Some(i) if i.special == Special::Rdpmc => return self.emulate_rdpmc(cx, p, &i, &mode),
-                Some(i) if i.special == Special::Iret => p.iret_target = self.iret_target(cx, &mode)?,
+                Some(i) if i.special == Special::Iret => {
+                    let target = self.iret_target(cx, &mode)?;
+                    p.iret_target = target.map(|(rip, _)| rip);
+                    p.iret_to_user = target.is_some_and(|(_, user)| user);
+                }
                 _ => {}
             }
         }
@@ -494,7 +558,8 @@ impl Backend for Precise {
         Ok(Next::Run)
     }
 
-    fn on_debug_exit(&mut self, cx: &mut Cx, pc: u64) -> Result<(), BackendError> {
+    /// A single-step exit at `pc` (see [`Backend::on_debug_exit`]).
+    fn debug_exit(&mut self, cx: &mut Cx, pc: u64) -> Result<(), BackendError> {
         self.stats.steps += 1;
         let Some(p) = self.pending.take() else {
             tracing::trace!(pc = format_args!("{pc:#x}"), "step with nothing pending");
@@ -534,6 +599,11 @@ impl Backend for Precise {
                 self.rip = Some(pc);
                 return Ok(());
             }
+            if i.special == Special::Iret && p.iret_to_user {
+                // The IRET went to user mode and the step came back only somewhere the user code
+                // led to: it ran unseen (README, "User mode (CPL3) on this host").
+                self.stats.cpl3_lost += 1;
+            }
         }
         let (i, rip, cpl) = match at_rip {
             Some(i) if !p.expect_event && follows(&i, p.rip, pc) => (i, p.rip, p.cpl),
@@ -570,6 +640,26 @@ impl Backend for Precise {
         self.rip = Some(pc);
         Ok(())
     }
+}
+
+impl Backend for Precise {
+    fn name(&self) -> &'static str {
+        "precise"
+    }
+
+    fn before_run(&mut self, cx: &mut Cx, at_boundary: bool) -> Result<Next, BackendError> {
+        let next = self.arm(cx, at_boundary)?;
+        // The vCPU runs: whatever user-mode state the engine held is the vCPU's now.
+        #[cfg(feature = "tcg")]
+        if next == Next::Run {
+            self.tcg.at_cpl3 = false;
+        }
+        Ok(next)
+    }
+
+    fn on_debug_exit(&mut self, cx: &mut Cx, pc: u64) -> Result<(), BackendError> {
+        self.debug_exit(cx, pc)
+    }
 
     fn reprogrammed(&self) -> u64 {
         self.stats.reprogrammed
@@ -597,7 +687,7 @@ impl Backend for Precise {
         }
         if self.stats.cpl3_lost > 0 {
             notes.push(format!(
-                "NOT EXACT: user-mode (CPL3) code could not be single-stepped on this host ({} steps lost to the guest's #DB handler); its instructions are not counted",
+                "NOT EXACT: user-mode (CPL3) code could not be single-stepped on this host ({} times it ran unseen); its instructions are not counted",
                 self.stats.cpl3_lost
             ));
         }

@@ -43,6 +43,11 @@ pub enum Stop {
     Budget,
     /// A fault in the engine (the instruction at the stop did not retire).
     Fault,
+    /// Before the first block at another privilege level (after an IRETQ).
+    ModeChange,
+    /// Right after the instruction that brought a counter to its overflow (CPL3 runs only,
+    /// where the overflowing instruction cannot be single-stepped: see [`Tcg::run`]).
+    Overflowed,
 }
 
 /// What one engine run retired.
@@ -53,6 +58,12 @@ pub struct Run {
     pub counts: Vec<u64>,
     pub regs: kvm_regs,
     pub stop: Stop,
+    /// The privilege level at the stop.
+    pub cpl: u8,
+    /// An IRETQ retired: it may have changed the segments (see `segments`) and ends NMI blocking.
+    pub iret: bool,
+    /// After an IRETQ: the selectors of CS, SS, DS, ES, FS and GS, and the FS and GS bases.
+    pub segments: Option<([u16; 6], u64, u64)>,
 }
 
 /// A decoded block: each instruction's address and facts, whether the engine may run it, and
@@ -61,6 +72,8 @@ pub struct Run {
 struct Block {
     insns: Vec<(u64, Insn)>,
     runnable: bool,
+    /// Its last instruction is IRETQ.
+    ends_in_iret: bool,
     /// The block is `loop .` alone (LOOP to itself, counting in RCX): see [`on_block`].
     self_loop: bool,
     /// Per armed counter: the events of every instruction but the last.
@@ -106,9 +119,35 @@ struct Acc {
     current: Option<u64>,
     blocks: HashMap<u64, Block>,
     stop: Option<Stop>,
+    /// The privilege level the run counts at (the USR/OS filters), and whether an IRETQ has
+    /// retired (the next block may be at another level).
+    cpl: u8,
+    iret: bool,
+    /// Instruction-at-a-time execution near an overflow: the block hook stands aside.
+    single: bool,
 }
 
 impl Acc {
+    /// The counting state without the blocks (for an instruction-at-a-time run).
+    fn clone_state(&self) -> Acc {
+        Acc {
+            mode: self.mode,
+            mem: self.mem.clone(),
+            armed: self.armed.clone(),
+            counting: self.counting.clone(),
+            room: self.room.clone(),
+            counts: self.counts.clone(),
+            retired: self.retired,
+            budget: self.budget,
+            current: None,
+            blocks: HashMap::new(),
+            stop: None,
+            cpl: self.cpl,
+            iret: self.iret,
+            single: self.single,
+        }
+    }
+
     fn block(&mut self, addr: u64, size: u32) -> &Block {
         if self.blocks.len() >= MAX_BLOCKS {
             self.blocks.clear();
@@ -124,6 +163,7 @@ impl Acc {
     /// Counts the whole block at `addr` as retired; control went on to `next`.
     fn retire_block(&mut self, addr: u64, next: u64) {
         let b = &self.blocks[&addr];
+        self.iret |= b.ends_in_iret;
         let Some((rip, last)) = b.insns.last() else { return };
         let taken = super::taken(last, *rip, next);
         self.retired += b.insns.len() as u64;
@@ -166,6 +206,7 @@ fn decode_block(mode: &CpuMode, mem: &GuestMemoryMmap, addr: u64, size: usize) -
     let mut insns = Vec::new();
     let mut runnable = true;
     let mut self_loop = false;
+    let mut ends_in_iret = false;
     let mut d = Decoder::with_ip(64, &bytes, addr, DecoderOptions::NONE);
     let mut info = InstructionInfoFactory::new();
     while d.ip() < addr + size as u64 {
@@ -174,6 +215,7 @@ fn decode_block(mode: &CpuMode, mem: &GuestMemoryMmap, addr: u64, size: usize) -
         match facts {
             Some(f) if runs_in_engine(&i, &mut info) => {
                 self_loop = i.code() == Code::Loop_rel8_64_RCX && i.near_branch_target() == i.ip();
+                ends_in_iret = i.code() == Code::Iretq;
                 insns.push((i.ip(), f));
             }
             _ => {
@@ -183,13 +225,19 @@ fn decode_block(mode: &CpuMode, mem: &GuestMemoryMmap, addr: u64, size: usize) -
         }
     }
     let self_loop = self_loop && insns.len() == 1;
-    Block { insns, runnable, self_loop, body: Vec::new(), last_taken: Vec::new(), last_not: Vec::new() }
+    Block { insns, runnable, ends_in_iret, self_loop, body: Vec::new(), last_taken: Vec::new(), last_not: Vec::new() }
 }
 
 /// Whether the engine may run `i`: plain integer instructions whose effects are registers, flags
 /// and memory, nothing KVM or the VMM must see (see the module documentation).
 pub fn runs_in_engine(i: &Instruction, info: &mut InstructionInfoFactory) -> bool {
     use Mnemonic::*;
+    // IRETQ runs in the engine, so that a return to user mode stays under its control (KVM
+    // cannot single-step CPL3 code on some hosts); the run stops before the first block at the
+    // new privilege level, and the VMM writes the segments back and ends NMI blocking.
+    if i.code() == Code::Iretq {
+        return true;
+    }
     if i.is_invalid()
         || i.is_privileged()
         || i.is_jmp_far()
@@ -334,6 +382,9 @@ pub fn runs_in_engine(i: &Instruction, info: &mut InstructionInfoFactory) -> boo
 pub struct Tcg {
     uc: Unicorn<'static, Option<Acc>>,
     mem: GuestMemoryMmap,
+    /// The last run ended at CPL3. unicorn's API cannot bring its CPU back to CPL0 (segment loads
+    /// are checked against the current CPL), so a kernel run after it starts on a fresh engine.
+    at_cpl3: bool,
 }
 
 #[repr(C)]
@@ -388,12 +439,17 @@ impl Tcg {
             let _ = uc.emu_stop();
         })
         .map_err(uc_err("adding the interrupt hook"))?;
-        Ok(Tcg { uc, mem: mem.clone() })
+        Ok(Tcg { uc, mem: mem.clone(), at_cpl3: false })
     }
 
     /// Runs from the vCPU state `regs`/`sregs` for at most `budget` instructions, counting for
     /// `armed` (each with how far it is from overflowing) at CPL `mode.cpl`. Never crosses an
     /// overflow: see the module documentation.
+    ///
+    /// `resume`: the engine already holds the segment and control state (its last run ended
+    /// here, at CPL3, and the vCPU has not run since); only the general registers are loaded.
+    /// At CPL3 the engine does not stop short of an overflow: it runs on an instruction at a
+    /// time up to the one that overflows a counter, and stops after it ([`Stop::Overflowed`]).
     pub fn run(
         &mut self,
         regs: &kvm_regs,
@@ -401,8 +457,16 @@ impl Tcg {
         mode: CpuMode,
         armed: &[(Armed, u64)],
         budget: u64,
+        resume: bool,
     ) -> Result<Run, TcgError> {
-        self.load(regs, sregs)?;
+        if resume {
+            self.load_gprs(regs)?;
+        } else {
+            if self.at_cpl3 {
+                *self = Tcg::new(&self.mem)?;
+            }
+            self.load(regs, sregs)?;
+        }
         let counting = armed.iter().map(|(a, _)| if mode.cpl == 0 { a.os } else { a.usr }).collect();
         *self.uc.get_data_mut() = Some(Acc {
             mode,
@@ -416,6 +480,9 @@ impl Tcg {
             current: None,
             blocks: HashMap::new(),
             stop: None,
+            cpl: mode.cpl,
+            iret: false,
+            single: false,
         });
         // Code and page tables may have changed since the last run (KVM ran the guest).
         self.uc.ctl_flush_tb().map_err(uc_err("flushing translations"))?;
@@ -439,12 +506,87 @@ impl Tcg {
                 _ => acc.retire_block(addr, pc),
             }
         }
+        let (mut stop, mut pc) = (stop, pc);
+        if stop == Stop::Overflow && mode.cpl == 3 {
+            (stop, pc) = self.step_to_overflow(&mut acc, pc)?;
+        }
         let mut out = *regs;
         for (r, slot) in gprs(&mut out) {
             *slot = self.uc.reg_read(r).map_err(uc_err("reading registers"))?;
         }
         out.rip = pc;
-        Ok(Run { retired: acc.retired, counts: acc.counts, regs: out, stop })
+        let cs = self.uc.reg_read(RegisterX86::CS).map_err(uc_err("reading CS"))?;
+        let segments = if acc.iret {
+            let mut sel = [0u16; 6];
+            let regs6 =
+                [RegisterX86::CS, RegisterX86::SS, RegisterX86::DS, RegisterX86::ES, RegisterX86::FS, RegisterX86::GS];
+            for (s, r) in sel.iter_mut().zip(regs6) {
+                *s = self.uc.reg_read(r).map_err(uc_err("reading segments"))? as u16;
+            }
+            let fs = self.uc.reg_read(RegisterX86::FS_BASE).map_err(uc_err("reading FS"))?;
+            let gs = self.uc.reg_read(RegisterX86::GS_BASE).map_err(uc_err("reading GS"))?;
+            Some((sel, fs, gs))
+        } else {
+            None
+        };
+        self.at_cpl3 = cs & 3 == 3;
+        Ok(Run {
+            retired: acc.retired,
+            counts: acc.counts,
+            regs: out,
+            stop,
+            cpl: (cs & 3) as u8,
+            iret: acc.iret,
+            segments,
+        })
+    }
+
+    /// Runs one instruction at a time from `pc` (CPL3, a counter near its overflow) until one
+    /// brings a counter to its overflow, counting each; returns the stop and the new RIP.
+    fn step_to_overflow(&mut self, acc: &mut Acc, mut pc: u64) -> Result<(Stop, u64), TcgError> {
+        let mut info = InstructionInfoFactory::new();
+        // unicorn counts instructions with a hook compiled into each translation: blocks made
+        // without it would run whole.
+        self.uc.ctl_flush_tb().map_err(uc_err("flushing translations"))?;
+        loop {
+            let bytes = acc.mode.fetch(&acc.mem, pc);
+            let i = Decoder::with_ip(64, &bytes, pc, DecoderOptions::NONE).decode();
+            let facts = if i.is_invalid() || i.code() == Code::Iretq { None } else { insn::decode(&bytes, pc, 64) };
+            let Some(facts) = facts.filter(|_| runs_in_engine(&i, &mut info)) else {
+                return Ok((Stop::Handover, pc));
+            };
+            *self.uc.get_data_mut() =
+                Some(Acc { single: true, stop: None, blocks: HashMap::new(), ..acc.clone_state() });
+            let r = self.uc.emu_start(pc, u64::MAX, 0, 1);
+            let faulted = self.uc.get_data_mut().take().and_then(|a| a.stop) == Some(Stop::Fault) || r.is_err();
+            let next = self.uc.reg_read(RegisterX86::RIP).map_err(uc_err("reading RIP"))?;
+            if faulted || next == pc && !matches!(facts.flow, emon_x86::insn::Flow::Direct { .. }) {
+                return Ok((Stop::Fault, next));
+            }
+            let taken = super::taken(&facts, pc, next);
+            acc.retired += 1;
+            let mut hit = false;
+            for k in 0..acc.counts.len() {
+                if acc.counting[k] {
+                    acc.counts[k] += acc.armed[k].model.increment(&facts, pc, taken);
+                    hit |= acc.counts[k] >= acc.room[k];
+                }
+            }
+            pc = next;
+            if hit {
+                return Ok((Stop::Overflowed, pc));
+            }
+        }
+    }
+
+    /// Loads the general registers, RFLAGS and RIP.
+    fn load_gprs(&mut self, r: &kvm_regs) -> Result<(), TcgError> {
+        let w = uc_err("loading the vCPU state");
+        let mut values = *r;
+        for (reg, v) in gprs(&mut values) {
+            self.uc.reg_write(reg, *v).map_err(&w)?;
+        }
+        self.uc.reg_write(RegisterX86::RIP, r.rip).map_err(&w)
     }
 
     fn load(&mut self, r: &kvm_regs, s: &kvm_sregs) -> Result<(), TcgError> {
@@ -468,12 +610,7 @@ impl Tcg {
         }
         uc.reg_write(RegisterX86::FS_BASE, s.fs.base).map_err(&w)?;
         uc.reg_write(RegisterX86::GS_BASE, s.gs.base).map_err(&w)?;
-        let mut values = *r;
-        for (reg, v) in gprs(&mut values) {
-            uc.reg_write(reg, *v).map_err(&w)?;
-        }
-        uc.reg_write(RegisterX86::RIP, r.rip).map_err(&w)?;
-        Ok(())
+        self.load_gprs(r)
     }
 }
 
@@ -504,9 +641,22 @@ fn gprs(r: &mut kvm_regs) -> [(RegisterX86, &mut u64); 17] {
 /// engine may run all of it, no counter could overflow in it, and budget remains.
 fn on_block(uc: &mut Unicorn<'_, Option<Acc>>, addr: u64, size: u32) {
     let Some(acc) = uc.get_data_mut() else { return };
+    if acc.single {
+        return;
+    }
     if let Some(prev) = acc.current.take() {
         acc.retire_block(prev, addr);
     }
+    if acc.iret {
+        let cpl = uc.reg_read(RegisterX86::CS).map_or(0, |cs| (cs & 3) as u8);
+        let Some(acc) = uc.get_data_mut() else { return };
+        if cpl != acc.cpl {
+            acc.stop = Some(Stop::ModeChange);
+            let _ = uc.emu_stop();
+            return;
+        }
+    }
+    let Some(acc) = uc.get_data_mut() else { return };
     let block = acc.block(addr, size);
     let (runnable, n) = (block.runnable, block.insns.len());
     let stop = if !runnable || n == 0 {
@@ -619,7 +769,7 @@ mod tests {
         let (mem, regs, sregs, mode) = machine(LOOP);
         let mut tcg = Tcg::new(&mem).unwrap();
         let counters = [(armed(Model::Instructions), u64::MAX), (armed(Model::Branches), u64::MAX)];
-        let r = tcg.run(&regs, &sregs, mode, &counters, BUDGET).unwrap();
+        let r = tcg.run(&regs, &sregs, mode, &counters, BUDGET, false).unwrap();
         assert_eq!(r.stop, Stop::Handover);
         assert_eq!((r.regs.rip, r.regs.rcx), (CODE + 7, 0), "stopped before the OUT, after the loop");
         assert_eq!((r.retired, r.counts.clone()), (1001, vec![1001, 1000]), "{r:?}");
@@ -631,7 +781,7 @@ mod tests {
         for budget in [2, 3, 50, 777] {
             let (mem, regs, sregs, mode) = machine(LOOP);
             let mut tcg = Tcg::new(&mem).unwrap();
-            let r = tcg.run(&regs, &sregs, mode, &[(armed(Model::Instructions), u64::MAX)], budget).unwrap();
+            let r = tcg.run(&regs, &sregs, mode, &[(armed(Model::Instructions), u64::MAX)], budget, false).unwrap();
             assert_eq!(r.stop, Stop::Budget, "{budget}");
             assert!(r.retired <= budget && r.retired + 1 >= budget, "{budget}: {r:?}");
             // Every retired LOOP decremented RCX once.
@@ -644,7 +794,7 @@ mod tests {
     fn stops_short_of_a_counters_overflow() {
         let (mem, regs, sregs, mode) = machine(LOOP);
         let mut tcg = Tcg::new(&mem).unwrap();
-        let r = tcg.run(&regs, &sregs, mode, &[(armed(Model::Instructions), 300)], BUDGET).unwrap();
+        let r = tcg.run(&regs, &sregs, mode, &[(armed(Model::Instructions), 300)], BUDGET, false).unwrap();
         assert_eq!(r.stop, Stop::Overflow);
         assert!(r.counts[0] < 300 && r.counts[0] >= 290, "{r:?}");
         assert_eq!(1000 - r.regs.rcx, r.retired - 1);
@@ -656,8 +806,27 @@ mod tests {
         let code = [0xB9, 0x05, 0x00, 0x00, 0x00, 0x8B, 0x04, 0x25, 0x30, 0x00, 0xE0, 0xFE, 0x90];
         let (mem, regs, sregs, mode) = machine(&code);
         let mut tcg = Tcg::new(&mem).unwrap();
-        let r = tcg.run(&regs, &sregs, mode, &[(armed(Model::Instructions), u64::MAX)], BUDGET).unwrap();
+        let r = tcg.run(&regs, &sregs, mode, &[(armed(Model::Instructions), u64::MAX)], BUDGET, false).unwrap();
         assert_eq!((r.stop, r.regs.rip, r.regs.rcx, r.retired), (Stop::Fault, CODE + 5, 5, 1), "{r:?}");
+    }
+
+    #[test]
+    fn iretq_within_the_kernel_runs_and_counts_once() {
+        // iretq (frame at the stack: RIP = CODE+0x20, CS = 8, RFLAGS = 2, RSP, SS = 0x10); at
+        // CODE+0x20: nop; out dx, al.
+        let mut code = vec![0x48, 0xCF];
+        code.resize(0x20, 0x90);
+        code.extend([0x90, 0xEE]);
+        let (mem, mut regs, sregs, mode) = machine(&code);
+        regs.rsp = 0x7000;
+        for (i, v) in [CODE + 0x20, 8, 0x2, 0x8000, 0x10].iter().enumerate() {
+            mem.write_obj(*v, GuestAddress(0x7000 + 8 * i as u64)).unwrap();
+        }
+        let mut tcg = Tcg::new(&mem).unwrap();
+        let r = tcg.run(&regs, &sregs, mode, &[(armed(Model::Instructions), u64::MAX)], BUDGET, false).unwrap();
+        // The block after the IRETQ (nop; out) holds an OUT: the engine stops before it.
+        assert_eq!((r.stop, r.regs.rip, r.retired, r.iret, r.cpl), (Stop::Handover, CODE + 0x20, 1, true, 0), "{r:?}");
+        assert_eq!(r.regs.rsp, 0x8000);
     }
 
     #[test]
@@ -675,7 +844,8 @@ mod tests {
         assert!(!runs(&[0x0F, 0x31])); // rdtsc
         assert!(!runs(&[0xF4])); // hlt
         assert!(!runs(&[0xFB])); // sti
-        assert!(!runs(&[0x48, 0xCF])); // iretq
+        assert!(runs(&[0x48, 0xCF])); // iretq: the way into user mode (see runs_in_engine)
+        assert!(!runs(&[0xCF])); // iretd
         assert!(!runs(&[0x66, 0x0F, 0xEF, 0xC0])); // pxor xmm0, xmm0
         assert!(!runs(&[0x8E, 0xD8])); // mov ds, ax
         assert!(!runs(&[0x0F, 0x22, 0xD8])); // mov cr3, rax

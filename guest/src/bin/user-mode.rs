@@ -1,0 +1,192 @@
+//! User mode (CPL3): a known user-mode function counted with USR-only, OS-only and both on GP and fixed counters, and an overflow PMI taken from user mode with zero skid.
+#![no_std]
+#![no_main]
+
+use core::arch::{asm, global_asm};
+use core::sync::atomic::{AtomicU64, Ordering::SeqCst};
+use emon_guest::catch::catch;
+use emon_guest::cpu::{rdmsr, wrmsr};
+use emon_guest::idt::{self, Regs, USER_CS, USER_DS};
+use emon_guest::pmu::*;
+use emon_guest::{apic, check, check_eq, dec, println, skip};
+
+emon_guest::entry!(main);
+
+/// Iterations of the user function's loop.
+const N: u64 = 1000;
+/// User instructions before the HLT: `mov ecx, N`, then N x (`add rax, 1`; `loop`).
+const USER_INSNS: u64 = 1 + 2 * N;
+
+global_asm!(
+    ".global user_fn",
+    "user_fn:",
+    "mov ecx, {n}",
+    "2: add rax, 1",
+    ".global user_fn_loop",
+    "user_fn_loop:",
+    "loop 2b",
+    "hlt", // #GP at CPL3: back to the kernel
+    n = const N,
+);
+
+extern "C" {
+    fn user_fn();
+    fn user_fn_loop();
+}
+
+#[repr(C, align(16))]
+struct Stack([u8; 4096]);
+static mut USER_STACK: Stack = Stack([0; 4096]);
+
+/// Sets the user/supervisor bit on every present page-table entry reachable from CR3 (the
+/// identity map of RAM; the local APIC page is left to the kernel).
+fn make_user_accessible() {
+    const PRESENT: u64 = 1;
+    const USER: u64 = 1 << 2;
+    const PAGE_SIZE: u64 = 1 << 7;
+    const PCD: u64 = 1 << 4;
+    const ADDR: u64 = 0x000F_FFFF_FFFF_F000;
+    let cr3: u64;
+    // SAFETY: reading CR3.
+    unsafe { asm!("mov {}, cr3", out(reg) cr3) };
+    // SAFETY: the page tables are identity-mapped RAM the kernel owns; entries only gain USER.
+    unsafe {
+        let pml4 = (cr3 & ADDR) as *mut u64;
+        for i in 0..512 {
+            let e = pml4.add(i);
+            if *e & PRESENT == 0 {
+                continue;
+            }
+            *e |= USER;
+            let pdpt = (*e & ADDR) as *mut u64;
+            for j in 0..512 {
+                let e = pdpt.add(j);
+                if *e & PRESENT == 0 {
+                    continue;
+                }
+                *e |= USER;
+                let pd = (*e & ADDR) as *mut u64;
+                for k in 0..512 {
+                    let e = pd.add(k);
+                    if *e & PRESENT != 0 && *e & PAGE_SIZE != 0 && *e & PCD == 0 {
+                        *e |= USER;
+                    }
+                }
+            }
+        }
+        asm!("mov {0}, cr3", "mov cr3, {0}", out(reg) _);
+    }
+}
+
+/// Runs `user_fn` at CPL3 (entered with IRETQ) until its HLT raises #GP; returns the vector.
+fn run_user() -> u8 {
+    let e = catch(|| {
+        // SAFETY: IRETQ to CPL3 with a user stack; user_fn ends in HLT, whose #GP the catch takes.
+        unsafe {
+            let top = (&raw mut USER_STACK) as u64 + 4096;
+            asm!(
+                "push {ss}",
+                "push {rsp}",
+                "pushfq",
+                "push {cs}",
+                "push {rip}",
+                "iretq",
+                ss = in(reg) USER_DS as u64,
+                rsp = in(reg) top,
+                cs = in(reg) USER_CS as u64,
+                rip = in(reg) user_fn as *const () as u64,
+                out("rax") _, out("rcx") _,
+            );
+        }
+    });
+    e.map_or(0xFF, |e| e.vector)
+}
+
+static PMI_RIP: AtomicU64 = AtomicU64::new(0);
+static PMI_CS: AtomicU64 = AtomicU64::new(0);
+static PMIS: AtomicU64 = AtomicU64::new(0);
+
+fn on_pmi(regs: &mut Regs) {
+    PMIS.fetch_add(1, SeqCst);
+    PMI_RIP.store(regs.rip, SeqCst);
+    PMI_CS.store(regs.cs, SeqCst);
+    wrmsr(IA32_PERFEVTSEL0, 0); // stop PMC0
+    apic::eoi();
+}
+
+fn main(_boot: &emon_guest::BootInfo) -> i32 {
+    let pmu = Perfmon::from_cpuid();
+    if pmu.version < 2 || pmu.gp < 2 || !pmu.event_available(EVENT_INSTRUCTIONS) {
+        skip!("user mode: needs perfmon v2+, 2 GP counters and instructions retired");
+        return emon_guest::summary();
+    }
+    make_user_accessible();
+    check_eq!(run_user(), 13u8, "user_fn runs at CPL3 and its HLT raises #GP");
+
+    // PMC0 USR only, PMC1 OS only, PMC2 (where there is one) both, FIXED_CTR0 USR only.
+    let both = pmu.gp >= 3;
+    let fixed = pmu.fixed >= 1;
+    let usr = PERFEVTSEL_EN | PERFEVTSEL_USR | 0xC0;
+    let os = PERFEVTSEL_EN | PERFEVTSEL_OS | 0xC0;
+    let mut global = 0b11u64;
+    let used = if both { 3 } else { 2 };
+    wrmsr(IA32_PERF_GLOBAL_CTRL, 0);
+    for i in 0..used {
+        wrmsr(IA32_PMC0 + i, 0);
+    }
+    wrmsr(IA32_PERFEVTSEL0, usr);
+    wrmsr(IA32_PERFEVTSEL0 + 1, os);
+    if both {
+        wrmsr(IA32_PERFEVTSEL0 + 2, usr | os);
+        global |= 0b100;
+    }
+    if fixed {
+        wrmsr(IA32_FIXED_CTR0, 0);
+        wrmsr(IA32_FIXED_CTR_CTRL, 0x2); // FIXED_CTR0: USR only
+        global |= 1 << 32;
+    }
+    wrmsr(IA32_PERF_GLOBAL_CTRL, global);
+    let v = run_user();
+    wrmsr(IA32_PERF_GLOBAL_CTRL, 0);
+    check_eq!(v, 13u8, "counted run: back from user mode through #GP");
+    let (u, o) = (rdmsr(IA32_PMC0), rdmsr(IA32_PMC0 + 1));
+    println!("user {} os {}", dec(u), dec(o));
+    check_eq!(u, USER_INSNS, "USR-only counts exactly the user function's {} instructions", dec(USER_INSNS));
+    check!(o > 0, "OS-only counts the kernel's instructions ({})", dec(o));
+    if both {
+        check_eq!(rdmsr(IA32_PMC0 + 2), u + o, "USR|OS counts both");
+    }
+    if fixed {
+        check_eq!(rdmsr(IA32_FIXED_CTR0), u, "FIXED_CTR0 with EN = USR counts the user function");
+        wrmsr(IA32_FIXED_CTR_CTRL, 0);
+    }
+    for i in 0..used {
+        wrmsr(IA32_PERFEVTSEL0 + i, 0);
+    }
+
+    // An overflow PMI from user mode: PMC0 (USR, INT) overflows at the 500th user instruction,
+    // an `add` (even instructions are adds: 1 is the MOV); the PMI comes before the LOOP after it.
+    idt::set_handler(APIC_PERFMON_VECTOR, on_pmi);
+    apic::enable();
+    apic::write(apic::LVT_PMC, APIC_PERFMON_VECTOR as u32);
+    let width = pmu.gp_width;
+    let max = Perfmon::max(width);
+    // Legacy writes sign-extend bit 31: (2^w - 500) written as its low 32 bits.
+    wrmsr(IA32_PMC0, (max - 499) & 0xFFFF_FFFF);
+    wrmsr(IA32_PERFEVTSEL0, usr | PERFEVTSEL_INT);
+    wrmsr(IA32_PERF_GLOBAL_CTRL, 1);
+    emon_guest::cpu::enable_interrupts();
+    let v = run_user();
+    emon_guest::cpu::disable_interrupts();
+    wrmsr(IA32_PERF_GLOBAL_CTRL, 0);
+    wrmsr(IA32_PERFEVTSEL0, 0);
+    check_eq!(v, 13u8, "PMI run: back from user mode through #GP");
+    check_eq!(PMIS.load(SeqCst), 1u64, "one PMI");
+    check_eq!(PMI_CS.load(SeqCst) & 3, 3u64, "the PMI interrupted user mode (CS.RPL = 3)");
+    check_eq!(
+        PMI_RIP.load(SeqCst),
+        user_fn_loop as *const () as u64,
+        "zero skid: the PMI comes right after the overflowing instruction"
+    );
+    emon_guest::summary()
+}
