@@ -100,3 +100,24 @@ fn the_engine_runs_the_loops() {
     assert!(counted > 3_000_000, "{summary}");
     assert!(by_engine * 1000 > counted * 999, "the engine retired {by_engine} of {counted}: {summary}");
 }
+
+/// User mode: the engine counts it exactly (`guest:user-mode` checks the counts and a PMI from
+/// CPL3); single-stepping cannot on a host like this build machine, and then says so instead of
+/// counting wrong in silence.
+#[test]
+fn user_mode_counts_in_the_engine_and_stepping_says_when_it_cannot() {
+    if !kvm_available() {
+        return;
+    }
+    let (tcg, report, _) = run("tcg", "skylake", "user-mode", &[]);
+    tcg.assert_status(0).assert_no_failures();
+    assert!(!report["summary"].as_str().unwrap().contains("NOT EXACT"), "{report:#}");
+    let (step, report, _) = run("step", "skylake", "user-mode", &[]);
+    if step.status != 0 {
+        let summary = report["summary"].as_str().unwrap();
+        assert!(
+            summary.contains("NOT EXACT: user-mode (CPL3) code"),
+            "stepping miscounted user mode silently: {summary}"
+        );
+    }
+}
