@@ -163,5 +163,30 @@ fn main(_boot: &emon_guest::BootInfo) -> i32 {
     wrmsr(IA32_PERF_GLOBAL_CTRL, 0);
     check!(e.is_some_and(|e| e.is_gp()), "RDPMC of a counter beyond CPUID.0AH:EAX[15:8] raises #GP");
     wrmsr(IA32_PERFEVTSEL0, 0);
+    // Exceptions in counted code: #UD and a #PF on a page that is not mapped, each taken by
+    // the runtime's handler. The counts (printed) must be the same however emon runs the code.
+    wrmsr(IA32_PERFEVTSEL0, 0x4300C0); // EN | OS | USR, instructions retired
+    for (what, expect) in [("#UD", 6u8), ("#PF", 14u8)] {
+        wrmsr(IA32_PMC0, 0);
+        wrmsr(IA32_PERF_GLOBAL_CTRL, 1);
+        let e = catch::catch(|| {
+            // SAFETY: each raises the exception the catch takes; nothing is written.
+            unsafe {
+                if expect == 6 {
+                    asm!("nop", "nop", "ud2", options(nostack));
+                } else {
+                    asm!("nop", "mov rax, [{a}]", a = in(reg) 0x40_0000_0000u64, out("rax") _, options(nostack, readonly));
+                }
+            }
+        });
+        wrmsr(IA32_PERF_GLOBAL_CTRL, 0);
+        let n = rdmsr(IA32_PMC0);
+        check!(
+            e.is_some_and(|e| e.vector == expect) && n > 3,
+            "{} in counted code is taken and its handler counted: {} instructions",
+            what,
+            dec(n)
+        );
+    }
     emon_guest::summary()
 }

@@ -209,6 +209,14 @@ impl Precise {
             Err(e) => return Ok(self.give_up_engine(e.to_string())),
         };
         self.stats.engine_runs += 1;
+        tracing::trace!(
+            rip = format_args!("{rip:#x}"),
+            cpl = mode.cpl,
+            stop = ?run.stop,
+            retired = run.retired,
+            to = format_args!("{:#x}", run.regs.rip),
+            "TCG engine run"
+        );
         // KVM runs at least the next kernel instruction: it delivers interrupts and runs what the
         // engine handed over. (At CPL3 the engine goes on: KVM cannot step user mode here.)
         self.tcg.cooldown = if run.retired < 64 { TCG_COOLDOWN } else { 1 };

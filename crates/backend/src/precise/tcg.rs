@@ -496,17 +496,22 @@ impl Tcg {
             (Err(_), None) => Stop::Fault,
             (Ok(()), None) => Stop::Budget,
         };
-        // The block entered last retired up to `pc` (all of it when the engine left it).
+        // The block entered last, when the stop did not come from the block hook (which stops
+        // before a block and has retired the one before it): the engine left it at `pc`. If `pc`
+        // is one of its instructions, that instruction faulted (unicorn reports some faults, such
+        // as a #PF on a page that is not present, only by ending the run there) and the ones
+        // before it retired; otherwise the block retired whole.
+        let mut stop = stop;
         if let Some(addr) = acc.current.take() {
-            let in_block = acc.blocks[&addr].insns.iter().position(|(rip, _)| *rip == pc);
-            match (stop, in_block) {
-                // A fault inside the block: the instructions before the faulting one retired.
-                (Stop::Fault, Some(k)) => acc.retire_first(addr, k),
-                // Stopped at a block boundary: the block entered last retired whole.
-                _ => acc.retire_block(addr, pc),
+            match acc.blocks[&addr].insns.iter().position(|(rip, _)| *rip == pc) {
+                Some(k) => {
+                    acc.retire_first(addr, k);
+                    stop = Stop::Fault;
+                }
+                None => acc.retire_block(addr, pc),
             }
         }
-        let (mut stop, mut pc) = (stop, pc);
+        let mut pc = pc;
         if stop == Stop::Overflow && mode.cpl == 3 {
             (stop, pc) = self.step_to_overflow(&mut acc, pc)?;
         }
@@ -827,6 +832,16 @@ mod tests {
         // The block after the IRETQ (nop; out) holds an OUT: the engine stops before it.
         assert_eq!((r.stop, r.regs.rip, r.retired, r.iret, r.cpl), (Stop::Handover, CODE + 0x20, 1, true, 0), "{r:?}");
         assert_eq!(r.regs.rsp, 0x8000);
+    }
+
+    #[test]
+    fn a_page_fault_stops_before_the_faulting_instruction() {
+        // nop; mov rax, [0x40_0000_0000] (no page maps it); nop
+        let code = [0x90, 0x48, 0xA1, 0, 0, 0, 0, 0x40, 0, 0, 0, 0x90];
+        let (mem, regs, sregs, mode) = machine(&code);
+        let mut tcg = Tcg::new(&mem).unwrap();
+        let r = tcg.run(&regs, &sregs, mode, &[(armed(Model::Instructions), u64::MAX)], BUDGET, false).unwrap();
+        assert_eq!((r.stop, r.regs.rip, r.retired, r.counts[0]), (Stop::Fault, CODE + 1, 1, 1), "{r:?}");
     }
 
     #[test]
