@@ -369,7 +369,18 @@ impl fmt::Display for HostReport {
             BackendKind::Perf => "perf",
         };
         writeln!(f, "  chooses: {kind}")?;
-        writeln!(f, "  why: {why}")
+        writeln!(f, "  why: {why}")?;
+        let engine = match crate::backend::precise::Engine::DEFAULT {
+            crate::backend::precise::Engine::Tcg => {
+                "the TCG engine (built in), single-stepping what must go through KVM"
+            }
+            crate::backend::precise::Engine::Step => "single-stepping (this build has no TCG engine)",
+        };
+        writeln!(f, "  precise backend runs counted code with: {engine}")?;
+        writeln!(
+            f,
+            "  user-mode (CPL3) code counts exactly in the TCG engine; where KVM cannot single-step CPL3 code (kvm_pvm), what the engine hands back at CPL3 is not counted, and the run summary says NOT EXACT"
+        )
     }
 }
 
