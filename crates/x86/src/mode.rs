@@ -26,6 +26,28 @@ pub struct CpuMode {
     pub idt_limit: u16,
 }
 
+/// The segment register a code or data descriptor `d` loads with `selector` (SDM Vol. 3A 3.4.5,
+/// Figure 3-8), as KVM represents it.
+pub fn segment_from_descriptor(d: u64, selector: u16) -> kvm_segment {
+    let g = ((d >> 55) & 1) as u8;
+    let raw_limit = ((d & 0xFFFF) | ((d >> 32) & 0xF_0000)) as u32;
+    kvm_segment {
+        base: ((d >> 16) & 0xFF_FFFF) | (((d >> 56) & 0xFF) << 24),
+        limit: if g == 1 { (raw_limit << 12) | 0xFFF } else { raw_limit },
+        selector,
+        type_: ((d >> 40) & 0xF) as u8,
+        present: ((d >> 47) & 1) as u8,
+        dpl: ((d >> 45) & 3) as u8,
+        db: ((d >> 54) & 1) as u8,
+        s: ((d >> 44) & 1) as u8,
+        l: ((d >> 53) & 1) as u8,
+        g,
+        avl: ((d >> 52) & 1) as u8,
+        unusable: 0,
+        padding: 0,
+    }
+}
+
 impl CpuMode {
     pub fn from_sregs(s: &kvm_sregs) -> CpuMode {
         let bitness = if s.efer & EFER_LMA != 0 && s.cs.l == 1 {
@@ -127,24 +149,7 @@ impl CpuMode {
             return Some(kvm_segment { selector, unusable: 1, ..Default::default() });
         }
         let pa = self.translate(mem, gdt_base + u64::from(selector & !7))?;
-        let d = mem.read_obj::<u64>(GuestAddress(pa)).ok()?;
-        let g = ((d >> 55) & 1) as u8;
-        let raw_limit = ((d & 0xFFFF) | ((d >> 32) & 0xF_0000)) as u32;
-        Some(kvm_segment {
-            base: ((d >> 16) & 0xFF_FFFF) | (((d >> 56) & 0xFF) << 24),
-            limit: if g == 1 { (raw_limit << 12) | 0xFFF } else { raw_limit },
-            selector,
-            type_: ((d >> 40) & 0xF) as u8,
-            present: ((d >> 47) & 1) as u8,
-            dpl: ((d >> 45) & 3) as u8,
-            db: ((d >> 54) & 1) as u8,
-            s: ((d >> 44) & 1) as u8,
-            l: ((d >> 53) & 1) as u8,
-            g,
-            avl: ((d >> 52) & 1) as u8,
-            unusable: 0,
-            padding: 0,
-        })
+        Some(segment_from_descriptor(mem.read_obj::<u64>(GuestAddress(pa)).ok()?, selector))
     }
 
     /// The handler address of IDT vector `v` in long mode (16-byte gates).

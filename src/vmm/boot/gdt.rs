@@ -26,29 +26,7 @@ fn descriptor(flags: u64, base: u64, limit: u64) -> u64 {
 }
 
 fn segment(desc: u64, sel: u16) -> kvm_segment {
-    let flags = (desc >> 40) & 0xF0FF;
-    kvm_segment {
-        base: ((desc >> 16) & 0xFF_FFFF) | ((desc >> 32) & 0xFF00_0000),
-        limit: {
-            let raw = ((desc >> 32) & 0xF_0000) | (desc & 0xFFFF);
-            if flags & 0x8000 != 0 {
-                ((raw << 12) | 0xFFF) as u32
-            } else {
-                raw as u32
-            }
-        },
-        selector: sel,
-        type_: (flags & 0xF) as u8,
-        s: ((flags >> 4) & 1) as u8,
-        dpl: ((flags >> 5) & 3) as u8,
-        present: ((flags >> 7) & 1) as u8,
-        avl: ((flags >> 12) & 1) as u8,
-        l: ((flags >> 13) & 1) as u8,
-        db: ((flags >> 14) & 1) as u8,
-        g: ((flags >> 15) & 1) as u8,
-        unusable: 0,
-        padding: 0,
-    }
+    crate::x86::mode::segment_from_descriptor(desc, sel)
 }
 
 pub fn install(mem: &GuestMemoryMmap, sregs: &mut kvm_sregs, mode: Mode) -> Result<(), super::super::VmmError> {
