@@ -71,7 +71,7 @@ fn create_vm(kvm: &Kvm) -> Result<VmFd, VmmError> {
     vm.set_tss_address(TSS_ADDRESS).map_err(kvm_err("KVM_SET_TSS_ADDR"))?;
     vm.create_irq_chip().map_err(kvm_err("KVM_CREATE_IRQCHIP"))?;
     vm.create_pit2(kvm_pit_config::default()).map_err(kvm_err("KVM_CREATE_PIT2"))?;
-    msr::install_filter(&vm)?;
+    crate::backend::kvm::trap_pmu_msrs(&vm)?;
     Ok(vm)
 }
 

@@ -1,13 +1,6 @@
-//! RDMSR/WRMSR exits: the KVM MSR filter that sends every PMU MSR to userspace, and the
-//! dispatch of each access to the virtual PMU (or #GP / `--ignore-msrs` for unknown MSRs).
-use super::VmmError;
+//! RDMSR/WRMSR exits that reach userspace (the MSR filter is `backend::kvm::trap_pmu_msrs`):
+//! each access goes to the virtual PMU, or gets #GP / `--ignore-msrs` for unknown MSRs.
 use crate::pmu::Pmu;
-use kvm_ioctls::VmFd;
-
-/// Sends every MSR the virtual PMU owns to userspace (see [`crate::backend::kvm::trap_pmu_msrs`]).
-pub fn install_filter(vm: &VmFd) -> Result<(), VmmError> {
-    Ok(crate::backend::kvm::trap_pmu_msrs(vm)?)
-}
 
 /// Counts of MSR exits, for `--verbose`.
 #[derive(Debug, Default, Clone)]

@@ -55,10 +55,11 @@ pub fn decode(bytes: &[u8], rip: u64, bitness: u32) -> Option<Insn> {
     if i.is_invalid() {
         return None;
     }
-    Some(classify(&i))
+    Some(of(&i))
 }
 
-fn classify(i: &Instruction) -> Insn {
+/// The facts of an instruction already decoded (and valid).
+pub fn of(i: &Instruction) -> Insn {
     use Mnemonic::*;
     let m = i.mnemonic();
     let fc = i.flow_control();

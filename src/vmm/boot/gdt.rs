@@ -1,6 +1,7 @@
 //! The boot GDT and the segment registers loaded from it.
 use super::super::layout::GDT_ADDR;
-use kvm_bindings::{kvm_segment, kvm_sregs};
+use crate::x86::mode::segment_from_descriptor;
+use kvm_bindings::kvm_sregs;
 use vm_memory::GuestMemoryMmap;
 
 /// The mode a kernel is entered in.
@@ -25,10 +26,6 @@ fn descriptor(flags: u64, base: u64, limit: u64) -> u64 {
         | (limit & 0xFFFF)
 }
 
-fn segment(desc: u64, sel: u16) -> kvm_segment {
-    crate::x86::mode::segment_from_descriptor(desc, sel)
-}
-
 pub fn install(mem: &GuestMemoryMmap, sregs: &mut kvm_sregs, mode: Mode) -> Result<(), super::super::VmmError> {
     let code_flags = match mode {
         Mode::Long => 0xA09B,      // present, code exec/read, L=1, G=1
@@ -46,14 +43,14 @@ pub fn install(mem: &GuestMemoryMmap, sregs: &mut kvm_sregs, mode: Mode) -> Resu
     sregs.gdt.limit = (bytes.len() - 1) as u16;
     sregs.idt.base = 0;
     sregs.idt.limit = 0;
-    sregs.cs = segment(gdt[1], CODE_SEL);
-    let data = segment(gdt[2], DATA_SEL);
+    sregs.cs = segment_from_descriptor(gdt[1], CODE_SEL);
+    let data = segment_from_descriptor(gdt[2], DATA_SEL);
     sregs.ds = data;
     sregs.es = data;
     sregs.fs = data;
     sregs.gs = data;
     sregs.ss = data;
-    sregs.tr = segment(gdt[3], TSS_SEL);
+    sregs.tr = segment_from_descriptor(gdt[3], TSS_SEL);
     Ok(())
 }
 
@@ -70,10 +67,10 @@ mod tests {
 
     #[test]
     fn segments_decode_their_descriptor() {
-        let cs = segment(descriptor(0xA09B, 0, 0xF_FFFF), CODE_SEL);
+        let cs = segment_from_descriptor(descriptor(0xA09B, 0, 0xF_FFFF), CODE_SEL);
         assert_eq!((cs.l, cs.db, cs.g, cs.present, cs.type_, cs.s), (1, 0, 1, 1, 0xB, 1));
         assert_eq!(cs.limit, 0xFFFF_FFFF);
-        let ds = segment(descriptor(0xC093, 0, 0xF_FFFF), DATA_SEL);
+        let ds = segment_from_descriptor(descriptor(0xC093, 0, 0xF_FFFF), DATA_SEL);
         assert_eq!((ds.l, ds.db, ds.type_), (0, 1, 3));
     }
 }

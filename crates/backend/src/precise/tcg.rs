@@ -128,26 +128,6 @@ struct Acc {
 }
 
 impl Acc {
-    /// The counting state without the blocks (for an instruction-at-a-time run).
-    fn clone_state(&self) -> Acc {
-        Acc {
-            mode: self.mode,
-            mem: self.mem.clone(),
-            armed: self.armed.clone(),
-            counting: self.counting.clone(),
-            room: self.room.clone(),
-            counts: self.counts.clone(),
-            retired: self.retired,
-            budget: self.budget,
-            current: None,
-            blocks: HashMap::new(),
-            stop: None,
-            cpl: self.cpl,
-            iret: self.iret,
-            single: self.single,
-        }
-    }
-
     fn block(&mut self, addr: u64, size: u32) -> &Block {
         if self.blocks.len() >= MAX_BLOCKS {
             self.blocks.clear();
@@ -211,8 +191,7 @@ fn decode_block(mode: &CpuMode, mem: &GuestMemoryMmap, addr: u64, size: usize) -
     let mut info = InstructionInfoFactory::new();
     while d.ip() < addr + size as u64 {
         let i = d.decode();
-        let facts = if i.is_invalid() { None } else { insn::decode(&bytes[(i.ip() - addr) as usize..], i.ip(), 64) };
-        match facts {
+        match (!i.is_invalid()).then(|| insn::of(&i)) {
             Some(f) if runs_in_engine(&i, &mut info) => {
                 self_loop = i.code() == Code::Loop_rel8_64_RCX && i.near_branch_target() == i.ip();
                 ends_in_iret = i.code() == Code::Iretq;
@@ -513,7 +492,11 @@ impl Tcg {
         }
         let mut pc = pc;
         if stop == Stop::Overflow && mode.cpl == 3 {
-            (stop, pc) = self.step_to_overflow(&mut acc, pc)?;
+            acc.single = true;
+            *self.uc.get_data_mut() = Some(acc);
+            let stepped = self.step_to_overflow(pc);
+            acc = self.uc.get_data_mut().take().expect("set above");
+            (stop, pc) = stepped?;
         }
         let mut out = *regs;
         for (r, slot) in gprs(&mut out) {
@@ -547,34 +530,44 @@ impl Tcg {
     }
 
     /// Runs one instruction at a time from `pc` (CPL3, a counter near its overflow) until one
-    /// brings a counter to its overflow, counting each; returns the stop and the new RIP.
-    fn step_to_overflow(&mut self, acc: &mut Acc, mut pc: u64) -> Result<(Stop, u64), TcgError> {
+    /// brings a counter to its overflow, counting each in the engine's counting state (set, with
+    /// `single`, so that the block hook stands aside); returns the stop and the new RIP.
+    fn step_to_overflow(&mut self, mut pc: u64) -> Result<(Stop, u64), TcgError> {
         let mut info = InstructionInfoFactory::new();
         // unicorn counts instructions with a hook compiled into each translation: blocks made
         // without it would run whole.
         self.uc.ctl_flush_tb().map_err(uc_err("flushing translations"))?;
+        fn acc<'a>(uc: &'a mut Unicorn<'static, Option<Acc>>) -> &'a mut Acc {
+            uc.get_data_mut().as_mut().expect("set by run")
+        }
+        let (mode, mem) = {
+            let a = acc(&mut self.uc);
+            (a.mode, a.mem.clone())
+        };
         loop {
-            let bytes = acc.mode.fetch(&acc.mem, pc);
+            let bytes = mode.fetch(&mem, pc);
             let i = Decoder::with_ip(64, &bytes, pc, DecoderOptions::NONE).decode();
-            let facts = if i.is_invalid() || i.code() == Code::Iretq { None } else { insn::decode(&bytes, pc, 64) };
-            let Some(facts) = facts.filter(|_| runs_in_engine(&i, &mut info)) else {
+            if i.is_invalid() || i.code() == Code::Iretq || !runs_in_engine(&i, &mut info) {
                 return Ok((Stop::Handover, pc));
-            };
-            *self.uc.get_data_mut() =
-                Some(Acc { single: true, stop: None, blocks: HashMap::new(), ..acc.clone_state() });
+            }
+            let facts = insn::of(&i);
+            acc(&mut self.uc).stop = None;
             let r = self.uc.emu_start(pc, u64::MAX, 0, 1);
-            let faulted = self.uc.get_data_mut().take().and_then(|a| a.stop) == Some(Stop::Fault) || r.is_err();
+            let faulted = acc(&mut self.uc).stop == Some(Stop::Fault) || r.is_err();
             let next = self.uc.reg_read(RegisterX86::RIP).map_err(uc_err("reading RIP"))?;
+            // No progress but for a branch to itself: the instruction faulted (unicorn ends a run
+            // at some faults without calling the interrupt hook).
             if faulted || next == pc && !matches!(facts.flow, emon_x86::insn::Flow::Direct { .. }) {
                 return Ok((Stop::Fault, next));
             }
             let taken = super::taken(&facts, pc, next);
-            acc.retired += 1;
+            let a = acc(&mut self.uc);
+            a.retired += 1;
             let mut hit = false;
-            for k in 0..acc.counts.len() {
-                if acc.counting[k] {
-                    acc.counts[k] += acc.armed[k].model.increment(&facts, pc, taken);
-                    hit |= acc.counts[k] >= acc.room[k];
+            for k in 0..a.counts.len() {
+                if a.counting[k] {
+                    a.counts[k] += a.armed[k].model.increment(&facts, pc, taken);
+                    hit |= a.counts[k] >= a.room[k];
                 }
             }
             pc = next;
