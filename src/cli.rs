@@ -428,10 +428,11 @@ fn list_events(args: &ProfileArgs) -> Result<ExitCode, CliError> {
             Some(i) if p.pmu.fixed_supported(i) => format!("FIXED_CTR{i}"),
             _ => "-".into(),
         };
-        let precise = match Model::of(e.event_select, e.umask) {
+        let precise = match Model::of(crate::pmu::CounterId::Gp(0), e.event_select, e.umask) {
             Model::Unsupported => "unsupported: counts 0",
             Model::BranchMisses => "counted (static predictor)",
-            Model::CoreCycles | Model::RefCycles | Model::Slots => "counted (cost model)",
+            Model::CoreCycles | Model::RefTsc | Model::Slots => "counted (cost model)",
+            Model::RefXclk => "counted (cost model, reference clock)",
             _ => "counted exactly",
         };
         println!(

@@ -59,6 +59,8 @@ pub enum KvmReport {
         caps: Vec<CapState>,
         /// `emon run`'s message if a required capability is missing.
         error: Option<String>,
+        /// Whether a VMM can set the guest's TSC here (README, "Guest time"), or why not known.
+        guest_tsc: Result<bool, String>,
     },
 }
 
@@ -155,7 +157,13 @@ impl KvmReport {
                 };
                 CapState { name, required: false, value, why, show_value: cap.is_none() }
             });
-        KvmReport::Open { api_version: kvm.get_api_version(), caps: required.chain(optional).collect(), error }
+        let guest_tsc = crate::backend::kvm::guest_tsc_settable(&kvm).map_err(|e| e.to_string());
+        KvmReport::Open {
+            api_version: kvm.get_api_version(),
+            caps: required.chain(optional).collect(),
+            error,
+            guest_tsc,
+        }
     }
 }
 
@@ -282,7 +290,7 @@ impl fmt::Display for HostReport {
         writeln!(f, "{h_kvm}")?;
         match &self.kvm {
             KvmReport::Unavailable(msg) => writeln!(f, "  unavailable: {msg}")?,
-            KvmReport::Open { api_version, caps, error } => {
+            KvmReport::Open { api_version, caps, error, guest_tsc } => {
                 writeln!(f, "  API version {api_version}")?;
                 if let Some(e) = error {
                     writeln!(f, "  emon run cannot use it: {e}")?;
@@ -296,6 +304,12 @@ impl fmt::Display for HostReport {
                     let kind = if c.required { "required" } else { "optional" };
                     writeln!(f, "  {:<27} {value:<4} {kind}: {}", c.name, c.why)?;
                 }
+                let tsc = match guest_tsc {
+                    Ok(true) => "can be set (KVM_VCPU_TSC_OFFSET): after counted code it goes on from the model's TSC".into(),
+                    Ok(false) => "cannot be set (KVM_VCPU_TSC_OFFSET has no effect): after counted code it rejoins real time, a jump forward that the run summary reports".into(),
+                    Err(e) => format!("unknown ({e})"),
+                };
+                writeln!(f, "  guest TSC: {tsc} (README, \"Guest time\")")?;
             }
         }
         writeln!(f)?;

@@ -16,6 +16,12 @@ impl From<u64> for Dec {
     }
 }
 
+impl From<u32> for Dec {
+    fn from(v: u32) -> Self {
+        Dec(v as i128)
+    }
+}
+
 impl From<i64> for Dec {
     fn from(v: i64) -> Self {
         Dec(v as i128)

@@ -5,12 +5,15 @@ use crate::pmi::{plan, PmiDelivery};
 use crate::{lapic, Vcpu, VcpuError};
 use emon_pmu::pmu::Pmu;
 use kvm_bindings::{
-    kvm_enable_cap, kvm_guest_debug, kvm_mp_state, kvm_regs, kvm_sregs, KVM_CAP_X86_USER_SPACE_MSR,
-    KVM_GUESTDBG_ENABLE, KVM_GUESTDBG_SINGLESTEP, KVM_MP_STATE_HALTED, KVM_MSR_EXIT_REASON_FILTER,
-    KVM_MSR_EXIT_REASON_INVAL, KVM_MSR_EXIT_REASON_UNKNOWN, KVM_VCPUEVENT_VALID_SHADOW,
+    kvm_device_attr, kvm_enable_cap, kvm_guest_debug, kvm_mp_state, kvm_msr_entry, kvm_regs, kvm_sregs, Msrs,
+    KVM_CAP_X86_USER_SPACE_MSR, KVM_GUESTDBG_ENABLE, KVM_GUESTDBG_SINGLESTEP, KVM_MP_STATE_HALTED,
+    KVM_MSR_EXIT_REASON_FILTER, KVM_MSR_EXIT_REASON_INVAL, KVM_MSR_EXIT_REASON_UNKNOWN, KVM_VCPUEVENT_VALID_SHADOW,
+    KVM_VCPU_TSC_CTRL, KVM_VCPU_TSC_OFFSET,
 };
 use kvm_ioctls::{MsrFilterDefaultAction, MsrFilterRange, MsrFilterRangeFlags, VcpuFd, VmFd};
+use std::time::{Duration, Instant};
 use vm_memory::GuestMemoryMmap;
+use vmm_sys_util::ioctl::ioctl_with_ref;
 
 /// Makes RDMSR/WRMSR of every MSR in [`Pmu::TRAPPED_MSRS`] exit to userspace
 /// (`KVM_EXIT_X86_RDMSR`/`WRMSR`), whatever the profile, so that an MSR the profile lacks still
@@ -100,6 +103,72 @@ impl Vcpu for KvmVcpu<'_> {
     fn memory(&self) -> &GuestMemoryMmap {
         self.mem
     }
+
+    fn get_msr(&mut self, index: u32) -> Result<u64, VcpuError> {
+        let failed = || VcpuError { op: "KVM_GET_MSRS", source: vmm_sys_util::errno::Error::new(libc::EINVAL) };
+        let mut msrs = Msrs::from_entries(&[kvm_msr_entry { index, ..Default::default() }]).map_err(|_| failed())?;
+        match self.fd.get_msrs(&mut msrs).map_err(VcpuError::op("KVM_GET_MSRS"))? {
+            1 => Ok(msrs.as_slice()[0].data),
+            _ => Err(failed()),
+        }
+    }
+
+    fn set_guest_tsc(&mut self, value: u64) -> Result<bool, VcpuError> {
+        // KVM_VCPU_TSC_OFFSET: guest TSC = host TSC + offset, set without KVM's TSC
+        // synchronization heuristics (which may ignore an IA32_TSC write near the expected value).
+        let mut offset = value.wrapping_sub(host_tsc());
+        let attr = kvm_device_attr {
+            group: KVM_VCPU_TSC_CTRL,
+            attr: u64::from(KVM_VCPU_TSC_OFFSET),
+            addr: &mut offset as *mut u64 as u64,
+            flags: 0,
+        };
+        // SAFETY: KVM_SET_DEVICE_ATTR on a vCPU fd reads the attribute and, through `addr`, the
+        // u64 offset, both of which outlive the call.
+        if unsafe { ioctl_with_ref(&*self.fd, KVM_SET_DEVICE_ATTR(), &attr) } != 0 {
+            return Ok(false);
+        }
+        // Some hosts accept the offset and ignore it (kvm_pvm): believe only the guest's TSC.
+        let now = self.guest_tsc()?;
+        Ok(now.wrapping_sub(value) < TSC_SET_TOLERANCE)
+    }
+
+    fn wait_for_guest_tsc(&mut self, value: u64, limit: Duration) -> Result<u64, VcpuError> {
+        let khz = u64::from(self.fd.get_tsc_khz().unwrap_or(1_000_000).max(1));
+        let deadline = Instant::now() + limit;
+        loop {
+            let now = self.guest_tsc()?;
+            if now >= value || Instant::now() >= deadline {
+                return Ok(now);
+            }
+            let ms = ((value - now) / khz).clamp(1, 50);
+            std::thread::sleep(Duration::from_millis(ms));
+        }
+    }
+}
+
+// kvm-ioctls offers KVM_SET_DEVICE_ATTR on vCPU fds only for aarch64.
+vmm_sys_util::ioctl_iow_nr!(KVM_SET_DEVICE_ATTR, kvm_bindings::KVMIO, 0xe1, kvm_device_attr);
+
+/// How far (TSC ticks) the guest's TSC may read past a value just set for the set to count as done.
+const TSC_SET_TOLERANCE: u64 = 1 << 32;
+
+/// This host's time-stamp counter.
+fn host_tsc() -> u64 {
+    // SAFETY: RDTSC has no memory effects; every x86-64 CPU has it.
+    unsafe { core::arch::x86_64::_rdtsc() }
+}
+
+/// Whether this host lets a VMM set a vCPU's TSC (`KVM_VCPU_TSC_OFFSET`, and the guest's TSC then
+/// reads as set), tried on a throwaway VM. kvm_pvm accepts the offset and ignores it.
+pub fn guest_tsc_settable(kvm: &kvm_ioctls::Kvm) -> Result<bool, VcpuError> {
+    let vm = kvm.create_vm().map_err(VcpuError::op("KVM_CREATE_VM"))?;
+    let mut fd = vm.create_vcpu(0).map_err(VcpuError::op("KVM_CREATE_VCPU"))?;
+    let mem = GuestMemoryMmap::default();
+    let mut vcpu = KvmVcpu { fd: &mut fd, mem: &mem };
+    // Far from real time, so that an offset the host ignores shows.
+    let target = vcpu.guest_tsc()?.wrapping_add(1 << 40);
+    vcpu.set_guest_tsc(target)
 }
 
 /// Delivers one PMI to the vCPU through the in-kernel local APIC, as LVTPC says (see

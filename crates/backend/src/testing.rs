@@ -13,6 +13,10 @@ pub struct Script {
     pub single_step: bool,
     pub halted: bool,
     pub injected: Vec<(u8, Option<u32>)>,
+    /// The guest's TSC, which the test moves on by hand (`tsc_settable`: whether
+    /// `set_guest_tsc` may change it, as on a host with KVM_VCPU_TSC_OFFSET).
+    pub tsc: u64,
+    pub tsc_settable: bool,
 }
 
 impl Vcpu for Script {
@@ -50,6 +54,19 @@ impl Vcpu for Script {
     fn memory(&self) -> &GuestMemoryMmap {
         &self.mem
     }
+    fn get_msr(&mut self, index: u32) -> Result<u64, VcpuError> {
+        Ok(if index == crate::vcpu::IA32_TSC { self.tsc } else { 0 })
+    }
+    fn set_guest_tsc(&mut self, value: u64) -> Result<bool, VcpuError> {
+        if self.tsc_settable {
+            self.tsc = value;
+        }
+        Ok(self.tsc_settable)
+    }
+    fn wait_for_guest_tsc(&mut self, value: u64, _limit: std::time::Duration) -> Result<u64, VcpuError> {
+        self.tsc = self.tsc.max(value);
+        Ok(self.tsc)
+    }
 }
 
 impl Script {
@@ -62,6 +79,8 @@ impl Script {
             single_step: false,
             halted: false,
             injected: Vec::new(),
+            tsc: 0,
+            tsc_settable: true,
         }
     }
 }

@@ -21,6 +21,9 @@ impl VcpuError {
     }
 }
 
+/// IA32_TSC (SDM Vol. 4, Table 2-2).
+pub const IA32_TSC: u32 = 0x10;
+
 /// What a counting backend needs of one vCPU, at an exit (the vCPU is not running).
 pub trait Vcpu {
     /// The general-purpose registers, RIP and RFLAGS.
@@ -47,4 +50,16 @@ pub trait Vcpu {
     fn inject_exception(&mut self, vector: u8, error_code: Option<u32>) -> Result<(), VcpuError>;
     /// Guest-physical memory.
     fn memory(&self) -> &GuestMemoryMmap;
+    /// The guest's MSR `index`, as the guest would read it where KVM answers it (IA32_TSC_AUX).
+    fn get_msr(&mut self, index: u32) -> Result<u64, VcpuError>;
+    /// The guest's time-stamp counter now: what RDTSC would return.
+    fn guest_tsc(&mut self) -> Result<u64, VcpuError> {
+        self.get_msr(IA32_TSC)
+    }
+    /// Makes the guest's time-stamp counter read `value` now and run on from it with real time.
+    /// `Ok(false)`: this host cannot move the guest's TSC (it stays where it was).
+    fn set_guest_tsc(&mut self, value: u64) -> Result<bool, VcpuError>;
+    /// Waits (real time) until the guest's time-stamp counter reads at least `value`, or for
+    /// `limit` at most; returns what it reads then.
+    fn wait_for_guest_tsc(&mut self, value: u64, limit: std::time::Duration) -> Result<u64, VcpuError>;
 }

@@ -25,6 +25,11 @@ pub enum Special {
     /// IRET restores RFLAGS.TF, so the single-step trap lands after the instruction it returns
     /// to: emon reads the return address from the frame before it executes.
     Iret,
+    /// RDTSC, RDTSCP and RDMSR read the time-stamp counter, which runs with the cost model while
+    /// emon counts (README, "Guest time"): emon emulates them (RDMSR only of IA32_TSC).
+    Rdtsc,
+    Rdtscp,
+    Rdmsr,
 }
 
 /// A decoded guest instruction.
@@ -97,6 +102,9 @@ pub fn of(i: &Instruction) -> Insn {
         Hlt => Special::Hlt,
         Rdpmc => Special::Rdpmc,
         Iret | Iretd | Iretq => Special::Iret,
+        Rdtsc => Special::Rdtsc,
+        Rdtscp => Special::Rdtscp,
+        Rdmsr => Special::Rdmsr,
         _ => Special::None,
     };
     let changes_mode = matches!(
@@ -172,6 +180,9 @@ mod tests {
     fn classes_and_specials() {
         assert_eq!(d(&[0xF4]).special, Special::Hlt);
         assert_eq!(d(&[0x0F, 0x33]).special, Special::Rdpmc);
+        assert_eq!(d(&[0x0F, 0x31]).special, Special::Rdtsc);
+        assert_eq!(d(&[0x0F, 0x01, 0xF9]).special, Special::Rdtscp);
+        assert_eq!(d(&[0x0F, 0x32]).special, Special::Rdmsr);
         assert_eq!(d(&[0x0F, 0x30]).class_cycles, EXITING_CYCLES); // wrmsr
         assert_eq!(d(&[0x48, 0xF7, 0xF1]).class_cycles, DIV_CYCLES); // div rcx
         assert_eq!(d(&[0x48, 0x8B, 0x03]).mem_operands, 1); // mov rax, [rbx]

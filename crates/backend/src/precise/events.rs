@@ -18,9 +18,12 @@ pub enum Model {
     BranchMisses,
     /// 0x3C/0x00 CPU_CLK_UNHALTED.THREAD_P, fixed counter 1: the cost model.
     CoreCycles,
-    /// 0x3C/0x01 CPU_CLK_UNHALTED.REF_P, fixed counter 2: the model core runs at its nominal
-    /// frequency, so reference cycles equal core cycles.
-    RefCycles,
+    /// Fixed counter 2, CPU_CLK_UNHALTED.REF_TSC: counts at the TSC's rate (SDM 18.2.2, Table
+    /// 18-2). The model core runs at the TSC's frequency, so this equals core cycles.
+    RefTsc,
+    /// 0x3C/0x01 on a GP counter, UnHalted Reference Cycles: ticks of the reference clock, which
+    /// runs [`RefClock`] times slower than the TSC (the profile's `[clock]`, CPUID 0x15).
+    RefXclk,
     /// 0xA4/0x01 TOPDOWN.SLOTS, fixed counter 3.
     Slots,
     /// Anything else counts zero.
@@ -28,29 +31,74 @@ pub enum Model {
 }
 
 impl Model {
-    /// The model of the event a PERFEVTSELx (or a fixed counter) selects.
-    pub fn of(event_select: u8, umask: u8) -> Model {
+    /// The model of the event counter `id` counts, as its PERFEVTSELx (or the fixed counter's
+    /// architectural event) selects it.
+    pub fn of(id: CounterId, event_select: u8, umask: u8) -> Model {
         match ArchEvent::of(event_select, umask).map(|e| e.event) {
             Some(Event::Instructions) => Model::Instructions,
             Some(Event::Branches) => Model::Branches,
             Some(Event::BranchMisses) => Model::BranchMisses,
             Some(Event::CoreCycles) => Model::CoreCycles,
-            Some(Event::RefCycles) => Model::RefCycles,
+            Some(Event::RefCycles) if matches!(id, CounterId::Fixed(_)) => Model::RefTsc,
+            Some(Event::RefCycles) => Model::RefXclk,
             Some(Event::TopdownSlots) => Model::Slots,
             Some(Event::LlcReference | Event::LlcMisses) | None => Model::Unsupported,
         }
     }
 
-    /// The event count for one retired instruction.
+    /// The event count for one retired instruction that follows from the instruction alone;
+    /// [`Model::clocked`] adds what depends on the reference clock's phase.
     pub fn increment(self, i: &Insn, rip: u64, taken: bool) -> u64 {
         match self {
             Model::Instructions => 1,
             Model::Branches => u64::from(i.branch),
             Model::BranchMisses => u64::from(mispredicted(i, rip, taken)),
-            Model::CoreCycles | Model::RefCycles => cycles(i, taken),
+            Model::CoreCycles | Model::RefTsc => cycles(i, taken),
             Model::Slots => SLOTS_PER_CYCLE * cycles(i, taken),
-            Model::Unsupported => 0,
+            Model::RefXclk | Model::Unsupported => 0,
         }
+    }
+
+    /// The part of the count that depends on when the instruction retired: `ref_ticks` reference
+    /// clock ticks passed while it ran.
+    pub fn clocked(self, ref_ticks: u64) -> u64 {
+        match self {
+            Model::RefXclk => ref_ticks,
+            _ => 0,
+        }
+    }
+
+    /// The most [`Model::clocked`] can add over `cycles` core cycles.
+    pub fn clocked_bound(self, cycles: u64, clock: RefClock) -> u64 {
+        match self {
+            Model::RefXclk => clock.ticks(cycles) + 1,
+            _ => 0,
+        }
+    }
+}
+
+/// The reference clock of UnHalted Reference Cycles: one tick per `num / den` TSC ticks (CPUID
+/// 0x15: EBX / EAX). The model core runs at the TSC's frequency, so a core cycle is a TSC tick, and
+/// the reference clock's phase is the model clock: the core cycles of every instruction emon has
+/// counted since the VM started (deterministic, unlike the host's TSC).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RefClock {
+    pub num: u64,
+    pub den: u64,
+}
+
+impl RefClock {
+    /// A reference clock as fast as the TSC.
+    pub const TSC: RefClock = RefClock { num: 1, den: 1 };
+
+    /// Reference ticks by the time the model clock reads `cycles`.
+    pub fn ticks(self, cycles: u64) -> u64 {
+        (u128::from(cycles) * u128::from(self.den) / u128::from(self.num.max(1))) as u64
+    }
+
+    /// Reference ticks while the model clock goes from `from` to `from + cycles`.
+    pub fn between(self, from: u64, cycles: u64) -> u64 {
+        self.ticks(from + cycles) - self.ticks(from)
     }
 }
 
@@ -85,7 +133,7 @@ impl Armed {
     pub fn new(c: &CounterState) -> Armed {
         Armed {
             id: c.id,
-            model: Model::of(c.event_select, c.umask),
+            model: Model::of(c.id, c.event_select, c.umask),
             usr: c.usr,
             os: c.os,
             cmask: c.cmask,
@@ -122,9 +170,34 @@ mod tests {
 
     #[test]
     fn maps_the_architectural_events() {
-        assert_eq!(Model::of(0xC0, 0), Model::Instructions);
-        assert_eq!(Model::of(0x3C, 1), Model::RefCycles);
-        assert_eq!(Model::of(0x2E, 0x4F), Model::Unsupported);
+        let gp = CounterId::Gp(0);
+        assert_eq!(Model::of(gp, 0xC0, 0), Model::Instructions);
+        assert_eq!(Model::of(gp, 0x3C, 1), Model::RefXclk);
+        assert_eq!(Model::of(CounterId::Fixed(2), 0x3C, 1), Model::RefTsc);
+        assert_eq!(Model::of(gp, 0x2E, 0x4F), Model::Unsupported);
+    }
+
+    #[test]
+    fn the_reference_clock_ticks_every_num_over_den_cycles() {
+        let c = RefClock { num: 334, den: 2 }; // 167 TSC ticks per tick
+        assert_eq!(c.ticks(166), 0);
+        assert_eq!(c.ticks(167), 1);
+        assert_eq!(c.between(160, 10), 1);
+        assert_eq!(c.between(0, 167 * 1000), 1000);
+        // The sum over any split is the whole.
+        let parts = [3u64, 500, 7, 160, 1, 10_000];
+        let mut at = 11;
+        let sum: u64 = parts
+            .iter()
+            .map(|&p| {
+                let t = c.between(at, p);
+                at += p;
+                t
+            })
+            .sum();
+        assert_eq!(sum, c.between(11, parts.iter().sum()));
+        assert_eq!(RefClock::TSC.between(5, 9), 9);
+        assert_eq!(Model::RefXclk.clocked_bound(167 * 3, c), 4);
     }
 
     #[test]

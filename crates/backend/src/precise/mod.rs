@@ -18,7 +18,7 @@ use emon_pmu::pmu::{CounterId, Reprogram};
 use emon_pmu::profile::{MAX_FIXED, MAX_GP};
 use emon_x86::insn::{self, Flow, Insn, Special};
 use emon_x86::mode::CpuMode;
-use events::Armed;
+use events::{cycles, Armed, RefClock};
 use std::collections::HashMap;
 use std::sync::Arc;
 
@@ -42,6 +42,14 @@ struct Pending {
 const GP_VECTOR: u8 = 13;
 /// #DB, the debug exception: where a single-step trap goes when the VMM does not get it.
 const DB_VECTOR: u8 = 1;
+/// CR4.TSD: RDTSC and RDTSCP fault above CPL0 (SDM Vol. 3A 2.5).
+const CR4_TSD: u64 = 1 << 2;
+/// IA32_TSC and IA32_TSC_AUX (SDM Vol. 4, Table 2-2).
+const IA32_TSC: u64 = 0x10;
+const IA32_TSC_AUX: u32 = 0xC000_0103;
+/// How long emon waits, at the end of a counted stretch, for real time to catch up with a guest
+/// TSC the model ran ahead (README, "Guest time").
+const TSC_CATCH_UP_LIMIT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// Decoded instructions kept at most (about 3 MiB).
 const MAX_CACHED_INSNS: usize = 65_536;
@@ -104,6 +112,26 @@ pub struct Stats {
     /// TCG engine runs, and the instructions they retired.
     pub engine_runs: u64,
     pub engine_retired: u64,
+    /// RDTSC, RDTSCP and RDMSR(IA32_TSC) answered from the modelled guest time.
+    pub tsc_reads: u64,
+}
+
+/// The guest's time-stamp counter while emon counts (README, "Guest time"): it runs with the
+/// model clock, one tick per modelled core cycle, plus real time while the vCPU is halted.
+#[derive(Debug, Default, Clone)]
+struct GuestTime {
+    /// The counted stretch under way: the guest's TSC and the model clock when it began, and
+    /// the real ticks the vCPU has spent halted since.
+    stretch: Option<(u64, u64, u64)>,
+    /// The guest's (real) TSC when the vCPU halted, until it wakes.
+    halted_at: Option<u64>,
+    /// Whether this host can set the guest's TSC (learnt at the first stretch's end).
+    settable: Option<bool>,
+    /// On a host that cannot: the stretches after which the guest's TSC jumped forward to real
+    /// time, the ticks it jumped in all, and the ticks real time never caught up (backwards).
+    jumps: u64,
+    forward: u64,
+    backward: u64,
 }
 
 /// Edge-detect slots: GP counters, then fixed counters.
@@ -126,6 +154,11 @@ pub struct Precise {
     cache: HashMap<u64, Option<Insn>>,
     cache_cr3: u64,
     engine: Engine,
+    /// The reference clock of UnHalted Reference Cycles, and the model clock: the core cycles
+    /// of every instruction counted since the VM started.
+    ref_clock: RefClock,
+    cycles: u64,
+    time: GuestTime,
     /// Why the TCG engine was given up for stepping, if it was.
     engine_failed: Option<String>,
     #[cfg(feature = "tcg")]
@@ -157,6 +190,9 @@ impl Precise {
             cache: HashMap::new(),
             cache_cr3: 0,
             engine: if cfg!(feature = "tcg") { engine } else { Engine::Step },
+            ref_clock: RefClock::TSC,
+            cycles: 0,
+            time: GuestTime::default(),
             engine_failed: (engine == Engine::Tcg && !cfg!(feature = "tcg"))
                 .then(|| "this emon was built without the tcg feature".to_string()),
             #[cfg(feature = "tcg")]
@@ -168,6 +204,63 @@ impl Precise {
     /// The engine that runs counted code.
     pub fn engine(&self) -> Engine {
         self.engine
+    }
+
+    /// Counts UnHalted Reference Cycles on GP counters by `clock` (the profile's `[clock]`).
+    pub fn with_ref_clock(mut self, clock: RefClock) -> Precise {
+        self.ref_clock = clock;
+        self
+    }
+
+    /// The guest's TSC as the model has it: where the counted stretch began, plus the model
+    /// clock since, plus real time halted.
+    fn virtual_tsc(&self) -> Option<u64> {
+        self.time.stretch.map(|(tsc, cycles, halted)| tsc.wrapping_add(self.cycles - cycles).wrapping_add(halted))
+    }
+
+    /// A counted stretch begins: the guest's TSC follows the model from here.
+    fn begin_stretch(&mut self, cx: &mut Cx) -> Result<(), BackendError> {
+        self.time.stretch = Some((cx.vcpu.guest_tsc()?, self.cycles, 0));
+        Ok(())
+    }
+
+    /// The vCPU wakes from an emulated HLT: the time it slept passes on the guest's TSC.
+    fn wake(&mut self, cx: &mut Cx) -> Result<(), BackendError> {
+        if let Some(at) = self.time.halted_at.take() {
+            let slept = cx.vcpu.guest_tsc()?.saturating_sub(at);
+            if let Some((_, _, halted)) = &mut self.time.stretch {
+                *halted += slept;
+            }
+        }
+        Ok(())
+    }
+
+    /// The counted stretch ends: the guest's TSC goes on from the model's value with real time.
+    /// A host that cannot set it (kvm_pvm) leaves it at real time: emon waits for real time to
+    /// reach the model's value if the model ran ahead (so it never goes backwards), and records
+    /// the forward jump otherwise.
+    fn end_stretch(&mut self, cx: &mut Cx) -> Result<(), BackendError> {
+        self.wake(cx)?;
+        let Some(target) = self.virtual_tsc() else { return Ok(()) };
+        self.time.stretch = None;
+        if self.time.settable != Some(false) {
+            let set = cx.vcpu.set_guest_tsc(target)?;
+            self.time.settable = Some(set);
+            if set {
+                return Ok(());
+            }
+        }
+        let mut now = cx.vcpu.guest_tsc()?;
+        if now < target {
+            now = cx.vcpu.wait_for_guest_tsc(target, TSC_CATCH_UP_LIMIT)?;
+        }
+        if now < target {
+            self.time.backward += target - now;
+        } else {
+            self.time.forward += now - target;
+        }
+        self.time.jumps += 1;
+        Ok(())
     }
 
     /// Runs counted code in the TCG engine from the boundary at `rip`, when it may (see
@@ -204,7 +297,9 @@ impl Precise {
         let regs = cx.vcpu.regs()?;
         let mut sregs = cx.vcpu.sregs()?;
         let armed: Vec<(Armed, u64)> = self.armed.iter().map(|a| (*a, cx.pmu.distance_to_overflow(a.id))).collect();
-        let run = match engine.run(&regs, &sregs, *mode, &armed, tcg::BUDGET, resume) {
+        let clock = tcg::Clock { cycles: self.cycles, reference: self.ref_clock };
+        let counting = tcg::Counting { armed: &armed, clock, budget: tcg::BUDGET };
+        let run = match engine.run(&regs, &sregs, *mode, counting, resume) {
             Ok(run) => run,
             Err(e) => return Ok(self.give_up_engine(e.to_string())),
         };
@@ -233,6 +328,7 @@ impl Precise {
         }
         self.stats.retired += run.retired;
         self.stats.engine_retired += run.retired;
+        self.cycles += run.cycles;
         cx.vcpu.set_regs(&run.regs)?;
         if let Some((sel, fs_base, gs_base)) = run.segments {
             // An IRETQ ran in the engine: the segments it loaded go to the vCPU, and NMI
@@ -277,7 +373,8 @@ impl Precise {
             self.tcg.at_cpl3 = false;
             return Ok(Some(Next::Retired));
         }
-        if i.mnemonic() != Rdpmc {
+        // Emulated without KVM (see `arm`): the engine goes on after them.
+        if !matches!(i.mnemonic(), Rdpmc | Rdtsc | Rdtscp) {
             self.tcg.at_cpl3 = false;
         }
         Ok(None)
@@ -299,6 +396,11 @@ impl Precise {
     }
 
     fn set_stepping(&mut self, cx: &mut Cx, on: bool) -> Result<(), BackendError> {
+        if on {
+            self.begin_stretch(cx)?;
+        } else {
+            self.end_stretch(cx)?;
+        }
         cx.vcpu.set_single_step(on)?;
         self.stepping = on;
         self.stats.arm_changes += 1;
@@ -373,15 +475,18 @@ impl Precise {
         i
     }
 
-    /// Attributes one retired instruction to the counters in `armed`.
+    /// Attributes one retired instruction to the counters in `armed`, and runs the model clock.
     fn retire(&mut self, cx: &mut Cx, armed: &[Armed], i: &Insn, rip: u64, cpl: u8, taken: bool) {
         self.stats.retired += 1;
+        let c = cycles(i, taken);
+        let ticks = self.ref_clock.between(self.cycles, c);
+        self.cycles += c;
         for a in armed {
             let slot = match a.id {
                 CounterId::Gp(n) => n as usize,
                 CounterId::Fixed(n) => GP_SLOTS + n as usize,
             };
-            let n = a.model.increment(i, rip, taken);
+            let n = a.model.increment(i, rip, taken) + a.model.clocked(ticks);
             let inc = a.advance(n, cpl, &mut self.edges[slot.min(self.edges.len() - 1)]);
             if inc > 0 {
                 cx.pmu.add_events(a.id, inc);
@@ -449,9 +554,43 @@ impl Precise {
         regs.rip = p.rip + i.len as u64;
         cx.vcpu.set_regs(&regs)?;
         cx.vcpu.halt()?;
+        self.time.halted_at = Some(cx.vcpu.guest_tsc()?);
         self.rip = Some(regs.rip);
         self.halted = true;
         self.stats.hlt += 1;
+        Ok(Next::Retired)
+    }
+
+    /// RDTSC, RDTSCP, and RDMSR of IA32_TSC (`rdmsr`): the guest's TSC as the model has it
+    /// (README, "Guest time"). RDTSC and RDTSCP fault above CPL0 with CR4.TSD set.
+    fn emulate_tsc_read(
+        &mut self,
+        cx: &mut Cx,
+        mut p: Pending,
+        i: &Insn,
+        mode: &CpuMode,
+    ) -> Result<Next, BackendError> {
+        if p.cpl > 0 && i.special != Special::Rdmsr && mode.cr4 & CR4_TSD != 0 {
+            cx.vcpu.inject_exception(GP_VECTOR, Some(0))?;
+            p.expect_event = true;
+            self.pending = Some(p);
+            return Ok(Next::Run);
+        }
+        self.stats.tsc_reads += 1;
+        let mut regs = cx.vcpu.regs()?;
+        let tsc = match self.virtual_tsc() {
+            Some(t) => t,
+            None => cx.vcpu.guest_tsc()?,
+        };
+        regs.rax = tsc & 0xFFFF_FFFF;
+        regs.rdx = tsc >> 32;
+        if i.special == Special::Rdtscp {
+            regs.rcx = cx.vcpu.get_msr(IA32_TSC_AUX)? & 0xFFFF_FFFF;
+        }
+        regs.rip = p.rip + i.len as u64;
+        cx.vcpu.set_regs(&regs)?;
+        self.retire(cx, &p.armed, i, p.rip, p.cpl, false);
+        self.rip = Some(regs.rip);
         Ok(Next::Retired)
     }
 
@@ -554,6 +693,15 @@ impl Precise {
             match self.decode(cx, &mode, rip) {
                 Some(i) if i.special == Special::Hlt => return self.emulate_hlt(cx, p, &i),
                 Some(i) if i.special == Special::Rdpmc => return self.emulate_rdpmc(cx, p, &i, &mode),
+                Some(i) if matches!(i.special, Special::Rdtsc | Special::Rdtscp) => {
+                    return self.emulate_tsc_read(cx, p, &i, &mode)
+                }
+                // RDMSR at CPL0 (at CPL3 it is a #GP, which KVM raises).
+                Some(i)
+                    if i.special == Special::Rdmsr && p.cpl == 0 && cx.vcpu.regs()?.rcx & 0xFFFF_FFFF == IA32_TSC =>
+                {
+                    return self.emulate_tsc_read(cx, p, &i, &mode)
+                }
                 Some(i) if i.special == Special::Iret => {
                     let target = self.iret_target(cx, &mode)?;
                     p.iret_target = target.map(|(rip, _)| rip);
@@ -620,6 +768,7 @@ impl Precise {
                 // An interrupt or exception was delivered first: its handler's first
                 // instruction retired, at the handler's privilege level.
                 self.stats.events += 1;
+                self.wake(cx)?;
                 self.mode = None;
                 let mode = self.mode(cx)?;
                 let handler = self.event_handler(cx, &mode, pc);
@@ -683,8 +832,8 @@ impl Backend for Precise {
             (Engine::Step, None) => "single-stepped (--precise-engine step)".into(),
         };
         format!(
-            "precise backend: {} instructions counted ({engine}; {} without their own single-step trap), {} interrupts/exceptions seen while stepping, {} HLT and {} RDPMC emulated, stepping switched {} times, {} counters reprogrammed",
-            s.retired, s.lost_traps, s.events, s.hlt, s.rdpmc, s.arm_changes, s.reprogrammed
+            "precise backend: {} instructions counted ({engine}; {} without their own single-step trap), {} interrupts/exceptions seen while stepping, {} HLT, {} RDPMC and {} TSC reads emulated, stepping switched {} times, {} counters reprogrammed",
+            s.retired, s.lost_traps, s.events, s.hlt, s.rdpmc, s.tsc_reads, s.arm_changes, s.reprogrammed
         )
     }
 
@@ -692,6 +841,20 @@ impl Backend for Precise {
         let mut notes = Vec::new();
         if let Some(why) = &self.engine_failed {
             notes.push(format!("counted by single-stepping only ({why})"));
+        }
+        let t = &self.time;
+        if t.jumps > 0 {
+            notes.push(format!(
+                "guest time: this host cannot set the guest's TSC, so after each of {} counted stretches it went on from real time, {} ticks ahead of the model's TSC in all (README, \"Guest time\")",
+                t.jumps, t.forward
+            ));
+        }
+        if t.backward > 0 {
+            notes.push(format!(
+                "NOT EXACT: guest time went backwards by {} ticks when counting stopped: real time did not catch up with the model's TSC within {} s (README, \"Guest time\")",
+                t.backward,
+                TSC_CATCH_UP_LIMIT.as_secs()
+            ));
         }
         if self.stats.cpl3_lost > 0 {
             notes.push(format!(

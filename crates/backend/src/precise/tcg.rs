@@ -16,7 +16,7 @@
 //! registers go back to the vCPU, and single-stepping resumes exactly where the engine stopped.
 //! Every count is exact: a block counts only once it has retired, and a block cut short counts
 //! the instructions before the fault.
-use super::events::Armed;
+use super::events::{cycles, Armed, RefClock};
 use emon_x86::insn::{self, Insn};
 use emon_x86::mode::CpuMode;
 use iced_x86::{Code, Decoder, DecoderOptions, FlowControl, Instruction, InstructionInfoFactory, Mnemonic, OpAccess};
@@ -50,10 +50,29 @@ pub enum Stop {
     Overflowed,
 }
 
+/// The model clock at the start of a run (see [`RefClock`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Clock {
+    /// Core cycles counted since the VM started.
+    pub cycles: u64,
+    pub reference: RefClock,
+}
+
+/// What a run counts: the armed counters (each with how far it is from overflowing), the model
+/// clock, and the most instructions it may retire.
+#[derive(Debug, Clone, Copy)]
+pub struct Counting<'a> {
+    pub armed: &'a [(Armed, u64)],
+    pub clock: Clock,
+    pub budget: u64,
+}
+
 /// What one engine run retired.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Run {
     pub retired: u64,
+    /// The core cycles of what it retired (the cost model), for the model clock.
+    pub cycles: u64,
     /// Per armed counter, in the order given: its events (after the counter's filters).
     pub counts: Vec<u64>,
     pub regs: kvm_regs,
@@ -81,6 +100,10 @@ struct Block {
     /// Per armed counter: the last instruction's events when it branches and when it does not.
     last_taken: Vec<u64>,
     last_not: Vec<u64>,
+    /// Core cycles: every instruction but the last, and the last when it branches or not.
+    cycles_body: u64,
+    cycles_taken: u64,
+    cycles_not: u64,
 }
 
 impl Block {
@@ -101,6 +124,9 @@ impl Block {
         let last = self.insns.last();
         self.last_taken = armed.iter().zip(counting).map(|(a, on)| last.map_or(0, |x| per(a, *on, x, true))).collect();
         self.last_not = armed.iter().zip(counting).map(|(a, on)| last.map_or(0, |x| per(a, *on, x, false))).collect();
+        self.cycles_body = self.insns[..n.saturating_sub(1)].iter().map(|(_, i)| cycles(i, false)).sum();
+        self.cycles_taken = last.map_or(0, |(_, i)| cycles(i, true));
+        self.cycles_not = last.map_or(0, |(_, i)| cycles(i, false));
     }
 }
 
@@ -114,6 +140,9 @@ struct Acc {
     room: Vec<u64>,
     counts: Vec<u64>,
     retired: u64,
+    /// The model clock now, and the cycles retired in this run.
+    clock: Clock,
+    cycles: u64,
     budget: u64,
     /// The block entered last, not yet known to have retired.
     current: Option<u64>,
@@ -147,9 +176,20 @@ impl Acc {
         let Some((rip, last)) = b.insns.last() else { return };
         let taken = super::taken(last, *rip, next);
         self.retired += b.insns.len() as u64;
+        let c = b.cycles_body + if taken { b.cycles_taken } else { b.cycles_not };
+        let ticks = self.clock.reference.between(self.clock.cycles, c);
         for (k, count) in self.counts.iter_mut().enumerate() {
             *count += b.body[k] + if taken { b.last_taken[k] } else { b.last_not[k] };
+            if self.counting[k] {
+                *count += self.armed[k].model.clocked(ticks);
+            }
         }
+        self.advance_clock(c);
+    }
+
+    fn advance_clock(&mut self, c: u64) {
+        self.clock.cycles += c;
+        self.cycles += c;
     }
 
     /// Counts the first `n` instructions of the block at `addr` (none of them a taken branch:
@@ -157,17 +197,25 @@ impl Acc {
     fn retire_first(&mut self, addr: u64, n: usize) {
         let insns = &self.blocks[&addr].insns[..n];
         self.retired += n as u64;
+        let c = insns.iter().map(|(_, i)| cycles(i, false)).sum();
+        let ticks = self.clock.reference.between(self.clock.cycles, c);
         for (k, (a, on)) in self.armed.iter().zip(&self.counting).enumerate() {
             if *on {
                 self.counts[k] += insns.iter().map(|(rip, i)| a.model.increment(i, *rip, false)).sum::<u64>();
+                self.counts[k] += a.model.clocked(ticks);
             }
         }
+        self.advance_clock(c);
     }
 
     /// Whether the block at `addr` could bring a counter to its overflow.
     fn could_overflow(&self, addr: u64) -> bool {
         let b = &self.blocks[&addr];
-        (0..self.counts.len()).any(|k| self.counts[k] + b.body[k] + b.last_taken[k].max(b.last_not[k]) >= self.room[k])
+        let c = b.cycles_body + b.cycles_taken.max(b.cycles_not);
+        (0..self.counts.len()).any(|k| {
+            let clocked = if self.counting[k] { self.armed[k].model.clocked_bound(c, self.clock.reference) } else { 0 };
+            self.counts[k] + b.body[k] + b.last_taken[k].max(b.last_not[k]) + clocked >= self.room[k]
+        })
     }
 }
 
@@ -204,7 +252,18 @@ fn decode_block(mode: &CpuMode, mem: &GuestMemoryMmap, addr: u64, size: usize) -
         }
     }
     let self_loop = self_loop && insns.len() == 1;
-    Block { insns, runnable, ends_in_iret, self_loop, body: Vec::new(), last_taken: Vec::new(), last_not: Vec::new() }
+    Block {
+        insns,
+        runnable,
+        ends_in_iret,
+        self_loop,
+        body: Vec::new(),
+        last_taken: Vec::new(),
+        last_not: Vec::new(),
+        cycles_body: 0,
+        cycles_taken: 0,
+        cycles_not: 0,
+    }
 }
 
 /// Whether the engine may run `i`: plain integer instructions whose effects are registers, flags
@@ -434,10 +493,10 @@ impl Tcg {
         regs: &kvm_regs,
         sregs: &kvm_sregs,
         mode: CpuMode,
-        armed: &[(Armed, u64)],
-        budget: u64,
+        counting: Counting,
         resume: bool,
     ) -> Result<Run, TcgError> {
+        let Counting { armed, clock, budget } = counting;
         if resume {
             self.load_gprs(regs)?;
         } else {
@@ -455,6 +514,8 @@ impl Tcg {
             room: armed.iter().map(|(_, d)| *d).collect(),
             counts: vec![0; armed.len()],
             retired: 0,
+            clock,
+            cycles: 0,
             budget,
             current: None,
             blocks: HashMap::new(),
@@ -520,6 +581,7 @@ impl Tcg {
         self.at_cpl3 = cs & 3 == 3;
         Ok(Run {
             retired: acc.retired,
+            cycles: acc.cycles,
             counts: acc.counts,
             regs: out,
             stop,
@@ -563,13 +625,17 @@ impl Tcg {
             let taken = super::taken(&facts, pc, next);
             let a = acc(&mut self.uc);
             a.retired += 1;
+            let c = cycles(&facts, taken);
+            let ticks = a.clock.reference.between(a.clock.cycles, c);
             let mut hit = false;
             for k in 0..a.counts.len() {
                 if a.counting[k] {
-                    a.counts[k] += a.armed[k].model.increment(&facts, pc, taken);
+                    let m = a.armed[k].model;
+                    a.counts[k] += m.increment(&facts, pc, taken) + m.clocked(ticks);
                     hit |= a.counts[k] >= a.room[k];
                 }
             }
+            a.advance_clock(c);
             pc = next;
             if hit {
                 return Ok((Stop::Overflowed, pc));
@@ -687,23 +753,39 @@ fn loop_ahead(uc: &mut Unicorn<'_, Option<Acc>>, addr: u64) {
     let Ok(c) = uc.reg_read(RegisterX86::RCX) else { return };
     let Some(acc) = uc.get_data_mut() else { return };
     let b = &acc.blocks[&addr];
+    let reference = acc.clock.reference;
+    // Each skipped iteration is one taken LOOP of `cyc` core cycles.
+    let cyc = b.cycles_taken;
     // The block itself still runs once after the skipped iterations: keep room for it.
     let mut k = c.saturating_sub(1).min(acc.budget.saturating_sub(acc.retired + 1));
     for j in 0..acc.counts.len() {
         let per = b.last_taken[j];
-        let left = acc.room[j].saturating_sub(acc.counts[j] + b.last_taken[j].max(b.last_not[j]) + 1);
+        let once = b.last_taken[j].max(b.last_not[j])
+            + if acc.counting[j] { acc.armed[j].model.clocked_bound(cyc, reference) } else { 0 };
+        let left = acc.room[j].saturating_sub(acc.counts[j] + once + 1);
         if let Some(most) = left.checked_div(per) {
             k = k.min(most);
+        }
+        if acc.counting[j] && acc.armed[j].model.clocked_bound(1, reference) > 0 {
+            // Reference ticks over k iterations are at most ticks(k * cyc) + 1.
+            let most_cycles = (u128::from(left.saturating_sub(1)) * u128::from(reference.num)
+                / u128::from(reference.den.max(1))) as u64;
+            k = k.min(most_cycles.checked_div(cyc).unwrap_or(u64::MAX));
         }
     }
     if k == 0 {
         return;
     }
     let per: Vec<u64> = b.last_taken.clone();
+    let ticks = reference.between(acc.clock.cycles, k * cyc);
     acc.retired += k;
-    for (count, p) in acc.counts.iter_mut().zip(per) {
+    for (j, (count, p)) in acc.counts.iter_mut().zip(per).enumerate() {
         *count += k * p;
+        if acc.counting[j] {
+            *count += acc.armed[j].model.clocked(ticks);
+        }
     }
+    acc.advance_clock(k * cyc);
     let _ = uc.reg_write(RegisterX86::RCX, c - k);
 }
 
@@ -759,6 +841,8 @@ mod tests {
         Armed { id: CounterId::Gp(0), model, usr: true, os: true, cmask: 0, inv: false, edge: false }
     }
 
+    const CLOCK: Clock = Clock { cycles: 0, reference: RefClock::TSC };
+
     /// mov ecx, 1000; loop .; out dx, al
     const LOOP: &[u8] = &[0xB9, 0xE8, 0x03, 0x00, 0x00, 0xE2, 0xFE, 0xEE];
 
@@ -767,10 +851,44 @@ mod tests {
         let (mem, regs, sregs, mode) = machine(LOOP);
         let mut tcg = Tcg::new(&mem).unwrap();
         let counters = [(armed(Model::Instructions), u64::MAX), (armed(Model::Branches), u64::MAX)];
-        let r = tcg.run(&regs, &sregs, mode, &counters, BUDGET, false).unwrap();
+        let r =
+            tcg.run(&regs, &sregs, mode, Counting { armed: &counters, clock: CLOCK, budget: BUDGET }, false).unwrap();
         assert_eq!(r.stop, Stop::Handover);
         assert_eq!((r.regs.rip, r.regs.rcx), (CODE + 7, 0), "stopped before the OUT, after the loop");
         assert_eq!((r.retired, r.counts.clone()), (1001, vec![1001, 1000]), "{r:?}");
+    }
+
+    #[test]
+    fn reference_cycles_follow_the_model_clock_through_loop_dot() {
+        // mov ecx, 1000 (1 cycle); 999 taken LOOPs (2 cycles each) and the last (1): 2000 cycles.
+        let (mem, regs, sregs, mode) = machine(LOOP);
+        let mut tcg = Tcg::new(&mem).unwrap();
+        let reference = RefClock { num: 167, den: 1 };
+        let xclk = Armed { id: CounterId::Gp(1), ..armed(Model::RefXclk) };
+        let counters = [(armed(Model::CoreCycles), u64::MAX), (xclk, u64::MAX)];
+        let r = tcg
+            .run(
+                &regs,
+                &sregs,
+                mode,
+                Counting { armed: &counters, clock: Clock { cycles: 100, reference }, budget: BUDGET },
+                false,
+            )
+            .unwrap();
+        assert_eq!((r.cycles, r.counts.clone()), (2000, vec![2000, 12]), "{r:?}");
+        // Near its overflow the counter stops the fast path short, and the count stays exact.
+        let r = tcg
+            .run(
+                &regs,
+                &sregs,
+                mode,
+                Counting { armed: &[(xclk, 5)], clock: Clock { cycles: 0, reference }, budget: BUDGET },
+                false,
+            )
+            .unwrap();
+        assert_eq!(r.stop, Stop::Overflow, "{r:?}");
+        assert_eq!(r.counts[0], reference.ticks(r.cycles));
+        assert!(r.counts[0] < 5);
     }
 
     #[test]
@@ -779,7 +897,15 @@ mod tests {
         for budget in [2, 3, 50, 777] {
             let (mem, regs, sregs, mode) = machine(LOOP);
             let mut tcg = Tcg::new(&mem).unwrap();
-            let r = tcg.run(&regs, &sregs, mode, &[(armed(Model::Instructions), u64::MAX)], budget, false).unwrap();
+            let r = tcg
+                .run(
+                    &regs,
+                    &sregs,
+                    mode,
+                    Counting { armed: &[(armed(Model::Instructions), u64::MAX)], clock: CLOCK, budget },
+                    false,
+                )
+                .unwrap();
             assert_eq!(r.stop, Stop::Budget, "{budget}");
             assert!(r.retired <= budget && r.retired + 1 >= budget, "{budget}: {r:?}");
             // Every retired LOOP decremented RCX once.
@@ -792,7 +918,15 @@ mod tests {
     fn stops_short_of_a_counters_overflow() {
         let (mem, regs, sregs, mode) = machine(LOOP);
         let mut tcg = Tcg::new(&mem).unwrap();
-        let r = tcg.run(&regs, &sregs, mode, &[(armed(Model::Instructions), 300)], BUDGET, false).unwrap();
+        let r = tcg
+            .run(
+                &regs,
+                &sregs,
+                mode,
+                Counting { armed: &[(armed(Model::Instructions), 300)], clock: CLOCK, budget: BUDGET },
+                false,
+            )
+            .unwrap();
         assert_eq!(r.stop, Stop::Overflow);
         assert!(r.counts[0] < 300 && r.counts[0] >= 290, "{r:?}");
         assert_eq!(1000 - r.regs.rcx, r.retired - 1);
@@ -804,7 +938,15 @@ mod tests {
         let code = [0xB9, 0x05, 0x00, 0x00, 0x00, 0x8B, 0x04, 0x25, 0x30, 0x00, 0xE0, 0xFE, 0x90];
         let (mem, regs, sregs, mode) = machine(&code);
         let mut tcg = Tcg::new(&mem).unwrap();
-        let r = tcg.run(&regs, &sregs, mode, &[(armed(Model::Instructions), u64::MAX)], BUDGET, false).unwrap();
+        let r = tcg
+            .run(
+                &regs,
+                &sregs,
+                mode,
+                Counting { armed: &[(armed(Model::Instructions), u64::MAX)], clock: CLOCK, budget: BUDGET },
+                false,
+            )
+            .unwrap();
         assert_eq!((r.stop, r.regs.rip, r.regs.rcx, r.retired), (Stop::Fault, CODE + 5, 5, 1), "{r:?}");
     }
 
@@ -821,7 +963,15 @@ mod tests {
             mem.write_obj(*v, GuestAddress(0x7000 + 8 * i as u64)).unwrap();
         }
         let mut tcg = Tcg::new(&mem).unwrap();
-        let r = tcg.run(&regs, &sregs, mode, &[(armed(Model::Instructions), u64::MAX)], BUDGET, false).unwrap();
+        let r = tcg
+            .run(
+                &regs,
+                &sregs,
+                mode,
+                Counting { armed: &[(armed(Model::Instructions), u64::MAX)], clock: CLOCK, budget: BUDGET },
+                false,
+            )
+            .unwrap();
         // The block after the IRETQ (nop; out) holds an OUT: the engine stops before it.
         assert_eq!((r.stop, r.regs.rip, r.retired, r.iret, r.cpl), (Stop::Handover, CODE + 0x20, 1, true, 0), "{r:?}");
         assert_eq!(r.regs.rsp, 0x8000);
@@ -833,7 +983,15 @@ mod tests {
         let code = [0x90, 0x48, 0xA1, 0, 0, 0, 0, 0x40, 0, 0, 0, 0x90];
         let (mem, regs, sregs, mode) = machine(&code);
         let mut tcg = Tcg::new(&mem).unwrap();
-        let r = tcg.run(&regs, &sregs, mode, &[(armed(Model::Instructions), u64::MAX)], BUDGET, false).unwrap();
+        let r = tcg
+            .run(
+                &regs,
+                &sregs,
+                mode,
+                Counting { armed: &[(armed(Model::Instructions), u64::MAX)], clock: CLOCK, budget: BUDGET },
+                false,
+            )
+            .unwrap();
         assert_eq!((r.stop, r.regs.rip, r.retired, r.counts[0]), (Stop::Fault, CODE + 1, 1, 1), "{r:?}");
     }
 

@@ -313,3 +313,88 @@ fn the_tcg_engine_does_not_take_user_mode_it_did_not_enter() {
     assert_eq!(r.precise.stats.engine_runs, 0);
     assert_eq!(r.precise.engine(), Engine::Tcg, "the engine is not given up");
 }
+
+/// `nop; rdtsc; nop; rdtsc`, counted from a guest TSC of 1000.
+fn tsc_rig(settable: bool) -> Rig {
+    let mut r = Rig::new(&[NOP, 0x0F, 0x31, NOP, 0x0F, 0x31, NOP]);
+    r.vcpu.tsc = 1000;
+    r.vcpu.tsc_settable = settable;
+    r.count();
+    r
+}
+
+#[test]
+fn rdtsc_reads_the_model_clock_while_counting() {
+    let mut r = tsc_rig(true);
+    r.step(CODE + 1);
+    // Real time runs on; the guest's TSC does not see it.
+    r.vcpu.tsc = 50_000;
+    assert_eq!(r.before(true), Next::Retired, "RDTSC is emulated");
+    // The stretch began at 1000; one NOP (1 cycle) retired before the RDTSC.
+    assert_eq!((r.vcpu.regs.rax, r.vcpu.regs.rdx, r.vcpu.regs.rip), (1001, 0, CODE + 3));
+    r.step(CODE + 4);
+    assert_eq!(r.before(true), Next::Retired);
+    // NOP, RDTSC and NOP: 3 cycles.
+    assert_eq!(r.vcpu.regs.rax, 1003);
+    assert_eq!(r.pmc(0), 4, "both RDTSCs retire as instructions");
+    assert_eq!(r.precise.stats.tsc_reads, 2);
+}
+
+#[test]
+fn when_counting_stops_the_guest_tsc_goes_on_from_the_model() {
+    let mut r = tsc_rig(true);
+    r.step(CODE + 1);
+    r.vcpu.tsc = 90_000;
+    r.wrmsr(msr::IA32_PERF_GLOBAL_CTRL, 0);
+    assert_eq!(r.before(true), Next::Run);
+    assert!(!r.vcpu.single_step);
+    assert_eq!(r.vcpu.tsc, 1001, "set to the model's TSC: no jump forward");
+    assert!(r.precise.notes().is_empty(), "{:?}", r.precise.notes());
+}
+
+#[test]
+fn a_host_that_cannot_set_the_tsc_is_reported() {
+    let mut r = tsc_rig(false);
+    r.step(CODE + 1);
+    r.vcpu.tsc = 90_000;
+    r.wrmsr(msr::IA32_PERF_GLOBAL_CTRL, 0);
+    r.before(true);
+    assert_eq!(r.vcpu.tsc, 90_000);
+    let notes = r.precise.notes().join("\n");
+    assert!(notes.contains("cannot set the guest's TSC") && notes.contains("88999 ticks"), "{notes}");
+}
+
+#[test]
+fn a_model_ahead_of_real_time_is_waited_for_never_undone() {
+    // `loop .` x 1000 (2 cycles a LOOP) from a guest TSC of 1000, with real time standing still.
+    let mut r = Rig::new(&[0xE2, 0xFE, NOP]);
+    r.vcpu.tsc_settable = false;
+    r.vcpu.tsc = 1000;
+    r.vcpu.regs.rcx = 1000;
+    r.count();
+    for _ in 0..999 {
+        r.step(CODE);
+        r.vcpu.regs.rcx -= 1;
+    }
+    r.step(CODE + 2);
+    r.wrmsr(msr::IA32_PERF_GLOBAL_CTRL, 0);
+    r.before(true);
+    assert_eq!(r.vcpu.tsc, 1000 + 2 * 999 + 1, "the script's wait moves the TSC to the model's");
+    assert!(!r.precise.notes().join("").contains("backwards"));
+}
+
+#[test]
+fn reference_cycles_tick_with_the_profiles_clock() {
+    let mut r = Rig::new(&[NOP; 40]);
+    r.precise = Precise::with_engine(Engine::Step).with_ref_clock(RefClock { num: 7, den: 2 });
+    // GP0: UnHalted Reference Cycles; fixed counter 2: REF_TSC.
+    r.wrmsr(msr::IA32_PERFEVTSEL0, 0x43_013C);
+    r.wrmsr(msr::IA32_FIXED_CTR_CTRL, 0x300);
+    r.wrmsr(msr::IA32_PERF_GLOBAL_CTRL, 1 | 1 << 34);
+    for n in 1..=35 {
+        r.step(CODE + n);
+    }
+    // 35 cycles at 3.5 TSC ticks per reference tick.
+    assert_eq!(r.pmc(0), 10);
+    assert_eq!(r.pmu.rdmsr(msr::IA32_FIXED_CTR0 + 2).unwrap(), 35);
+}
