@@ -63,6 +63,19 @@ fn profile_with_a_syntax_error_or_unknown_key_is_refused() {
 }
 
 #[test]
+fn profile_with_a_bad_cache_or_clock_table_is_refused() {
+    let cache = "[cache]\nl1d = { kib = 48, ways = 8 }\nllc = { kib = 8192, ways = 16 }\n";
+    let p = write("sets.toml", format!("{GOOD_PROFILE}{cache}").as_bytes());
+    assert_error(&emon(&["run", "--profile", &p]), &[&p, "cache.l1d = { kib = 48, ways = 8 }", "96 sets"]);
+    let p = write("l3.toml", format!("{GOOD_PROFILE}{cache}l3 = {{ kib = 1, ways = 1 }}\n").as_bytes());
+    assert_error(&emon(&["run", "--profile", &p]), &[&p, "l3"]);
+    let p = write("ratio.toml", format!("{GOOD_PROFILE}[clock]\ntsc-per-ref = [20, 0]\n").as_bytes());
+    assert_error(&emon(&["run", "--profile", &p]), &[&p, "clock.tsc-per-ref = [20, 0]", "non-zero"]);
+    let p = write("triple.toml", format!("{GOOD_PROFILE}[clock]\ntsc-per-ref = [2, 1, 0]\n").as_bytes());
+    assert_error(&emon(&["run", "--profile", &p]), &[&p, "tsc-per-ref", "[numerator, denominator]"]);
+}
+
+#[test]
 fn bad_overrides_name_the_key() {
     assert_error(&emon(&["run", "--pmu", "gp=9"]), &["--pmu", "gp"]);
     assert_error(&emon(&["run", "--pmu", "colour=3"]), &["--pmu", "colour"]);

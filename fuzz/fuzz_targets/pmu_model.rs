@@ -41,7 +41,7 @@ use arbitrary::Arbitrary;
 use emon_pmu::pmu::counter::width_mask;
 use emon_pmu::pmu::regs::{MISC_ENABLE_READ_ONLY, MISC_ENABLE_WRITABLE};
 use emon_pmu::pmu::{CounterId, CounterState, GpFault, Pmu};
-use emon_pmu::profile::{describe_leaf_0a, PmuProfile, Profile};
+use emon_pmu::profile::{describe_leaf_0a, Cache, Clock, PmuProfile, Profile};
 use libfuzzer_sys::fuzz_target;
 
 // ---------------------------------------------------------------------------------------------
@@ -309,6 +309,8 @@ impl ProfileChoice {
             model: 0x5E,
             stepping: 3,
             pmu,
+            cache: Cache::default(),
+            clock: Clock::default(),
         };
         // Exercise the description code too: it must not panic on any profile.
         let _ = describe_leaf_0a(&profile.pmu);

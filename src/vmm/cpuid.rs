@@ -5,7 +5,11 @@ use crate::profile::Profile;
 use kvm_bindings::{kvm_cpuid_entry2, KVM_CPUID_FLAG_SIGNIFCANT_INDEX, KVM_MAX_CPUID_ENTRIES};
 use kvm_ioctls::Kvm;
 
+/// CPUID leaf 04H, deterministic cache parameters (one sub-leaf per cache, ECX = index).
+const LEAF_CACHE: u32 = 0x4;
 const LEAF_PERFMON: u32 = 0xA;
+/// CPUID leaf 15H, time stamp counter and core crystal clock.
+const LEAF_TSC_CRYSTAL: u32 = 0x15;
 /// CPUID.01H:ECX.PDCM: IA32_PERF_CAPABILITIES exists.
 const LEAF1_ECX_PDCM: u32 = 1 << 15;
 /// CPUID.01H:ECX.DTES64 and DS-CPL, EDX.DS: the debug store (BTS/PEBS), not emulated yet.
@@ -27,19 +31,41 @@ pub fn guest_cpuid(kvm: &Kvm, profile: &Profile) -> Result<kvm_bindings::CpuId, 
 }
 
 /// Applies `profile` to a supported-CPUID table: vendor and signature (leaves 0, 1), leaf 0xA,
-/// PDCM, and hides every other PMU the host's table may advertise.
+/// PDCM, the modelled caches (leaf 4, Intel profiles) and reference clock (leaf 0x15), and hides
+/// every other PMU the host's table may advertise.
 pub fn apply_profile(entries: &mut Vec<kvm_cpuid_entry2>, profile: &Profile) {
-    entries.retain(|e| !HIDDEN_LEAVES.contains(&e.function));
+    let intel = profile.vendor == "GenuineIntel";
+    entries.retain(|e| {
+        !HIDDEN_LEAVES.contains(&e.function) && e.function != LEAF_TSC_CRYSTAL && !(intel && e.function == LEAF_CACHE)
+    });
     if !entries.iter().any(|e| e.function == LEAF_PERFMON) {
         entries.push(kvm_cpuid_entry2 { function: LEAF_PERFMON, ..Default::default() });
     }
+    // The guest must see the profile's caches and clock, never the host's.
+    if intel {
+        entries.extend(profile.cache.leaf_04().into_iter().zip(0..).map(|([eax, ebx, ecx, edx], index)| {
+            kvm_cpuid_entry2 {
+                function: LEAF_CACHE,
+                index,
+                flags: KVM_CPUID_FLAG_SIGNIFCANT_INDEX,
+                eax,
+                ebx,
+                ecx,
+                edx,
+                ..Default::default()
+            }
+        }));
+    }
+    if let Some([eax, ebx, ecx, edx]) = profile.clock.leaf_15h() {
+        entries.push(kvm_cpuid_entry2 { function: LEAF_TSC_CRYSTAL, eax, ebx, ecx, edx, ..Default::default() });
+    }
+    let max_basic = if profile.clock.leaf_15h { LEAF_TSC_CRYSTAL } else { LEAF_PERFMON };
     let [vb, vd, vc] = profile.vendor_regs();
     let [a, b, c, d] = profile.pmu.leaf_0a();
-    let intel = profile.vendor == "GenuineIntel";
     for e in entries.iter_mut() {
         match e.function {
             0 => {
-                e.eax = e.eax.max(LEAF_PERFMON);
+                e.eax = e.eax.max(max_basic);
                 (e.ebx, e.edx, e.ecx) = (vb, vd, vc);
             }
             1 => {
@@ -93,5 +119,124 @@ mod tests {
         assert_eq!([a.eax, a.ebx, a.ecx, a.edx], p.pmu.leaf_0a());
         assert_eq!(get(0x8000_0001).unwrap().ecx & EXT1_ECX_AMD_PERFCTR, 0);
         assert!(get(0x8000_0022).is_none());
+    }
+    /// The leaf's sub-leaves as `(index, [eax, ebx, ecx, edx])`, sorted by index, checking
+    /// each one is marked as indexed.
+    fn subleaves(t: &[kvm_cpuid_entry2], function: u32) -> Vec<(u32, [u32; 4])> {
+        let mut out: Vec<(u32, [u32; 4])> = t
+            .iter()
+            .filter(|e| e.function == function)
+            .inspect(|e| assert_ne!(e.flags & KVM_CPUID_FLAG_SIGNIFCANT_INDEX, 0, "{e:?}"))
+            .map(|e| (e.index, [e.eax, e.ebx, e.ecx, e.edx]))
+            .collect();
+        out.sort_unstable_by_key(|(index, _)| *index);
+        out
+    }
+
+    /// A host table with its own caches (5 sub-leaves, a 2 MiB L2 and 30 MiB L3) and leaf 0x15.
+    fn host_table(max_basic: u32) -> Vec<kvm_cpuid_entry2> {
+        let host_leaf_4 = [
+            [0x1C00_4121, 0x02C0_003F, 0x3F, 0],
+            [0x1C00_4122, 0x01C0_003F, 0x3F, 0],
+            [0x1C00_4143, 0x03C0_003F, 0x7FF, 0],
+            [0x1C03_C163, 0x02C0_003F, 0x9FFF, 6],
+            [0; 4],
+        ];
+        let mut t = vec![entry(0, max_basic, 0x756E_6547, 0x6C65_746E, 0x4965_6E69), entry(1, 0x000A_06A4, 0, 0, 0)];
+        t.extend(host_leaf_4.iter().zip(0..).map(|(&[eax, ebx, ecx, edx], index)| kvm_cpuid_entry2 {
+            function: LEAF_CACHE,
+            index,
+            flags: KVM_CPUID_FLAG_SIGNIFCANT_INDEX,
+            eax,
+            ebx,
+            ecx,
+            edx,
+            ..Default::default()
+        }));
+        t.push(entry(LEAF_TSC_CRYSTAL, 2, 200, 25_000_000, 0));
+        t
+    }
+
+    #[test]
+    fn leaf_4_presents_the_modelled_caches() {
+        for name in Profile::builtin_names() {
+            let p = Profile::load(name).expect("built-in");
+            let mut t = host_table(0x20);
+            apply_profile(&mut t, &p);
+            let ours = subleaves(&t, LEAF_CACHE);
+            let expected: Vec<(u32, [u32; 4])> = (0..).zip(p.cache.leaf_04()).collect();
+            assert_eq!(ours, expected, "{name}");
+            // Every sub-leaf before the null one describes its cache: size from the encoding.
+            let sizes: Vec<u64> = ours
+                .iter()
+                .take_while(|(_, [eax, ..])| eax & 0x1F != 0)
+                .map(|(_, [_, ebx, ecx, _])| {
+                    u64::from((ebx >> 22) + 1)
+                        * u64::from(((ebx >> 12) & 0x3FF) + 1)
+                        * u64::from((ebx & 0xFFF) + 1)
+                        * (u64::from(*ecx) + 1)
+                })
+                .collect();
+            let mut bytes = vec![p.cache.l1d.bytes(), p.cache.l1i.bytes()];
+            bytes.extend(p.cache.l2.map(|l2| l2.bytes()));
+            bytes.push(p.cache.llc.bytes());
+            assert_eq!(sizes, bytes, "{name}");
+        }
+        // Nehalem: L1i 4-way, L3 8 MiB 16-way inclusive, as CPUID.04H of the real part.
+        let mut t = host_table(0x20);
+        apply_profile(&mut t, &Profile::load("nehalem").expect("built-in"));
+        let ours = subleaves(&t, LEAF_CACHE);
+        assert_eq!(ours[1].1[1..3], [0x00C0_003F, 0x7F]);
+        assert_eq!(ours[3].1, [0x0000_0163, 0x03C0_003F, 0x1FFF, 2]);
+        assert_eq!(ours[4].1, [0; 4]);
+    }
+
+    #[test]
+    fn leaf_4_of_a_non_intel_profile_is_the_hosts() {
+        let mut p = Profile::load("skylake").expect("built-in");
+        p.vendor = "AuthenticAMD".to_string();
+        let mut t = host_table(0x20);
+        let host = subleaves(&t, LEAF_CACHE);
+        apply_profile(&mut t, &p);
+        assert_eq!(subleaves(&t, LEAF_CACHE), host);
+    }
+
+    #[test]
+    fn leaf_15h_is_the_profiles_and_raises_the_max_basic_leaf() {
+        let p = Profile::load("icelake").expect("built-in");
+        let mut t = host_table(0xD);
+        t.retain(|e| e.function != LEAF_TSC_CRYSTAL);
+        apply_profile(&mut t, &p);
+        let leaf: Vec<[u32; 4]> =
+            t.iter().filter(|e| e.function == LEAF_TSC_CRYSTAL).map(|e| [e.eax, e.ebx, e.ecx, e.edx]).collect();
+        assert_eq!(leaf, [[2, 78, 38_400_000, 0]]);
+        let max = t.iter().find(|e| e.function == 0).map(|e| e.eax);
+        assert_eq!(max, Some(0x15));
+        // A host max above 0x15 stays.
+        let mut t = host_table(0x20);
+        apply_profile(&mut t, &Profile::load("skylake").expect("built-in"));
+        assert_eq!(t.iter().find(|e| e.function == 0).map(|e| e.eax), Some(0x20));
+        let leaf: Vec<[u32; 4]> =
+            t.iter().filter(|e| e.function == LEAF_TSC_CRYSTAL).map(|e| [e.eax, e.ebx, e.ecx, e.edx]).collect();
+        assert_eq!(leaf, [[2, 334, 0, 0]]);
+    }
+
+    #[test]
+    fn leaf_15h_of_the_host_is_hidden_when_the_profile_has_none() {
+        for name in ["core2", "nehalem", "sandybridge"] {
+            let p = Profile::load(name).expect("built-in");
+            assert!(!p.clock.leaf_15h, "{name}");
+            let mut t = host_table(0x20);
+            apply_profile(&mut t, &p);
+            assert!(t.iter().all(|e| e.function != LEAF_TSC_CRYSTAL), "{name}: host leaf 0x15 visible");
+            // The max basic leaf is not lowered: the host's other leaves (XSAVE, ...) stay.
+            assert_eq!(t.iter().find(|e| e.function == 0).map(|e| e.eax), Some(0x20), "{name}");
+        }
+        // A profile without [clock] has no leaf 0x15 either.
+        let text = "description = \"d\"\nvendor = \"GenuineIntel\"\nfamily = 6\nmodel = 0x5E\nstepping = 3\n[pmu]\nversion = 0\n";
+        let p = Profile::from_toml("plain.toml", text).expect("loads");
+        let mut t = host_table(0x20);
+        apply_profile(&mut t, &p);
+        assert!(t.iter().all(|e| e.function != LEAF_TSC_CRYSTAL));
     }
 }

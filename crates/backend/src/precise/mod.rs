@@ -7,6 +7,7 @@
 //! from the instruction at the previous one: the handler's first instruction is what retired.
 //! HLT (which KVM steps over) and RDPMC (which has no userspace exit) are emulated. When no
 //! counter is counting the guest runs free.
+pub mod cache;
 pub mod events;
 #[cfg(feature = "tcg")]
 pub mod tcg;

@@ -1,8 +1,10 @@
-//! [`Profile`]: the CPU identity (CPUID leaves 0 and 1) plus its [`PmuProfile`].
+//! [`Profile`]: the CPU identity (CPUID leaves 0 and 1) plus its [`PmuProfile`], [`Cache`] and
+//! [`Clock`].
 
-use super::PmuProfile;
+use super::{Cache, Clock, PmuProfile};
 
-/// A complete emon CPU profile: who the guest thinks it runs on, and its PMU.
+/// A complete emon CPU profile: who the guest thinks it runs on, its PMU, the cache hierarchy
+/// the precise backend models and the reference clock.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Profile {
     /// Profile name: the file stem (e.g. `nehalem`) or the built-in name.
@@ -19,6 +21,10 @@ pub struct Profile {
     pub stepping: u8,
     /// CPUID leaf 0x0A and the PMU MSR capabilities.
     pub pmu: PmuProfile,
+    /// The data-cache hierarchy (CPUID leaf 04H; the precise backend's cache model).
+    pub cache: Cache,
+    /// The reference clock of UnHalted Reference Cycles (CPUID leaf 15H).
+    pub clock: Clock,
 }
 
 impl Profile {

@@ -5,12 +5,13 @@ use std::path::Path;
 use serde::Deserialize;
 
 use super::error::one_line;
-use super::{builtin, PmuProfile, Profile, ProfileError};
+use super::{builtin, Cache, CacheLevel, Clock, PmuProfile, Profile, ProfileError};
 
 /// Default for `pmu.nominal-mhz` when the file leaves it out.
 pub const DEFAULT_NOMINAL_MHZ: u32 = 2000;
 
-/// Top level of a profile file. Every key is required.
+/// Top level of a profile file. Every key is required except the `[cache]` and `[clock]`
+/// tables, which default to [`Cache::SKYLAKE_CLIENT`] and [`Clock::TSC`].
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
 struct ProfileFile {
@@ -20,6 +21,84 @@ struct ProfileFile {
     model: u8,
     stepping: u8,
     pmu: PmuFile,
+    cache: Option<CacheFile>,
+    clock: Option<ClockFile>,
+}
+
+/// The `[cache]` table. `l1d` and `llc` are required; `line` defaults to 64, `l1i` to `l1d`,
+/// and a file without `l2` describes a CPU whose LLC is its second level.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+struct CacheFile {
+    #[serde(default = "default_line")]
+    line: u32,
+    l1d: LevelFile,
+    l1i: Option<LevelFile>,
+    l2: Option<LevelFile>,
+    llc: LevelFile,
+}
+
+fn default_line() -> u32 {
+    64
+}
+
+/// One cache level, `{ kib = 32, ways = 8 }`.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+struct LevelFile {
+    kib: u32,
+    ways: u32,
+}
+
+impl From<LevelFile> for CacheLevel {
+    fn from(f: LevelFile) -> Self {
+        CacheLevel { kib: f.kib, ways: f.ways }
+    }
+}
+
+impl From<CacheFile> for Cache {
+    fn from(f: CacheFile) -> Self {
+        let l1d = CacheLevel::from(f.l1d);
+        Cache {
+            line: f.line,
+            l1d,
+            l1i: f.l1i.map_or(l1d, CacheLevel::from),
+            l2: f.l2.map(CacheLevel::from),
+            llc: f.llc.into(),
+        }
+    }
+}
+
+/// The `[clock]` table. `tsc-per-ref` is required; `leaf-15h` defaults to false and
+/// `crystal-hz` to 0.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+struct ClockFile {
+    #[serde(deserialize_with = "numerator_denominator")]
+    tsc_per_ref: [u32; 2],
+    #[serde(default)]
+    leaf_15h: bool,
+    #[serde(default)]
+    crystal_hz: u32,
+}
+
+/// `[numerator, denominator]`: exactly two numbers (serde's arrays would ignore a third).
+fn numerator_denominator<'de, D: serde::Deserializer<'de>>(d: D) -> Result<[u32; 2], D::Error> {
+    let values = Vec::<u32>::deserialize(d)?;
+    <[u32; 2]>::try_from(values.as_slice())
+        .map_err(|_| serde::de::Error::invalid_length(values.len(), &"2 numbers, [numerator, denominator]"))
+}
+
+impl From<ClockFile> for Clock {
+    fn from(f: ClockFile) -> Self {
+        let [numerator, denominator] = f.tsc_per_ref;
+        Clock {
+            tsc_per_ref_numerator: numerator,
+            tsc_per_ref_denominator: denominator,
+            leaf_15h: f.leaf_15h,
+            crystal_hz: f.crystal_hz,
+        }
+    }
 }
 
 /// The `[pmu]` table. Only `version` is required: the numeric fields default to 0 (so a
@@ -102,6 +181,8 @@ impl Profile {
             model: file.model,
             stepping: file.stepping,
             pmu: file.pmu.into(),
+            cache: file.cache.map_or_else(Cache::default, Cache::from),
+            clock: file.clock.map_or_else(Clock::default, Clock::from),
         };
         profile.validate_as(source_name)?;
         Ok(profile)

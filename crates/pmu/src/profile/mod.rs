@@ -4,6 +4,8 @@
 //!
 //! - `pmu.rs`: [`PmuProfile`], leaf 0x0A encoding and fixed-counter enumeration.
 //! - `arch_event.rs`: [`ARCH_EVENTS`], SDM Table 18-1.
+//! - `cache.rs`: [`Cache`], the modelled data-cache hierarchy and its CPUID leaf 04H.
+//! - `clock.rs`: [`Clock`], the reference clock and CPUID leaf 15H.
 //! - `cpu.rs`: [`Profile`], CPUID leaf 0 / leaf 1 encoding.
 //! - `file.rs`: TOML format, [`Profile::load`], [`Profile::from_toml`].
 //! - `builtin.rs`: the embedded profiles.
@@ -14,6 +16,8 @@
 
 mod arch_event;
 mod builtin;
+mod cache;
+mod clock;
 mod cpu;
 mod describe;
 mod error;
@@ -26,10 +30,15 @@ mod validate;
 mod tests;
 
 pub use arch_event::{ArchEvent, Event, ARCH_EVENTS};
+pub use cache::{Cache, CacheLevel};
+pub use clock::Clock;
 pub use cpu::Profile;
 pub use describe::describe_leaf_0a;
 pub use error::ProfileError;
 pub use file::DEFAULT_NOMINAL_MHZ;
 pub use overrides::{parse_u64, NumberError, KEYS as OVERRIDE_KEYS};
 pub use pmu::PmuProfile;
-pub use validate::{MAX_EBX_LENGTH, MAX_FIXED, MAX_GP, MAX_VERSION, PERF_CAPABILITIES_ACCEPTED};
+pub use validate::{
+    MAX_CACHE_KIB, MAX_CACHE_LINE, MAX_CACHE_WAYS, MAX_EBX_LENGTH, MAX_FIXED, MAX_GP, MAX_VERSION, MIN_CACHE_LINE,
+    PERF_CAPABILITIES_ACCEPTED,
+};

@@ -3,7 +3,7 @@
 //! Rules are checked in a fixed order and the first broken one is reported, naming the
 //! origin, the field with its value, and the rule with its CPUID/MSR reference.
 
-use super::{PmuProfile, Profile, ProfileError, ARCH_EVENTS};
+use super::{Cache, CacheLevel, Clock, PmuProfile, Profile, ProfileError, ARCH_EVENTS};
 
 /// Highest architectural perfmon version emon models (CPUID.0AH:EAX[7:0]).
 pub const MAX_VERSION: u8 = 5;
@@ -19,6 +19,15 @@ pub const WIDTHS: std::ops::RangeInclusive<u8> = 32..=64;
 pub const FAMILIES: std::ops::RangeInclusive<u16> = 1..=0x10E;
 /// Legal `pmu.nominal-mhz`.
 pub const NOMINAL_MHZ: std::ops::RangeInclusive<u32> = 100..=10_000;
+
+/// Largest cache line, in bytes (CPUID.04H:EBX[11:0] holds line size - 1).
+pub const MAX_CACHE_LINE: u32 = 4096;
+/// Smallest cache line, in bytes: an access of up to 64 bytes touches a handful of lines.
+pub const MIN_CACHE_LINE: u32 = 16;
+/// Most ways of associativity (CPUID.04H:EBX[31:22] holds ways - 1).
+pub const MAX_CACHE_WAYS: u32 = 1024;
+/// Largest cache level, in KiB (1 GiB): the model keeps 8 bytes per line, 128 MiB at most.
+pub const MAX_CACHE_KIB: u32 = 1 << 20;
 
 /// IA32_PERF_CAPABILITIES (MSR 0x345) bits emon accepts in a profile (SDM Vol. 3B
 /// Figure 18-63 "IA32_PERF_CAPABILITIES", field names as in Linux `union perf_capabilities`):
@@ -41,7 +50,9 @@ impl Profile {
     pub fn validate_as(&self, origin: &str) -> Result<(), ProfileError> {
         let c = Check { origin };
         c.pmu(&self.pmu)?;
-        c.identity(self)
+        c.identity(self)?;
+        c.cache(&self.cache)?;
+        c.clock(&self.clock)
     }
 }
 
@@ -254,6 +265,90 @@ impl Check<'_> {
             return self.fail(
                 format!("stepping = 0x{:X}", profile.stepping),
                 "stepping must be 0x0..=0xF (CPUID.01H:EAX[3:0])",
+            );
+        }
+        Ok(())
+    }
+}
+
+impl Check<'_> {
+    /// The `[cache]` table: line size, each level's geometry, and sizes growing outward.
+    fn cache(&self, c: &Cache) -> Result<(), ProfileError> {
+        if !c.line.is_power_of_two() || !(MIN_CACHE_LINE..=MAX_CACHE_LINE).contains(&c.line) {
+            return self.fail(
+                format!("cache.line = {}", c.line),
+                format!(
+                    "line size must be a power of two from {MIN_CACHE_LINE} to {MAX_CACHE_LINE} bytes (CPUID.04H:EBX[11:0] holds line size - 1)"
+                ),
+            );
+        }
+        let mut levels = vec![("l1d", c.l1d), ("l1i", c.l1i)];
+        levels.extend(c.l2.map(|l2| ("l2", l2)));
+        levels.push(("llc", c.llc));
+        for (name, level) in levels {
+            self.cache_level(name, level, c.line)?;
+        }
+        let mut inner = ("l1d", c.l1d);
+        for outer in c.l2.map(|l2| ("l2", l2)).into_iter().chain([("llc", c.llc)]) {
+            if outer.1.kib < inner.1.kib {
+                return self.fail(
+                    format!("cache.{}.kib = {}", outer.0, outer.1.kib),
+                    format!(
+                        "a level must be at least as large as the one inside it, cache.{}.kib = {} (the LLC is inclusive of L1d and L2)",
+                        inner.0, inner.1.kib
+                    ),
+                );
+            }
+            inner = outer;
+        }
+        Ok(())
+    }
+
+    /// One level: size, ways, and a whole power-of-two number of sets.
+    fn cache_level(&self, name: &str, level: CacheLevel, line: u32) -> Result<(), ProfileError> {
+        if !(1..=MAX_CACHE_KIB).contains(&level.kib) {
+            return self.fail(
+                format!("cache.{name}.kib = {}", level.kib),
+                format!("cache size must be 1..={MAX_CACHE_KIB} KiB (1 GiB)"),
+            );
+        }
+        if !(1..=MAX_CACHE_WAYS).contains(&level.ways) {
+            return self.fail(
+                format!("cache.{name}.ways = {}", level.ways),
+                "ways of associativity must be 1..=1024 (CPUID.04H:EBX[31:22] holds ways - 1)",
+            );
+        }
+        let per_set = u64::from(line) * u64::from(level.ways);
+        let field = || format!("cache.{name} = {{ kib = {}, ways = {} }}", level.kib, level.ways);
+        const WHY: &str = "the number of sets must be a whole power of two (the model picks a set by the low bits of the line address)";
+        if level.bytes() % per_set != 0 {
+            return self.fail(
+                field(),
+                format!("{} KiB is not a whole number of sets of {} {line}-byte lines: {WHY}", level.kib, level.ways),
+            );
+        }
+        let sets = level.sets(line);
+        if !sets.is_power_of_two() {
+            return self.fail(
+                field(),
+                format!("{} KiB / ({} ways x {line}-byte lines) = {sets} sets: {WHY}", level.kib, level.ways),
+            );
+        }
+        Ok(())
+    }
+
+    /// The `[clock]` table.
+    fn clock(&self, c: &Clock) -> Result<(), ProfileError> {
+        if c.tsc_per_ref_numerator == 0 || c.tsc_per_ref_denominator == 0 {
+            return self.fail(
+                format!("clock.tsc-per-ref = [{}, {}]", c.tsc_per_ref_numerator, c.tsc_per_ref_denominator),
+                "numerator and denominator must both be non-zero (TSC ticks per reference-clock tick; with leaf-15h they are CPUID.15H:EBX and EAX)",
+            );
+        }
+        if !c.leaf_15h && c.crystal_hz != 0 {
+            return self.fail(
+                format!("clock.crystal-hz = {}", c.crystal_hz),
+                "must be 0 when clock.leaf-15h = false (it is CPUID.15H:ECX, and a CPU without leaf 15H enumerates no crystal frequency)",
             );
         }
         Ok(())

@@ -1,6 +1,6 @@
 //! Every built-in profile loads, validates, and encodes its documented registers.
 
-use super::super::{describe_leaf_0a, PmuProfile, Profile};
+use super::super::{describe_leaf_0a, Cache, CacheLevel, Clock, PmuProfile, Profile};
 
 /// (name, CPUID.01H:EAX, CPUID.0AH [eax, ebx, ecx, edx], IA32_PERF_CAPABILITIES).
 const EXPECTED: &[(&str, u32, [u32; 4], u64)] = &[
@@ -11,6 +11,20 @@ const EXPECTED: &[(&str, u32, [u32; 4], u64)] = &[
     ("no-pmu", 0x0005_06E3, [0, 0, 0, 0], 0),
     ("sandybridge", 0x0002_06A7, [0x0730_0403, 0, 0, 0x0603], 0x31C3),
     ("skylake", 0x0005_06E3, [0x0730_0404, 0, 0, 0x0603], 0x33C5),
+];
+
+/// (name, [l1d, l1i], l2, llc as (KiB, ways), CPUID.15H [eax, ebx, ecx, edx] or None, TSC ticks
+/// per reference tick as numerator/denominator). Every profile has 64-byte lines.
+type CacheClock = (&'static str, [(u32, u32); 2], Option<(u32, u32)>, (u32, u32), Option<[u32; 4]>, (u32, u32));
+
+const CACHE_CLOCK: &[CacheClock] = &[
+    ("core2", [(32, 8), (32, 8)], None, (6144, 24), None, (9, 1)),
+    ("icelake", [(48, 12), (32, 8)], Some((512, 8)), (8192, 16), Some([2, 78, 38_400_000, 0]), (78, 2)),
+    ("nehalem", [(32, 8), (32, 4)], Some((256, 8)), (8192, 16), None, (20, 1)),
+    ("nehalem-llc-masked", [(32, 8), (32, 4)], Some((256, 8)), (8192, 16), None, (20, 1)),
+    ("no-pmu", [(32, 8), (32, 8)], Some((256, 4)), (8192, 16), Some([2, 334, 0, 0]), (334, 2)),
+    ("sandybridge", [(32, 8), (32, 8)], Some((256, 8)), (6144, 12), None, (20, 1)),
+    ("skylake", [(32, 8), (32, 8)], Some((256, 4)), (8192, 16), Some([2, 334, 0, 0]), (334, 2)),
 ];
 
 #[test]
@@ -35,6 +49,27 @@ fn every_builtin_loads_validates_and_matches_its_documented_registers() {
         assert!(!p.description.is_empty());
         assert_eq!(p.pmu.misc_enable_perfmon, p.pmu.version > 0, "{name}");
     }
+}
+
+#[test]
+fn every_builtin_has_its_documented_caches_and_clock() {
+    let level = |(kib, ways): (u32, u32)| CacheLevel { kib, ways };
+    let names: Vec<&str> = CACHE_CLOCK.iter().map(|(name, ..)| *name).collect();
+    assert_eq!(names, Profile::builtin_names());
+    for &(name, [l1d, l1i], l2, llc, leaf_15h, (numerator, denominator)) in CACHE_CLOCK {
+        let p = Profile::load(name).unwrap_or_else(|e| panic!("{name}: {e}"));
+        let cache = Cache { line: 64, l1d: level(l1d), l1i: level(l1i), l2: l2.map(level), llc: level(llc) };
+        assert_eq!(p.cache, cache, "{name} [cache]");
+        assert_eq!(p.clock.leaf_15h(), leaf_15h, "{name} CPUID.15H");
+        assert_eq!(
+            (p.clock.tsc_per_ref_numerator, p.clock.tsc_per_ref_denominator),
+            (numerator, denominator),
+            "{name}"
+        );
+    }
+    // The default profile's hierarchy is the documented default.
+    assert_eq!(Profile::load(Profile::DEFAULT).map(|p| p.cache).ok(), Some(Cache::SKYLAKE_CLIENT));
+    assert_ne!(Profile::load("nehalem").map(|p| p.clock).ok(), Some(Clock::TSC));
 }
 
 #[test]

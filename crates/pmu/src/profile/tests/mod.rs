@@ -1,6 +1,7 @@
 //! Unit tests of the profile module, one file per concern.
 
 mod builtin;
+mod cache_clock;
 mod load;
 mod overrides;
 mod pmu;
