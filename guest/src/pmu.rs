@@ -114,6 +114,27 @@ impl Perfmon {
     }
 }
 
+/// TSC ticks per tick of the reference clock that UnHalted Reference Cycles (0x3C/0x01) counts on
+/// a GP counter, as CPUID leaf 0x15 gives it (EBX / EAX), if the CPU has that leaf.
+pub fn tsc_per_ref() -> Option<(u64, u64)> {
+    let l = (crate::cpu::max_leaf() >= 0x15).then(|| cpuid(0x15, 0))?;
+    (l.eax != 0 && l.ebx != 0).then_some((l.ebx as u64, l.eax as u64))
+}
+
+/// UnHalted Reference Cycles on a GP counter for counted code of `core_cycles` cycles under emon's
+/// precise backend (README, "Guest time"): the model core runs at the TSC's rate, so the count is
+/// core_cycles / (TSC ticks per reference tick), rounded either way (the reference clock's phase
+/// is not the guest's to know). Without CPUID leaf 0x15 the ratio is not either: 1 to core_cycles.
+pub fn ref_cycles_range(core_cycles: u64) -> (u64, u64) {
+    match tsc_per_ref() {
+        Some((num, den)) => {
+            let floor = (core_cycles as u128 * den as u128 / num as u128) as u64;
+            (floor, floor + 1)
+        }
+        None => (1, core_cycles),
+    }
+}
+
 /// IA32_FIXED_CTR_CTRL field bits (per fixed counter, 4 bits each): EN (1 = OS, 2 = USR, 3 = all), PMI.
 pub const FIXED_EN_OS: u64 = 1;
 pub const FIXED_EN_USR: u64 = 2;

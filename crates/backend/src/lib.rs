@@ -114,10 +114,10 @@ pub fn select(
     let perf = |caps| -> Box<dyn Backend> {
         Box::new(perf::counting::Perf::new(caps, &profile.vendor, profile.pmu.nominal_mhz, kick_signal))
     };
+    let precise =
+        || -> Box<dyn Backend> { Box::new(precise::Precise::with_engine(engine).with_ref_clock(profile.clock)) };
     match kind {
-        BackendKind::Precise => {
-            (Box::new(precise::Precise::with_engine(engine)), "requested with --backend precise".into())
-        }
+        BackendKind::Precise => (precise(), "requested with --backend precise".into()),
         BackendKind::Perf => {
             let why = if caps.hardware.is_empty() {
                 format!(
@@ -131,7 +131,7 @@ pub fn select(
         }
         BackendKind::Auto => match probe::auto_choice(&caps) {
             (BackendKind::Perf, why) => (perf(caps), why),
-            (_, why) => (Box::new(precise::Precise::with_engine(engine)), why),
+            (_, why) => (precise(), why),
         },
     }
 }

@@ -1,7 +1,7 @@
 //! Which events the precise backend counts, and by how much for each retired instruction
 //! (the cost model and filters are documented in the README, "The precise backend").
 use emon_pmu::pmu::{CounterId, CounterState};
-use emon_pmu::profile::{ArchEvent, Event};
+use emon_pmu::profile::{ArchEvent, Clock, Event};
 use emon_x86::insn::{Flow, Insn};
 
 /// Topdown slots per core cycle in the model (a 4-wide machine).
@@ -21,8 +21,11 @@ pub enum Model {
     /// Fixed counter 2, CPU_CLK_UNHALTED.REF_TSC: counts at the TSC's rate (SDM 18.2.2, Table
     /// 18-2). The model core runs at the TSC's frequency, so this equals core cycles.
     RefTsc,
-    /// 0x3C/0x01 on a GP counter, UnHalted Reference Cycles: ticks of the reference clock, which
-    /// runs [`RefClock`] times slower than the TSC (the profile's `[clock]`, CPUID 0x15).
+    /// 0x3C/0x01 on a GP counter, UnHalted Reference Cycles: ticks of the reference clock, one
+    /// per `tsc-per-ref` TSC ticks (the profile's [`Clock`], CPUID 0x15). The model core runs at
+    /// the TSC's frequency, so a core cycle is a TSC tick, and the reference clock's phase is the
+    /// model clock: the core cycles of every instruction emon has counted since the VM started
+    /// (deterministic, unlike the host's TSC).
     RefXclk,
     /// 0xA4/0x01 TOPDOWN.SLOTS, fixed counter 3.
     Slots,
@@ -68,37 +71,12 @@ impl Model {
         }
     }
 
-    /// The most [`Model::clocked`] can add over `cycles` core cycles.
-    pub fn clocked_bound(self, cycles: u64, clock: RefClock) -> u64 {
+    /// The most [`Model::clocked`] can add over `cycles` core cycles (TSC ticks of the model).
+    pub fn clocked_bound(self, cycles: u64, clock: Clock) -> u64 {
         match self {
-            Model::RefXclk => clock.ticks(cycles) + 1,
+            Model::RefXclk => clock.ref_ticks_at(cycles) + 1,
             _ => 0,
         }
-    }
-}
-
-/// The reference clock of UnHalted Reference Cycles: one tick per `num / den` TSC ticks (CPUID
-/// 0x15: EBX / EAX). The model core runs at the TSC's frequency, so a core cycle is a TSC tick, and
-/// the reference clock's phase is the model clock: the core cycles of every instruction emon has
-/// counted since the VM started (deterministic, unlike the host's TSC).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct RefClock {
-    pub num: u64,
-    pub den: u64,
-}
-
-impl RefClock {
-    /// A reference clock as fast as the TSC.
-    pub const TSC: RefClock = RefClock { num: 1, den: 1 };
-
-    /// Reference ticks by the time the model clock reads `cycles`.
-    pub fn ticks(self, cycles: u64) -> u64 {
-        (u128::from(cycles) * u128::from(self.den) / u128::from(self.num.max(1))) as u64
-    }
-
-    /// Reference ticks while the model clock goes from `from` to `from + cycles`.
-    pub fn between(self, from: u64, cycles: u64) -> u64 {
-        self.ticks(from + cycles) - self.ticks(from)
     }
 }
 
@@ -178,26 +156,11 @@ mod tests {
     }
 
     #[test]
-    fn the_reference_clock_ticks_every_num_over_den_cycles() {
-        let c = RefClock { num: 334, den: 2 }; // 167 TSC ticks per tick
-        assert_eq!(c.ticks(166), 0);
-        assert_eq!(c.ticks(167), 1);
-        assert_eq!(c.between(160, 10), 1);
-        assert_eq!(c.between(0, 167 * 1000), 1000);
-        // The sum over any split is the whole.
-        let parts = [3u64, 500, 7, 160, 1, 10_000];
-        let mut at = 11;
-        let sum: u64 = parts
-            .iter()
-            .map(|&p| {
-                let t = c.between(at, p);
-                at += p;
-                t
-            })
-            .sum();
-        assert_eq!(sum, c.between(11, parts.iter().sum()));
-        assert_eq!(RefClock::TSC.between(5, 9), 9);
+    fn reference_cycles_are_bounded_by_the_clock() {
+        let c = Clock { tsc_per_ref_numerator: 334, tsc_per_ref_denominator: 2, ..Clock::TSC };
         assert_eq!(Model::RefXclk.clocked_bound(167 * 3, c), 4);
+        assert_eq!(Model::RefXclk.clocked(7), 7);
+        assert_eq!(Model::CoreCycles.clocked(7), 0);
     }
 
     #[test]

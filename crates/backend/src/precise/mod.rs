@@ -16,10 +16,11 @@ mod tests;
 
 use crate::{marked, Backend, BackendError, Cx, Next};
 use emon_pmu::pmu::{CounterId, Reprogram};
+use emon_pmu::profile::Clock;
 use emon_pmu::profile::{MAX_FIXED, MAX_GP};
 use emon_x86::insn::{self, Flow, Insn, Special};
 use emon_x86::mode::CpuMode;
-use events::{cycles, Armed, RefClock};
+use events::{cycles, Armed};
 use std::collections::HashMap;
 use std::sync::Arc;
 
@@ -157,7 +158,7 @@ pub struct Precise {
     engine: Engine,
     /// The reference clock of UnHalted Reference Cycles, and the model clock: the core cycles
     /// of every instruction counted since the VM started.
-    ref_clock: RefClock,
+    ref_clock: Clock,
     cycles: u64,
     time: GuestTime,
     /// Why the TCG engine was given up for stepping, if it was.
@@ -191,7 +192,7 @@ impl Precise {
             cache: HashMap::new(),
             cache_cr3: 0,
             engine: if cfg!(feature = "tcg") { engine } else { Engine::Step },
-            ref_clock: RefClock::TSC,
+            ref_clock: Clock::TSC,
             cycles: 0,
             time: GuestTime::default(),
             engine_failed: (engine == Engine::Tcg && !cfg!(feature = "tcg"))
@@ -208,7 +209,7 @@ impl Precise {
     }
 
     /// Counts UnHalted Reference Cycles on GP counters by `clock` (the profile's `[clock]`).
-    pub fn with_ref_clock(mut self, clock: RefClock) -> Precise {
+    pub fn with_ref_clock(mut self, clock: Clock) -> Precise {
         self.ref_clock = clock;
         self
     }
@@ -298,7 +299,7 @@ impl Precise {
         let regs = cx.vcpu.regs()?;
         let mut sregs = cx.vcpu.sregs()?;
         let armed: Vec<(Armed, u64)> = self.armed.iter().map(|a| (*a, cx.pmu.distance_to_overflow(a.id))).collect();
-        let clock = tcg::Clock { cycles: self.cycles, reference: self.ref_clock };
+        let clock = tcg::ModelClock { cycles: self.cycles, reference: self.ref_clock };
         let counting = tcg::Counting { armed: &armed, clock, budget: tcg::BUDGET };
         let run = match engine.run(&regs, &sregs, *mode, counting, resume) {
             Ok(run) => run,
@@ -480,7 +481,7 @@ impl Precise {
     fn retire(&mut self, cx: &mut Cx, armed: &[Armed], i: &Insn, rip: u64, cpl: u8, taken: bool) {
         self.stats.retired += 1;
         let c = cycles(i, taken);
-        let ticks = self.ref_clock.between(self.cycles, c);
+        let ticks = self.ref_clock.ref_ticks_between(self.cycles, c);
         self.cycles += c;
         for a in armed {
             let slot = match a.id {

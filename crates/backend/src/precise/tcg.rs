@@ -16,7 +16,8 @@
 //! registers go back to the vCPU, and single-stepping resumes exactly where the engine stopped.
 //! Every count is exact: a block counts only once it has retired, and a block cut short counts
 //! the instructions before the fault.
-use super::events::{cycles, Armed, RefClock};
+use super::events::{cycles, Armed};
+use emon_pmu::profile::Clock;
 use emon_x86::insn::{self, Insn};
 use emon_x86::mode::CpuMode;
 use iced_x86::{Code, Decoder, DecoderOptions, FlowControl, Instruction, InstructionInfoFactory, Mnemonic, OpAccess};
@@ -50,12 +51,12 @@ pub enum Stop {
     Overflowed,
 }
 
-/// The model clock at the start of a run (see [`RefClock`]).
+/// The model clock at the start of a run (see [`super::events::Model::RefXclk`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Clock {
+pub struct ModelClock {
     /// Core cycles counted since the VM started.
     pub cycles: u64,
-    pub reference: RefClock,
+    pub reference: Clock,
 }
 
 /// What a run counts: the armed counters (each with how far it is from overflowing), the model
@@ -63,7 +64,7 @@ pub struct Clock {
 #[derive(Debug, Clone, Copy)]
 pub struct Counting<'a> {
     pub armed: &'a [(Armed, u64)],
-    pub clock: Clock,
+    pub clock: ModelClock,
     pub budget: u64,
 }
 
@@ -141,7 +142,7 @@ struct Acc {
     counts: Vec<u64>,
     retired: u64,
     /// The model clock now, and the cycles retired in this run.
-    clock: Clock,
+    clock: ModelClock,
     cycles: u64,
     budget: u64,
     /// The block entered last, not yet known to have retired.
@@ -177,7 +178,7 @@ impl Acc {
         let taken = super::taken(last, *rip, next);
         self.retired += b.insns.len() as u64;
         let c = b.cycles_body + if taken { b.cycles_taken } else { b.cycles_not };
-        let ticks = self.clock.reference.between(self.clock.cycles, c);
+        let ticks = self.clock.reference.ref_ticks_between(self.clock.cycles, c);
         for (k, count) in self.counts.iter_mut().enumerate() {
             *count += b.body[k] + if taken { b.last_taken[k] } else { b.last_not[k] };
             if self.counting[k] {
@@ -198,7 +199,7 @@ impl Acc {
         let insns = &self.blocks[&addr].insns[..n];
         self.retired += n as u64;
         let c = insns.iter().map(|(_, i)| cycles(i, false)).sum();
-        let ticks = self.clock.reference.between(self.clock.cycles, c);
+        let ticks = self.clock.reference.ref_ticks_between(self.clock.cycles, c);
         for (k, (a, on)) in self.armed.iter().zip(&self.counting).enumerate() {
             if *on {
                 self.counts[k] += insns.iter().map(|(rip, i)| a.model.increment(i, *rip, false)).sum::<u64>();
@@ -626,7 +627,7 @@ impl Tcg {
             let a = acc(&mut self.uc);
             a.retired += 1;
             let c = cycles(&facts, taken);
-            let ticks = a.clock.reference.between(a.clock.cycles, c);
+            let ticks = a.clock.reference.ref_ticks_between(a.clock.cycles, c);
             let mut hit = false;
             for k in 0..a.counts.len() {
                 if a.counting[k] {
@@ -768,8 +769,8 @@ fn loop_ahead(uc: &mut Unicorn<'_, Option<Acc>>, addr: u64) {
         }
         if acc.counting[j] && acc.armed[j].model.clocked_bound(1, reference) > 0 {
             // Reference ticks over k iterations are at most ticks(k * cyc) + 1.
-            let most_cycles = (u128::from(left.saturating_sub(1)) * u128::from(reference.num)
-                / u128::from(reference.den.max(1))) as u64;
+            let most_cycles = (u128::from(left.saturating_sub(1)) * u128::from(reference.tsc_per_ref_numerator)
+                / u128::from(reference.tsc_per_ref_denominator.max(1))) as u64;
             k = k.min(most_cycles.checked_div(cyc).unwrap_or(u64::MAX));
         }
     }
@@ -777,7 +778,7 @@ fn loop_ahead(uc: &mut Unicorn<'_, Option<Acc>>, addr: u64) {
         return;
     }
     let per: Vec<u64> = b.last_taken.clone();
-    let ticks = reference.between(acc.clock.cycles, k * cyc);
+    let ticks = reference.ref_ticks_between(acc.clock.cycles, k * cyc);
     acc.retired += k;
     for (j, (count, p)) in acc.counts.iter_mut().zip(per).enumerate() {
         *count += k * p;
@@ -841,7 +842,7 @@ mod tests {
         Armed { id: CounterId::Gp(0), model, usr: true, os: true, cmask: 0, inv: false, edge: false }
     }
 
-    const CLOCK: Clock = Clock { cycles: 0, reference: RefClock::TSC };
+    const CLOCK: ModelClock = ModelClock { cycles: 0, reference: Clock::TSC };
 
     /// mov ecx, 1000; loop .; out dx, al
     const LOOP: &[u8] = &[0xB9, 0xE8, 0x03, 0x00, 0x00, 0xE2, 0xFE, 0xEE];
@@ -863,7 +864,7 @@ mod tests {
         // mov ecx, 1000 (1 cycle); 999 taken LOOPs (2 cycles each) and the last (1): 2000 cycles.
         let (mem, regs, sregs, mode) = machine(LOOP);
         let mut tcg = Tcg::new(&mem).unwrap();
-        let reference = RefClock { num: 167, den: 1 };
+        let reference = Clock { tsc_per_ref_numerator: 167, tsc_per_ref_denominator: 1, ..Clock::TSC };
         let xclk = Armed { id: CounterId::Gp(1), ..armed(Model::RefXclk) };
         let counters = [(armed(Model::CoreCycles), u64::MAX), (xclk, u64::MAX)];
         let r = tcg
@@ -871,7 +872,7 @@ mod tests {
                 &regs,
                 &sregs,
                 mode,
-                Counting { armed: &counters, clock: Clock { cycles: 100, reference }, budget: BUDGET },
+                Counting { armed: &counters, clock: ModelClock { cycles: 100, reference }, budget: BUDGET },
                 false,
             )
             .unwrap();
@@ -882,12 +883,12 @@ mod tests {
                 &regs,
                 &sregs,
                 mode,
-                Counting { armed: &[(xclk, 5)], clock: Clock { cycles: 0, reference }, budget: BUDGET },
+                Counting { armed: &[(xclk, 5)], clock: ModelClock { cycles: 0, reference }, budget: BUDGET },
                 false,
             )
             .unwrap();
         assert_eq!(r.stop, Stop::Overflow, "{r:?}");
-        assert_eq!(r.counts[0], reference.ticks(r.cycles));
+        assert_eq!(r.counts[0], reference.ref_ticks_at(r.cycles));
         assert!(r.counts[0] < 5);
     }
 

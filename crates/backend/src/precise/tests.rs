@@ -386,7 +386,11 @@ fn a_model_ahead_of_real_time_is_waited_for_never_undone() {
 #[test]
 fn reference_cycles_tick_with_the_profiles_clock() {
     let mut r = Rig::new(&[NOP; 40]);
-    r.precise = Precise::with_engine(Engine::Step).with_ref_clock(RefClock { num: 7, den: 2 });
+    r.precise = Precise::with_engine(Engine::Step).with_ref_clock(Clock {
+        tsc_per_ref_numerator: 7,
+        tsc_per_ref_denominator: 2,
+        ..Clock::TSC
+    });
     // GP0: UnHalted Reference Cycles; fixed counter 2: REF_TSC.
     r.wrmsr(msr::IA32_PERFEVTSEL0, 0x43_013C);
     r.wrmsr(msr::IA32_FIXED_CTR_CTRL, 0x300);

@@ -44,6 +44,13 @@ impl Clock {
     }
 }
 
+impl Clock {
+    /// Reference-clock ticks while the TSC goes from `from` to `from + ticks`.
+    pub fn ref_ticks_between(&self, from: u64, ticks: u64) -> u64 {
+        self.ref_ticks_at(from.saturating_add(ticks)) - self.ref_ticks_at(from)
+    }
+}
+
 impl Default for Clock {
     fn default() -> Self {
         Clock::TSC
