@@ -4,7 +4,10 @@
 //!   reading guest memory at a linear address through the guest's page tables.
 //! - [`insn`]: what counting needs to know about an instruction (length, control flow, memory
 //!   operands, the instructions a VMM must handle itself), decoded with iced-x86.
+//! - [`access`]: the data accesses of an instruction (linear address, size, read/write/flush)
+//!   from the registers before it executes, for the precise backend's cache model.
 //! - [`emulator`]: a userspace emulator for the SSE2 instructions some hosts' KVM cannot run.
+pub mod access;
 pub mod emulator;
 pub mod insn;
 pub mod mode;
