@@ -433,6 +433,7 @@ fn list_events(args: &ProfileArgs) -> Result<ExitCode, CliError> {
             Model::BranchMisses => "counted (static predictor)",
             Model::CoreCycles | Model::RefTsc | Model::Slots => "counted (cost model)",
             Model::RefXclk => "counted (cost model, reference clock)",
+            Model::LlcReference | Model::LlcMisses => "counted (cache model)",
             _ => "counted exactly",
         };
         println!(
@@ -445,10 +446,26 @@ fn list_events(args: &ProfileArgs) -> Result<ExitCode, CliError> {
         );
     }
     println!("Any other event select/umask counts 0 under the precise backend.");
+    let c = &p.clock;
+    println!(
+        "Reference clock (0x3C/0x01 on GP counters): one tick per {}/{} TSC ticks of the model ({}); FIXED_CTR2 counts at the TSC's rate.",
+        c.tsc_per_ref_numerator,
+        c.tsc_per_ref_denominator,
+        if c.leaf_15h { "CPUID leaf 0x15" } else { "no CPUID leaf 0x15" }
+    );
+    let level = |l: crate::profile::CacheLevel| format!("{} KiB {}-way", l.kib, l.ways);
+    let k = &p.cache;
+    println!(
+        "Cache model (LLC events): L1d {}, L2 {}, LLC {}, {}-byte lines, LRU, inclusive; it starts empty each time an LLC event starts counting (README, \"The cache model\").",
+        level(k.l1d),
+        k.l2.map_or("none".into(), level),
+        level(k.llc),
+        k.line
+    );
     println!(
         "Privilege levels: CPL0 code counts exactly (TCG engine or single-stepping). User-mode (CPL3) code counts \
-         only where KVM can single-step it; where it cannot (kvm_pvm), the run summary says NOT EXACT \
-         (README, \"User mode (CPL3) on this host\")."
+         exactly in the TCG engine; where KVM cannot single-step CPL3 code (kvm_pvm), user-mode code the engine \
+         hands back is not counted and the run summary says NOT EXACT (README, \"User mode (CPL3) on this host\")."
     );
     Ok(ExitCode::SUCCESS)
 }

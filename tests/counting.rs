@@ -61,7 +61,10 @@ fn events_lists_support_per_profile() {
     let line = |bit: &str| r.stdout.lines().find(|l| l.starts_with(bit)).unwrap_or_else(|| panic!("{}", r.stdout));
     assert!(line("1 ").contains("Instructions Retired") && line("1 ").contains("counted exactly"), "{}", r.stdout);
     assert!(line("1 ").contains("FIXED_CTR0"), "{}", r.stdout);
-    assert!(line("3 ").contains("unavailable") && line("3 ").contains("unsupported: counts 0"), "{}", r.stdout);
+    assert!(line("3 ").contains("unavailable") && line("3 ").contains("counted (cache model)"), "{}", r.stdout);
+    assert!(line("2 ").contains("counted (cost model, reference clock)"), "{}", r.stdout);
+    assert!(r.stdout.contains("one tick per 20/1 TSC ticks of the model (no CPUID leaf 0x15)"), "{}", r.stdout);
+    assert!(r.stdout.contains("Cache model (LLC events): L1d 32 KiB 8-way"), "{}", r.stdout);
 }
 
 #[test]
@@ -183,15 +186,33 @@ fn check_pmu_counters(r: &Run, p: &Profile) {
         assert!(out.contains("SKIP: every counter: no architectural performance monitoring"), "{out}");
         return;
     }
-    let per_insn = [1u8, 0, 2, 7].into_iter().any(|b| pmu.arch_event_available(b));
+    let per_insn = [1u8, 0, 7].into_iter().any(|b| pmu.arch_event_available(b));
     for i in 0..u64::from(pmu.gp) {
         let n = 100 + 10 * i;
         for e in ARCH_EVENTS.iter().filter(|e| pmu.arch_event_available(e.bit)) {
             let want = block_count(e.event_select, e.umask, n);
-            has(format!(
-                "PASS: IA32_PMC{i} counts {} (0x{:02X}/0x{:02X}), N={n}: {want}",
-                e.name, e.event_select, e.umask
-            ));
+            let head =
+                format!("PASS: IA32_PMC{i} counts {} (0x{:02X}/0x{:02X}), N={n}: ", e.name, e.event_select, e.umask);
+            if (e.event_select, e.umask) == (0x3C, 0x01) {
+                // Reference cycles: the core cycles over the profile's CPUID.15H ratio, either way
+                // rounded (the reference clock's phase is the model clock's).
+                let c = &p.clock;
+                let (lo, hi) = match c.leaf_15h {
+                    true => {
+                        let floor = want * u64::from(c.tsc_per_ref_denominator) / u64::from(c.tsc_per_ref_numerator);
+                        (floor, floor + 1)
+                    }
+                    false => (1, want),
+                };
+                let tail = format!(" reference cycles for {want} core cycles, in [{lo}, {hi}]");
+                assert!(
+                    out.lines().any(|l| l.starts_with(&head) && l.ends_with(&tail)),
+                    "{}: missing {head}...{tail}\n{out}",
+                    p.name
+                );
+            } else {
+                has(format!("{head}{want}"));
+            }
         }
         if per_insn {
             has(format!("PASS: IA32_PMC{i} with PERFEVTSEL.USR only counts nothing at CPL0"));

@@ -114,8 +114,9 @@ pub fn select(
     let perf = |caps| -> Box<dyn Backend> {
         Box::new(perf::counting::Perf::new(caps, &profile.vendor, profile.pmu.nominal_mhz, kick_signal))
     };
-    let precise =
-        || -> Box<dyn Backend> { Box::new(precise::Precise::with_engine(engine).with_ref_clock(profile.clock)) };
+    let precise = || -> Box<dyn Backend> {
+        Box::new(precise::Precise::with_engine(engine).with_ref_clock(profile.clock).with_cache(&profile.cache))
+    };
     match kind {
         BackendKind::Precise => (precise(), "requested with --backend precise".into()),
         BackendKind::Perf => {

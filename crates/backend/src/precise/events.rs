@@ -1,5 +1,6 @@
 //! Which events the precise backend counts, and by how much for each retired instruction
 //! (the cost model and filters are documented in the README, "The precise backend").
+use super::cache::CacheEvents;
 use emon_pmu::pmu::{CounterId, CounterState};
 use emon_pmu::profile::{ArchEvent, Clock, Event};
 use emon_x86::insn::{Flow, Insn};
@@ -29,6 +30,10 @@ pub enum Model {
     RefXclk,
     /// 0xA4/0x01 TOPDOWN.SLOTS, fixed counter 3.
     Slots,
+    /// 0x2E/0x4F LLC Reference and 0x2E/0x41 LLC Misses: the cache model's LLC lookups and
+    /// misses for the instruction's data accesses (README, "The cache model").
+    LlcReference,
+    LlcMisses,
     /// Anything else counts zero.
     Unsupported,
 }
@@ -44,13 +49,15 @@ impl Model {
             Some(Event::CoreCycles) => Model::CoreCycles,
             Some(Event::RefCycles) if matches!(id, CounterId::Fixed(_)) => Model::RefTsc,
             Some(Event::RefCycles) => Model::RefXclk,
+            Some(Event::LlcReference) => Model::LlcReference,
+            Some(Event::LlcMisses) => Model::LlcMisses,
             Some(Event::TopdownSlots) => Model::Slots,
-            Some(Event::LlcReference | Event::LlcMisses) | None => Model::Unsupported,
+            None => Model::Unsupported,
         }
     }
 
     /// The event count for one retired instruction that follows from the instruction alone;
-    /// [`Model::clocked`] adds what depends on the reference clock's phase.
+    /// [`Model::dynamic`] adds what depends on the reference clock and the cache model.
     pub fn increment(self, i: &Insn, rip: u64, taken: bool) -> u64 {
         match self {
             Model::Instructions => 1,
@@ -58,25 +65,34 @@ impl Model {
             Model::BranchMisses => u64::from(mispredicted(i, rip, taken)),
             Model::CoreCycles | Model::RefTsc => cycles(i, taken),
             Model::Slots => SLOTS_PER_CYCLE * cycles(i, taken),
-            Model::RefXclk | Model::Unsupported => 0,
+            Model::RefXclk | Model::LlcReference | Model::LlcMisses | Model::Unsupported => 0,
         }
     }
 
-    /// The part of the count that depends on when the instruction retired: `ref_ticks` reference
-    /// clock ticks passed while it ran.
-    pub fn clocked(self, ref_ticks: u64) -> u64 {
+    /// The part of the count that depends on more than the instruction: `ref_ticks` reference
+    /// clock ticks passed while it ran, and what its data accesses did in the cache model.
+    pub fn dynamic(self, ref_ticks: u64, cache: CacheEvents) -> u64 {
         match self {
             Model::RefXclk => ref_ticks,
+            Model::LlcReference => cache.llc_references,
+            Model::LlcMisses => cache.llc_misses,
             _ => 0,
         }
     }
 
-    /// The most [`Model::clocked`] can add over `cycles` core cycles (TSC ticks of the model).
-    pub fn clocked_bound(self, cycles: u64, clock: Clock) -> u64 {
+    /// The most [`Model::dynamic`] can add for code of `cycles` core cycles (TSC ticks of the
+    /// model) whose data accesses touch at most `lines` cache lines.
+    pub fn dynamic_bound(self, cycles: u64, lines: u64, clock: Clock) -> u64 {
         match self {
             Model::RefXclk => clock.ref_ticks_at(cycles) + 1,
+            Model::LlcReference | Model::LlcMisses => lines,
             _ => 0,
         }
+    }
+
+    /// The event comes from the cache model, which then sees every data access.
+    pub fn uses_cache(self) -> bool {
+        matches!(self, Model::LlcReference | Model::LlcMisses)
     }
 }
 
@@ -152,15 +168,21 @@ mod tests {
         assert_eq!(Model::of(gp, 0xC0, 0), Model::Instructions);
         assert_eq!(Model::of(gp, 0x3C, 1), Model::RefXclk);
         assert_eq!(Model::of(CounterId::Fixed(2), 0x3C, 1), Model::RefTsc);
-        assert_eq!(Model::of(gp, 0x2E, 0x4F), Model::Unsupported);
+        assert_eq!(Model::of(gp, 0x2E, 0x4F), Model::LlcReference);
+        assert_eq!(Model::of(gp, 0x2E, 0x41), Model::LlcMisses);
+        assert_eq!(Model::of(gp, 0x2E, 0x3F), Model::Unsupported);
     }
 
     #[test]
     fn reference_cycles_are_bounded_by_the_clock() {
         let c = Clock { tsc_per_ref_numerator: 334, tsc_per_ref_denominator: 2, ..Clock::TSC };
-        assert_eq!(Model::RefXclk.clocked_bound(167 * 3, c), 4);
-        assert_eq!(Model::RefXclk.clocked(7), 7);
-        assert_eq!(Model::CoreCycles.clocked(7), 0);
+        assert_eq!(Model::RefXclk.dynamic_bound(167 * 3, 9, c), 4);
+        let cache = CacheEvents { llc_references: 3, llc_misses: 2 };
+        assert_eq!(Model::RefXclk.dynamic(7, cache), 7);
+        assert_eq!(Model::LlcReference.dynamic(7, cache), 3);
+        assert_eq!(Model::LlcMisses.dynamic(7, cache), 2);
+        assert_eq!(Model::LlcMisses.dynamic_bound(100, 9, c), 9);
+        assert_eq!(Model::CoreCycles.dynamic(7, cache), 0);
     }
 
     #[test]

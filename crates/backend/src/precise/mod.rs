@@ -15,9 +15,10 @@ pub mod tcg;
 mod tests;
 
 use crate::{marked, Backend, BackendError, Cx, Next};
+use cache::{CacheEvents, CacheModel};
 use emon_pmu::pmu::{CounterId, Reprogram};
-use emon_pmu::profile::Clock;
-use emon_pmu::profile::{MAX_FIXED, MAX_GP};
+use emon_pmu::profile::{Cache, Clock, MAX_FIXED, MAX_GP};
+use emon_x86::access::{self, Access, AccessKind};
 use emon_x86::insn::{self, Flow, Insn, Special};
 use emon_x86::mode::CpuMode;
 use events::{cycles, Armed};
@@ -38,6 +39,9 @@ struct Pending {
     iret_target: Option<u64>,
     /// For an IRET: it returns to user mode (the frame's CS.RPL is 3).
     iret_to_user: bool,
+    /// Its data accesses, from the registers before it ran, while the cache model counts
+    /// (`None`: emon cannot know them before it runs, such as a REP string instruction's).
+    accesses: Option<Vec<Access>>,
 }
 
 /// #GP, the general-protection exception (SDM Vol. 3A 6.15).
@@ -116,6 +120,9 @@ pub struct Stats {
     pub engine_retired: u64,
     /// RDTSC, RDTSCP and RDMSR(IA32_TSC) answered from the modelled guest time.
     pub tsc_reads: u64,
+    /// Instructions that retired while the cache model counted whose data accesses emon could
+    /// not know (README, "The cache model").
+    pub cache_unseen: u64,
 }
 
 /// The guest's time-stamp counter while emon counts (README, "Guest time"): it runs with the
@@ -127,7 +134,7 @@ struct GuestTime {
     stretch: Option<(u64, u64, u64)>,
     /// The guest's (real) TSC when the vCPU halted, until it wakes.
     halted_at: Option<u64>,
-    /// Whether this host can set the guest's TSC (learnt at the first stretch's end).
+    /// `Some(false)` once this host has shown it cannot set the guest's TSC.
     settable: Option<bool>,
     /// On a host that cannot: the stretches after which the guest's TSC jumped forward to real
     /// time, the ticks it jumped in all, and the ticks real time never caught up (backwards).
@@ -161,6 +168,13 @@ pub struct Precise {
     ref_clock: Clock,
     cycles: u64,
     time: GuestTime,
+    /// The cache model, which sees every data access while an LLC event counts (lent to the
+    /// TCG engine during its runs), and the geometry it was made from.
+    data_cache: Option<CacheModel>,
+    cache_geometry: Cache,
+    cache_on: bool,
+    /// The cache events of the instruction about to retire.
+    retiring: CacheEvents,
     /// Why the TCG engine was given up for stepping, if it was.
     engine_failed: Option<String>,
     #[cfg(feature = "tcg")]
@@ -195,6 +209,10 @@ impl Precise {
             ref_clock: Clock::TSC,
             cycles: 0,
             time: GuestTime::default(),
+            data_cache: None,
+            cache_geometry: Cache::default(),
+            cache_on: false,
+            retiring: CacheEvents::default(),
             engine_failed: (engine == Engine::Tcg && !cfg!(feature = "tcg"))
                 .then(|| "this emon was built without the tcg feature".to_string()),
             #[cfg(feature = "tcg")]
@@ -211,6 +229,18 @@ impl Precise {
     /// Counts UnHalted Reference Cycles on GP counters by `clock` (the profile's `[clock]`).
     pub fn with_ref_clock(mut self, clock: Clock) -> Precise {
         self.ref_clock = clock;
+        self
+    }
+
+    /// The cache model, made (empty) when first needed.
+    fn cache_model(&mut self) -> &mut CacheModel {
+        self.data_cache.get_or_insert_with(|| CacheModel::new(&self.cache_geometry))
+    }
+
+    /// Models the profile's data caches (its `[cache]`) for the LLC events.
+    pub fn with_cache(mut self, cache: &Cache) -> Precise {
+        self.cache_geometry = *cache;
+        self.data_cache = None;
         self
     }
 
@@ -246,11 +276,10 @@ impl Precise {
         let Some(target) = self.virtual_tsc() else { return Ok(()) };
         self.time.stretch = None;
         if self.time.settable != Some(false) {
-            let set = cx.vcpu.set_guest_tsc(target)?;
-            self.time.settable = Some(set);
-            if set {
+            if cx.vcpu.set_guest_tsc(target)? {
                 return Ok(());
             }
+            self.time.settable = Some(false);
         }
         let mut now = cx.vcpu.guest_tsc()?;
         if now < target {
@@ -295,16 +324,26 @@ impl Precise {
                 Err(e) => return Ok(self.give_up_engine(e.to_string())),
             }
         }
+        let cache = if self.cache_on {
+            self.cache_model();
+            self.data_cache.take()
+        } else {
+            None
+        };
         let engine = self.tcg.engine.as_mut().expect("made above");
         let regs = cx.vcpu.regs()?;
         let mut sregs = cx.vcpu.sregs()?;
         let armed: Vec<(Armed, u64)> = self.armed.iter().map(|a| (*a, cx.pmu.distance_to_overflow(a.id))).collect();
         let clock = tcg::ModelClock { cycles: self.cycles, reference: self.ref_clock };
-        let counting = tcg::Counting { armed: &armed, clock, budget: tcg::BUDGET };
-        let run = match engine.run(&regs, &sregs, *mode, counting, resume) {
+
+        let counting = tcg::Counting { armed: &armed, clock, budget: tcg::BUDGET, cache };
+        let mut run = match engine.run(&regs, &sregs, *mode, counting, resume) {
             Ok(run) => run,
             Err(e) => return Ok(self.give_up_engine(e.to_string())),
         };
+        if let Some(cache) = run.cache.take() {
+            self.data_cache = Some(cache);
+        }
         self.stats.engine_runs += 1;
         tracing::trace!(
             rip = format_args!("{rip:#x}"),
@@ -430,6 +469,13 @@ impl Precise {
             }
         }
         armed.sort_by_key(|a| a.id.status_bit());
+        // emon sees no access made while no LLC event counts, so the caches start empty each time
+        // one starts to (README, "The cache model").
+        let cache_on = armed.iter().any(|a| a.model.uses_cache());
+        if cache_on && !self.cache_on {
+            self.cache_model().flush_all();
+        }
+        self.cache_on = cache_on;
         self.armed = armed.into();
         if let Some(p) = &mut self.pending {
             if p.armed.iter().any(|a| r.written & a.id.status_mask() != 0) {
@@ -480,6 +526,7 @@ impl Precise {
     /// Attributes one retired instruction to the counters in `armed`, and runs the model clock.
     fn retire(&mut self, cx: &mut Cx, armed: &[Armed], i: &Insn, rip: u64, cpl: u8, taken: bool) {
         self.stats.retired += 1;
+        let cache = std::mem::take(&mut self.retiring);
         let c = cycles(i, taken);
         let ticks = self.ref_clock.ref_ticks_between(self.cycles, c);
         self.cycles += c;
@@ -488,7 +535,7 @@ impl Precise {
                 CounterId::Gp(n) => n as usize,
                 CounterId::Fixed(n) => GP_SLOTS + n as usize,
             };
-            let n = a.model.increment(i, rip, taken) + a.model.clocked(ticks);
+            let n = a.model.increment(i, rip, taken) + a.model.dynamic(ticks, cache);
             let inc = a.advance(n, cpl, &mut self.edges[slot.min(self.edges.len() - 1)]);
             if inc > 0 {
                 cx.pmu.add_events(a.id, inc);
@@ -548,6 +595,59 @@ impl Precise {
             }
         }
         None
+    }
+
+    /// The data accesses of the instruction at `rip`, from the vCPU's registers now (before it
+    /// runs); `None` if they cannot be known before it runs.
+    fn accesses_at(&mut self, cx: &mut Cx, mode: &CpuMode, rip: u64) -> Result<Option<Vec<Access>>, BackendError> {
+        let bytes = mode.fetch(cx.vcpu.memory(), rip);
+        let i = iced_x86::Decoder::with_ip(mode.bitness, &bytes, rip, iced_x86::DecoderOptions::NONE).decode();
+        if access::max_lines(&i, CACHE_LINE) == Ok(0) {
+            return Ok(Some(Vec::new()));
+        }
+        let regs = cx.vcpu.regs()?;
+        let (fs, gs) = match i.memory_segment() {
+            iced_x86::Register::FS | iced_x86::Register::GS => {
+                let s = cx.vcpu.sregs()?;
+                (s.fs.base, s.gs.base)
+            }
+            _ => (0, 0),
+        };
+        Ok(access::data_accesses(&i, |r| gpr(&regs, r), fs, gs).ok())
+    }
+
+    /// The pending instruction at `rip` retires: its data accesses (known from before it ran) go
+    /// to the cache model, for the LLC events it counts.
+    fn pending_accesses(&mut self, cx: &Cx, mode: &CpuMode, rip: u64, accesses: &Option<Vec<Access>>) {
+        if !self.cache_on {
+            return;
+        }
+        match accesses {
+            Some(a) => {
+                self.retiring = feed_cache(
+                    self.data_cache.get_or_insert_with(|| CacheModel::new(&self.cache_geometry)),
+                    mode,
+                    cx.vcpu.memory(),
+                    a,
+                )
+            }
+            None => self.unseen_accesses(cx, mode, rip),
+        }
+    }
+
+    /// Whether the instruction at `rip` accesses data memory (or may: emon cannot tell).
+    fn touches_memory(&self, cx: &Cx, mode: &CpuMode, rip: u64) -> bool {
+        let bytes = mode.fetch(cx.vcpu.memory(), rip);
+        let i = iced_x86::Decoder::with_ip(mode.bitness, &bytes, rip, iced_x86::DecoderOptions::NONE).decode();
+        access::max_lines(&i, CACHE_LINE) != Ok(0)
+    }
+
+    /// The instruction at `rip` retired while the cache model counts, with data accesses emon
+    /// did not see (it knew no registers from before it ran).
+    fn unseen_accesses(&mut self, cx: &Cx, mode: &CpuMode, rip: u64) {
+        if self.cache_on && self.touches_memory(cx, mode, rip) {
+            self.stats.cache_unseen += 1;
+        }
     }
 
     fn emulate_hlt(&mut self, cx: &mut Cx, p: Pending, i: &Insn) -> Result<Next, BackendError> {
@@ -620,6 +720,64 @@ impl Precise {
     }
 }
 
+/// The cache-line size for deciding whether an instruction touches memory at all.
+const CACHE_LINE: u32 = 64;
+
+/// A 64-bit general-purpose register's value in `regs` (0 for anything else).
+fn gpr(regs: &kvm_bindings::kvm_regs, r: iced_x86::Register) -> u64 {
+    use iced_x86::Register::*;
+    match r {
+        RAX => regs.rax,
+        RBX => regs.rbx,
+        RCX => regs.rcx,
+        RDX => regs.rdx,
+        RSI => regs.rsi,
+        RDI => regs.rdi,
+        RSP => regs.rsp,
+        RBP => regs.rbp,
+        R8 => regs.r8,
+        R9 => regs.r9,
+        R10 => regs.r10,
+        R11 => regs.r11,
+        R12 => regs.r12,
+        R13 => regs.r13,
+        R14 => regs.r14,
+        R15 => regs.r15,
+        RIP => regs.rip,
+        _ => 0,
+    }
+}
+
+/// Feeds an instruction's data accesses to the cache model, translating each through the guest's
+/// page tables (an access that crosses a page is one per page); what it did at the LLC.
+pub(crate) fn feed_cache(
+    cache: &mut CacheModel,
+    mode: &CpuMode,
+    mem: &vm_memory::GuestMemoryMmap,
+    accesses: &[Access],
+) -> CacheEvents {
+    const PAGE: u64 = 4096;
+    let mut events = CacheEvents::default();
+    for a in accesses {
+        if a.kind == AccessKind::Flush {
+            if let Some(pa) = mode.translate(mem, a.linear) {
+                cache.flush(pa);
+            }
+            continue;
+        }
+        let (mut la, end) = (a.linear, a.linear.saturating_add(u64::from(a.size)));
+        while la < end {
+            let piece = (PAGE - la % PAGE).min(end - la);
+            // An access through no mapping faults, and its instruction does not retire.
+            if let Some(pa) = mode.translate(mem, la) {
+                events += cache.access(pa, piece as u32);
+            }
+            la += piece;
+        }
+    }
+    events
+}
+
 /// Whether executing `i` at `rip` can leave the vCPU at `pc`.
 fn follows(i: &Insn, rip: u64, pc: u64) -> bool {
     let next = rip + i.len as u64;
@@ -690,6 +848,7 @@ impl Precise {
             expect_event: std::mem::take(&mut self.halted),
             iret_target: None,
             iret_to_user: false,
+            accesses: Some(Vec::new()),
         };
         if !p.expect_event {
             match self.decode(cx, &mode, rip) {
@@ -710,6 +869,9 @@ impl Precise {
                     p.iret_to_user = target.is_some_and(|(_, user)| user);
                 }
                 _ => {}
+            }
+            if self.cache_on {
+                p.accesses = self.accesses_at(cx, &mode, rip)?;
             }
         }
         self.pending = Some(p);
@@ -744,6 +906,7 @@ impl Precise {
                     "lost traps"
                 );
                 let end = run.first().map_or(pc, |(a, _)| *a);
+                self.pending_accesses(cx, &mode, p.rip, &p.accesses);
                 self.retire(cx, &p.armed, &i, p.rip, p.cpl, taken(&i, p.rip, end));
                 if i.changes_mode {
                     self.mode = None;
@@ -751,6 +914,7 @@ impl Precise {
                 let cpl = self.mode(cx)?.cpl;
                 for (n, (a, j)) in run.iter().enumerate() {
                     let next = run.get(n + 1).map_or(pc, |(b, _)| *b);
+                    self.unseen_accesses(cx, &mode, *a);
                     self.retire(cx, &p.armed, j, *a, cpl, taken(j, *a, next));
                 }
                 self.stats.lost_traps += run.len() as u64;
@@ -764,8 +928,14 @@ impl Precise {
             }
         }
         let (i, rip, cpl) = match at_rip {
-            Some(i) if !p.expect_event && follows(&i, p.rip, pc) => (i, p.rip, p.cpl),
-            None if !p.expect_event => (UNKNOWN, p.rip, p.cpl),
+            Some(i) if !p.expect_event && follows(&i, p.rip, pc) => {
+                self.pending_accesses(cx, &mode, p.rip, &p.accesses);
+                (i, p.rip, p.cpl)
+            }
+            None if !p.expect_event => {
+                self.unseen_accesses(cx, &mode, p.rip);
+                (UNKNOWN, p.rip, p.cpl)
+            }
             _ => {
                 // An interrupt or exception was delivered first: its handler's first
                 // instruction retired, at the handler's privilege level.
@@ -780,6 +950,9 @@ impl Precise {
                 if p.cpl == 3 && handler.as_ref().is_none_or(|(v, _, _)| *v == DB_VECTOR) {
                     self.stats.cpl3_lost += 1;
                 }
+                // The handler's first instruction ran with registers emon never saw.
+                let first = handler.as_ref().map_or(pc, |(_, h, _)| *h);
+                self.unseen_accesses(cx, &mode, first);
                 match handler {
                     Some((_, h, i)) => (i, h, mode.cpl),
                     None => (UNKNOWN, pc, mode.cpl),
@@ -856,6 +1029,12 @@ impl Backend for Precise {
                 "NOT EXACT: guest time went backwards by {} ticks when counting stopped: real time did not catch up with the model's TSC within {} s (README, \"Guest time\")",
                 t.backward,
                 TSC_CATCH_UP_LIMIT.as_secs()
+            ));
+        }
+        if self.stats.cache_unseen > 0 {
+            notes.push(format!(
+                "NOT EXACT: LLC events: {} instructions retired while an LLC event counted whose data accesses emon could not see (an event handler's first instruction, an instruction without its own single-step trap, or a REP string instruction); the cache model missed them (README, \"The cache model\")",
+                self.stats.cache_unseen
             ));
         }
         if self.stats.cpl3_lost > 0 {

@@ -16,8 +16,10 @@
 //! registers go back to the vCPU, and single-stepping resumes exactly where the engine stopped.
 //! Every count is exact: a block counts only once it has retired, and a block cut short counts
 //! the instructions before the fault.
+use super::cache::{CacheEvents, CacheModel};
 use super::events::{cycles, Armed};
 use emon_pmu::profile::Clock;
+use emon_x86::access::{self, Access};
 use emon_x86::insn::{self, Insn};
 use emon_x86::mode::CpuMode;
 use iced_x86::{Code, Decoder, DecoderOptions, FlowControl, Instruction, InstructionInfoFactory, Mnemonic, OpAccess};
@@ -61,11 +63,14 @@ pub struct ModelClock {
 
 /// What a run counts: the armed counters (each with how far it is from overflowing), the model
 /// clock, and the most instructions it may retire.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct Counting<'a> {
     pub armed: &'a [(Armed, u64)],
     pub clock: ModelClock,
     pub budget: u64,
+    /// The cache model, while an LLC event counts: it sees every data access of the run, and
+    /// comes back in [`Run::cache`].
+    pub cache: Option<CacheModel>,
 }
 
 /// What one engine run retired.
@@ -84,6 +89,8 @@ pub struct Run {
     pub iret: bool,
     /// After an IRETQ: the selectors of CS, SS, DS, ES, FS and GS, and the FS and GS bases.
     pub segments: Option<([u16; 6], u64, u64)>,
+    /// The cache model given in [`Counting::cache`].
+    pub cache: Option<CacheModel>,
 }
 
 /// A decoded block: each instruction's address and facts, whether the engine may run it, and
@@ -105,6 +112,8 @@ struct Block {
     cycles_body: u64,
     cycles_taken: u64,
     cycles_not: u64,
+    /// The most cache lines its data accesses can touch (counted only with a cache model).
+    lines: u64,
 }
 
 impl Block {
@@ -155,6 +164,12 @@ struct Acc {
     iret: bool,
     /// Instruction-at-a-time execution near an overflow: the block hook stands aside.
     single: bool,
+    /// The cache model (while an LLC event counts), and the data accesses of the instructions
+    /// of the current block that have started, each with its RIP, in order (see [`on_insn`]).
+    cache: Option<CacheModel>,
+    accesses: Vec<(u64, Access)>,
+    /// Instructions decoded for [`on_insn`], by address.
+    decoded: HashMap<u64, Instruction>,
 }
 
 impl Acc {
@@ -163,8 +178,9 @@ impl Acc {
             self.blocks.clear();
         }
         let (mode, mem, armed, counting) = (&self.mode, &self.mem, &self.armed, &self.counting);
+        let cache = self.cache.is_some();
         self.blocks.entry(addr).or_insert_with(|| {
-            let mut b = decode_block(mode, mem, addr, size as usize);
+            let mut b = decode_block(mode, mem, addr, size as usize, cache);
             b.sums(armed, counting);
             b
         })
@@ -179,13 +195,24 @@ impl Acc {
         self.retired += b.insns.len() as u64;
         let c = b.cycles_body + if taken { b.cycles_taken } else { b.cycles_not };
         let ticks = self.clock.reference.ref_ticks_between(self.clock.cycles, c);
+        let cache = self.feed(None);
+        let b = &self.blocks[&addr];
         for (k, count) in self.counts.iter_mut().enumerate() {
             *count += b.body[k] + if taken { b.last_taken[k] } else { b.last_not[k] };
             if self.counting[k] {
-                *count += self.armed[k].model.clocked(ticks);
+                *count += self.armed[k].model.dynamic(ticks, cache);
             }
         }
         self.advance_clock(c);
+    }
+
+    /// Feeds the data accesses of the instructions that have started to the cache model, all of
+    /// them or those before the one at `fault` (which did not retire); what they did at the LLC.
+    fn feed(&mut self, fault: Option<u64>) -> CacheEvents {
+        let accesses = std::mem::take(&mut self.accesses);
+        let Some(cache) = &mut self.cache else { return CacheEvents::default() };
+        let retired = accesses.iter().take_while(|(rip, _)| Some(*rip) != fault).map(|(_, a)| *a).collect::<Vec<_>>();
+        super::feed_cache(cache, &self.mode, &self.mem, &retired)
     }
 
     fn advance_clock(&mut self, c: u64) {
@@ -196,6 +223,8 @@ impl Acc {
     /// Counts the first `n` instructions of the block at `addr` (none of them a taken branch:
     /// the block was cut short by a fault at the next one).
     fn retire_first(&mut self, addr: u64, n: usize) {
+        let fault = self.blocks[&addr].insns.get(n).map(|(rip, _)| *rip);
+        let cache = self.feed(fault);
         let insns = &self.blocks[&addr].insns[..n];
         self.retired += n as u64;
         let c = insns.iter().map(|(_, i)| cycles(i, false)).sum();
@@ -203,7 +232,7 @@ impl Acc {
         for (k, (a, on)) in self.armed.iter().zip(&self.counting).enumerate() {
             if *on {
                 self.counts[k] += insns.iter().map(|(rip, i)| a.model.increment(i, *rip, false)).sum::<u64>();
-                self.counts[k] += a.model.clocked(ticks);
+                self.counts[k] += a.model.dynamic(ticks, cache);
             }
         }
         self.advance_clock(c);
@@ -214,14 +243,17 @@ impl Acc {
         let b = &self.blocks[&addr];
         let c = b.cycles_body + b.cycles_taken.max(b.cycles_not);
         (0..self.counts.len()).any(|k| {
-            let clocked = if self.counting[k] { self.armed[k].model.clocked_bound(c, self.clock.reference) } else { 0 };
-            self.counts[k] + b.body[k] + b.last_taken[k].max(b.last_not[k]) + clocked >= self.room[k]
+            let dynamic =
+                if self.counting[k] { self.armed[k].model.dynamic_bound(c, b.lines, self.clock.reference) } else { 0 };
+            self.counts[k] + b.body[k] + b.last_taken[k].max(b.last_not[k]) + dynamic >= self.room[k]
         })
     }
 }
 
 /// Decodes the block of `size` bytes at linear `addr`.
-fn decode_block(mode: &CpuMode, mem: &GuestMemoryMmap, addr: u64, size: usize) -> Block {
+/// With `cache` (the cache model counts), an instruction whose data accesses cannot be known
+/// before it runs (a REP string instruction) ends the runnable part: it is stepped.
+fn decode_block(mode: &CpuMode, mem: &GuestMemoryMmap, addr: u64, size: usize, cache: bool) -> Block {
     let mut bytes = Vec::with_capacity(size + 15);
     let mut a = addr;
     while bytes.len() < size + 15 {
@@ -234,14 +266,17 @@ fn decode_block(mode: &CpuMode, mem: &GuestMemoryMmap, addr: u64, size: usize) -
     }
     let mut insns = Vec::new();
     let mut runnable = true;
+    let mut lines = 0;
     let mut self_loop = false;
     let mut ends_in_iret = false;
     let mut d = Decoder::with_ip(64, &bytes, addr, DecoderOptions::NONE);
     let mut info = InstructionInfoFactory::new();
     while d.ip() < addr + size as u64 {
         let i = d.decode();
+        let accesses = if cache { access::max_lines(&i, CACHE_LINE).ok() } else { Some(0) };
         match (!i.is_invalid()).then(|| insn::of(&i)) {
-            Some(f) if runs_in_engine(&i, &mut info) => {
+            Some(f) if runs_in_engine(&i, &mut info) && accesses.is_some() => {
+                lines += accesses.unwrap_or(0);
                 self_loop = i.code() == Code::Loop_rel8_64_RCX && i.near_branch_target() == i.ip();
                 ends_in_iret = i.code() == Code::Iretq;
                 insns.push((i.ip(), f));
@@ -264,8 +299,12 @@ fn decode_block(mode: &CpuMode, mem: &GuestMemoryMmap, addr: u64, size: usize) -
         cycles_body: 0,
         cycles_taken: 0,
         cycles_not: 0,
+        lines,
     }
 }
+
+/// The cache-line size the bound on a block's lines assumes: the smallest a profile may have.
+const CACHE_LINE: u32 = 16;
 
 /// Whether the engine may run `i`: plain integer instructions whose effects are registers, flags
 /// and memory, nothing KVM or the VMM must see (see the module documentation).
@@ -352,9 +391,6 @@ pub fn runs_in_engine(i: &Instruction, info: &mut InstructionInfoFactory) -> boo
             | Rdseed
             | Rdpid
             | Pause
-            | Clflush
-            | Clflushopt
-            | Clwb
             | Wbinvd
             | Invd
             | Monitor
@@ -413,6 +449,11 @@ pub fn runs_in_engine(i: &Instruction, info: &mut InstructionInfoFactory) -> boo
                 | POPCNT
                 | ADX
                 | MOVBE
+                // CLFLUSH, CLFLUSHOPT, CLWB: no effect on memory; the code hook gives the cache
+                // model their flush (`on_insn`).
+                | CLFSH
+                | CLFLUSHOPT
+                | CLWB
         )
     })
 }
@@ -497,7 +538,7 @@ impl Tcg {
         counting: Counting,
         resume: bool,
     ) -> Result<Run, TcgError> {
-        let Counting { armed, clock, budget } = counting;
+        let Counting { armed, clock, budget, cache } = counting;
         if resume {
             self.load_gprs(regs)?;
         } else {
@@ -524,7 +565,16 @@ impl Tcg {
             cpl: mode.cpl,
             iret: false,
             single: false,
+            accesses: Vec::new(),
+            decoded: HashMap::new(),
+            cache,
         });
+        // The code hook costs a call per instruction: only while the cache model counts.
+        let hook = if self.uc.get_data().as_ref().is_some_and(|a| a.cache.is_some()) {
+            Some(self.uc.add_code_hook(1, 0, on_insn).map_err(uc_err("adding the code hook"))?)
+        } else {
+            None
+        };
         // Code and page tables may have changed since the last run (KVM ran the guest).
         self.uc.ctl_flush_tb().map_err(uc_err("flushing translations"))?;
         self.uc.ctl_flush_tlb().map_err(uc_err("flushing the TLB"))?;
@@ -560,6 +610,9 @@ impl Tcg {
             acc = self.uc.get_data_mut().take().expect("set above");
             (stop, pc) = stepped?;
         }
+        if let Some(h) = hook {
+            self.uc.remove_hook(h).map_err(uc_err("removing the code hook"))?;
+        }
         let mut out = *regs;
         for (r, slot) in gprs(&mut out) {
             *slot = self.uc.reg_read(r).map_err(uc_err("reading registers"))?;
@@ -589,6 +642,7 @@ impl Tcg {
             cpl: (cs & 3) as u8,
             iret: acc.iret,
             segments,
+            cache: acc.cache,
         })
     }
 
@@ -603,14 +657,20 @@ impl Tcg {
         fn acc<'a>(uc: &'a mut Unicorn<'static, Option<Acc>>) -> &'a mut Acc {
             uc.get_data_mut().as_mut().expect("set by run")
         }
-        let (mode, mem) = {
+        let (mode, mem, cache) = {
             let a = acc(&mut self.uc);
-            (a.mode, a.mem.clone())
+            // Accesses of a block the block hook stopped before.
+            a.accesses.clear();
+            (a.mode, a.mem.clone(), a.cache.is_some())
         };
         loop {
             let bytes = mode.fetch(&mem, pc);
             let i = Decoder::with_ip(64, &bytes, pc, DecoderOptions::NONE).decode();
-            if i.is_invalid() || i.code() == Code::Iretq || !runs_in_engine(&i, &mut info) {
+            if i.is_invalid()
+                || i.code() == Code::Iretq
+                || !runs_in_engine(&i, &mut info)
+                || cache && access::max_lines(&i, CACHE_LINE).is_err()
+            {
                 return Ok((Stop::Handover, pc));
             }
             let facts = insn::of(&i);
@@ -621,6 +681,7 @@ impl Tcg {
             // No progress but for a branch to itself: the instruction faulted (unicorn ends a run
             // at some faults without calling the interrupt hook).
             if faulted || next == pc && !matches!(facts.flow, emon_x86::insn::Flow::Direct { .. }) {
+                acc(&mut self.uc).accesses.clear();
                 return Ok((Stop::Fault, next));
             }
             let taken = super::taken(&facts, pc, next);
@@ -628,11 +689,12 @@ impl Tcg {
             a.retired += 1;
             let c = cycles(&facts, taken);
             let ticks = a.clock.reference.ref_ticks_between(a.clock.cycles, c);
+            let cache = a.feed(None);
             let mut hit = false;
             for k in 0..a.counts.len() {
                 if a.counting[k] {
                     let m = a.armed[k].model;
-                    a.counts[k] += m.increment(&facts, pc, taken) + m.clocked(ticks);
+                    a.counts[k] += m.increment(&facts, pc, taken) + m.dynamic(ticks, cache);
                     hit |= a.counts[k] >= a.room[k];
                 }
             }
@@ -702,6 +764,56 @@ fn gprs(r: &mut kvm_regs) -> [(RegisterX86, &mut u64); 17] {
     ]
 }
 
+/// The code hook, installed while the cache model counts: the data accesses of the instruction
+/// about to run at `addr`, from the registers now, join those of the block's earlier instructions
+/// (fed to the cache model when they retire: [`Acc::feed`]).
+fn on_insn(uc: &mut Unicorn<'_, Option<Acc>>, addr: u64, _size: u32) {
+    let Some(acc) = uc.get_data_mut() else { return };
+    if acc.decoded.len() >= MAX_BLOCKS {
+        acc.decoded.clear();
+    }
+    let (mode, mem) = (&acc.mode, &acc.mem);
+    let i = *acc.decoded.entry(addr).or_insert_with(|| {
+        let bytes = mode.fetch(mem, addr);
+        Decoder::with_ip(64, &bytes, addr, DecoderOptions::NONE).decode()
+    });
+    let (fs, gs) = match i.memory_segment() {
+        iced_x86::Register::FS | iced_x86::Register::GS => {
+            (uc.reg_read(RegisterX86::FS_BASE).unwrap_or(0), uc.reg_read(RegisterX86::GS_BASE).unwrap_or(0))
+        }
+        _ => (0, 0),
+    };
+    let accesses = access::data_accesses(&i, |r| unicorn_gpr(r).and_then(|r| uc.reg_read(r).ok()).unwrap_or(0), fs, gs);
+    if let (Ok(a), Some(acc)) = (accesses, uc.get_data_mut()) {
+        acc.accesses.extend(a.into_iter().map(|x| (addr, x)));
+    }
+}
+
+/// unicorn's name for a 64-bit general-purpose register (or RIP).
+fn unicorn_gpr(r: iced_x86::Register) -> Option<RegisterX86> {
+    use iced_x86::Register::*;
+    Some(match r {
+        RAX => RegisterX86::RAX,
+        RBX => RegisterX86::RBX,
+        RCX => RegisterX86::RCX,
+        RDX => RegisterX86::RDX,
+        RSI => RegisterX86::RSI,
+        RDI => RegisterX86::RDI,
+        RSP => RegisterX86::RSP,
+        RBP => RegisterX86::RBP,
+        R8 => RegisterX86::R8,
+        R9 => RegisterX86::R9,
+        R10 => RegisterX86::R10,
+        R11 => RegisterX86::R11,
+        R12 => RegisterX86::R12,
+        R13 => RegisterX86::R13,
+        R14 => RegisterX86::R14,
+        R15 => RegisterX86::R15,
+        RIP => RegisterX86::RIP,
+        _ => return Option::None,
+    })
+}
+
 /// The block hook: the block entered before this one has retired; this one runs only if the
 /// engine may run all of it, no counter could overflow in it, and budget remains.
 fn on_block(uc: &mut Unicorn<'_, Option<Acc>>, addr: u64, size: u32) {
@@ -736,6 +848,7 @@ fn on_block(uc: &mut Unicorn<'_, Option<Acc>>, addr: u64, size: u32) {
     match stop {
         Some(s) => {
             acc.stop = Some(s);
+            acc.accesses.clear();
             let _ = uc.emu_stop();
         }
         None => {
@@ -762,12 +875,12 @@ fn loop_ahead(uc: &mut Unicorn<'_, Option<Acc>>, addr: u64) {
     for j in 0..acc.counts.len() {
         let per = b.last_taken[j];
         let once = b.last_taken[j].max(b.last_not[j])
-            + if acc.counting[j] { acc.armed[j].model.clocked_bound(cyc, reference) } else { 0 };
+            + if acc.counting[j] { acc.armed[j].model.dynamic_bound(cyc, 0, reference) } else { 0 };
         let left = acc.room[j].saturating_sub(acc.counts[j] + once + 1);
         if let Some(most) = left.checked_div(per) {
             k = k.min(most);
         }
-        if acc.counting[j] && acc.armed[j].model.clocked_bound(1, reference) > 0 {
+        if acc.counting[j] && acc.armed[j].model == super::events::Model::RefXclk {
             // Reference ticks over k iterations are at most ticks(k * cyc) + 1.
             let most_cycles = (u128::from(left.saturating_sub(1)) * u128::from(reference.tsc_per_ref_numerator)
                 / u128::from(reference.tsc_per_ref_denominator.max(1))) as u64;
@@ -783,7 +896,7 @@ fn loop_ahead(uc: &mut Unicorn<'_, Option<Acc>>, addr: u64) {
     for (j, (count, p)) in acc.counts.iter_mut().zip(per).enumerate() {
         *count += k * p;
         if acc.counting[j] {
-            *count += acc.armed[j].model.clocked(ticks);
+            *count += acc.armed[j].model.dynamic(ticks, CacheEvents::default());
         }
     }
     acc.advance_clock(k * cyc);
@@ -852,8 +965,9 @@ mod tests {
         let (mem, regs, sregs, mode) = machine(LOOP);
         let mut tcg = Tcg::new(&mem).unwrap();
         let counters = [(armed(Model::Instructions), u64::MAX), (armed(Model::Branches), u64::MAX)];
-        let r =
-            tcg.run(&regs, &sregs, mode, Counting { armed: &counters, clock: CLOCK, budget: BUDGET }, false).unwrap();
+        let r = tcg
+            .run(&regs, &sregs, mode, Counting { armed: &counters, clock: CLOCK, budget: BUDGET, cache: None }, false)
+            .unwrap();
         assert_eq!(r.stop, Stop::Handover);
         assert_eq!((r.regs.rip, r.regs.rcx), (CODE + 7, 0), "stopped before the OUT, after the loop");
         assert_eq!((r.retired, r.counts.clone()), (1001, vec![1001, 1000]), "{r:?}");
@@ -872,7 +986,12 @@ mod tests {
                 &regs,
                 &sregs,
                 mode,
-                Counting { armed: &counters, clock: ModelClock { cycles: 100, reference }, budget: BUDGET },
+                Counting {
+                    armed: &counters,
+                    clock: ModelClock { cycles: 100, reference },
+                    budget: BUDGET,
+                    cache: None,
+                },
                 false,
             )
             .unwrap();
@@ -883,13 +1002,46 @@ mod tests {
                 &regs,
                 &sregs,
                 mode,
-                Counting { armed: &[(xclk, 5)], clock: ModelClock { cycles: 0, reference }, budget: BUDGET },
+                Counting {
+                    armed: &[(xclk, 5)],
+                    clock: ModelClock { cycles: 0, reference },
+                    budget: BUDGET,
+                    cache: None,
+                },
                 false,
             )
             .unwrap();
         assert_eq!(r.stop, Stop::Overflow, "{r:?}");
         assert_eq!(r.counts[0], reference.ref_ticks_at(r.cycles));
         assert!(r.counts[0] < 5);
+    }
+
+    #[test]
+    fn the_cache_model_sees_the_engines_data_accesses() {
+        // mov ecx, 100; 2: mov rax, [rsi]; add rsi, 64; loop 2b; clflush [rsi-64];
+        // mov rax, [rsi-64]; jmp +0 (ends the block); out dx, al
+        let code = [
+            0xB9, 100, 0, 0, 0, 0x48, 0x8B, 0x06, 0x48, 0x83, 0xC6, 0x40, 0xE2, 0xF7, 0x0F, 0xAE, 0x7E, 0xC0, 0x48,
+            0x8B, 0x46, 0xC0, 0xEB, 0x00, 0xEE,
+        ];
+        let (mem, mut regs, sregs, mode) = machine(&code);
+        regs.rsi = 0x40000;
+        let mut tcg = Tcg::new(&mem).unwrap();
+        let misses = Armed { id: CounterId::Gp(1), ..armed(Model::LlcMisses) };
+        let counters = [(armed(Model::LlcReference), u64::MAX), (misses, u64::MAX)];
+        let cache = Some(CacheModel::new(&emon_pmu::profile::Cache::default()));
+        let r = tcg
+            .run(&regs, &sregs, mode, Counting { armed: &counters, clock: CLOCK, budget: BUDGET, cache }, false)
+            .unwrap();
+        assert_eq!((r.stop, r.regs.rip), (Stop::Handover, CODE + 24), "{:?}", r.regs);
+        // 100 cold lines, then the last one again after its CLFLUSH.
+        assert_eq!(r.counts, vec![101, 101]);
+        assert!(r.cache.is_some(), "the model comes back");
+        // Without the model the engine counts no LLC event.
+        let r = tcg
+            .run(&regs, &sregs, mode, Counting { armed: &counters, clock: CLOCK, budget: BUDGET, cache: None }, false)
+            .unwrap();
+        assert_eq!(r.counts, vec![0, 0]);
     }
 
     #[test]
@@ -903,7 +1055,7 @@ mod tests {
                     &regs,
                     &sregs,
                     mode,
-                    Counting { armed: &[(armed(Model::Instructions), u64::MAX)], clock: CLOCK, budget },
+                    Counting { armed: &[(armed(Model::Instructions), u64::MAX)], clock: CLOCK, budget, cache: None },
                     false,
                 )
                 .unwrap();
@@ -924,7 +1076,7 @@ mod tests {
                 &regs,
                 &sregs,
                 mode,
-                Counting { armed: &[(armed(Model::Instructions), 300)], clock: CLOCK, budget: BUDGET },
+                Counting { armed: &[(armed(Model::Instructions), 300)], clock: CLOCK, budget: BUDGET, cache: None },
                 false,
             )
             .unwrap();
@@ -944,7 +1096,12 @@ mod tests {
                 &regs,
                 &sregs,
                 mode,
-                Counting { armed: &[(armed(Model::Instructions), u64::MAX)], clock: CLOCK, budget: BUDGET },
+                Counting {
+                    armed: &[(armed(Model::Instructions), u64::MAX)],
+                    clock: CLOCK,
+                    budget: BUDGET,
+                    cache: None,
+                },
                 false,
             )
             .unwrap();
@@ -969,7 +1126,12 @@ mod tests {
                 &regs,
                 &sregs,
                 mode,
-                Counting { armed: &[(armed(Model::Instructions), u64::MAX)], clock: CLOCK, budget: BUDGET },
+                Counting {
+                    armed: &[(armed(Model::Instructions), u64::MAX)],
+                    clock: CLOCK,
+                    budget: BUDGET,
+                    cache: None,
+                },
                 false,
             )
             .unwrap();
@@ -989,7 +1151,12 @@ mod tests {
                 &regs,
                 &sregs,
                 mode,
-                Counting { armed: &[(armed(Model::Instructions), u64::MAX)], clock: CLOCK, budget: BUDGET },
+                Counting {
+                    armed: &[(armed(Model::Instructions), u64::MAX)],
+                    clock: CLOCK,
+                    budget: BUDGET,
+                    cache: None,
+                },
                 false,
             )
             .unwrap();
@@ -1017,5 +1184,6 @@ mod tests {
         assert!(!runs(&[0x8E, 0xD8])); // mov ds, ax
         assert!(!runs(&[0x0F, 0x22, 0xD8])); // mov cr3, rax
         assert!(!runs(&[0xCD, 0x80])); // int 0x80
+        assert!(runs(&[0x0F, 0xAE, 0x3F])); // clflush [rdi]: the cache model's flush
     }
 }

@@ -402,3 +402,33 @@ fn reference_cycles_tick_with_the_profiles_clock() {
     assert_eq!(r.pmc(0), 10);
     assert_eq!(r.pmu.rdmsr(msr::IA32_FIXED_CTR0 + 2).unwrap(), 35);
 }
+
+#[test]
+fn llc_events_count_the_cache_models_lookups_and_misses() {
+    // mov rax, [rsi]; add rsi, 64; mov rax, [rsi]; mov rax, [rsi]
+    let mut r = Rig::new(&[0x48, 0x8B, 0x06, 0x48, 0x83, 0xC6, 0x40, 0x48, 0x8B, 0x06, 0x48, 0x8B, 0x06]);
+    r.vcpu.regs.rsi = 0x30000;
+    r.wrmsr(msr::IA32_PERFEVTSEL0, 0x43_4F2E); // LLC Reference
+    r.wrmsr(msr::IA32_PERFEVTSEL0 + 1, 0x43_412E); // LLC Misses
+    r.wrmsr(msr::IA32_PERF_GLOBAL_CTRL, 0b11);
+    r.step(CODE + 3);
+    assert_eq!((r.pmc(0), r.pmc(1)), (1, 1), "a cold line: one LLC reference, one miss");
+    r.vcpu.regs.rsi = 0x30040;
+    r.step(CODE + 7);
+    r.step(CODE + 10);
+    r.step(CODE + 13);
+    assert_eq!((r.pmc(0), r.pmc(1)), (2, 2), "the next line misses; reading it again hits L1d");
+    assert_eq!(r.precise.stats.cache_unseen, 0);
+}
+
+#[test]
+fn an_event_handlers_first_access_is_reported_unseen() {
+    let mut r = Rig::new(&[NOP, NOP]);
+    // The timer handler starts with `push rax`.
+    r.vcpu.mem.write_slice(&[0x50, NOP], GuestAddress(HANDLER)).unwrap();
+    r.wrmsr(msr::IA32_PERFEVTSEL0, 0x43_4F2E);
+    r.wrmsr(msr::IA32_PERF_GLOBAL_CTRL, 1);
+    r.step(HANDLER + 1);
+    assert_eq!(r.precise.stats.cache_unseen, 1);
+    assert!(r.precise.notes().join("").contains("NOT EXACT: LLC events"), "{:?}", r.precise.notes());
+}
