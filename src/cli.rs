@@ -312,6 +312,7 @@ fn print_statistics(r: &vmm::RunReport) {
     eprintln!("SSE instructions emulated by emon (KVM could not): {}", e.sse_emulated);
     eprintln!("PMU MSRs: {} reads, {} writes; #GP injected: {}", r.msr.pmu_reads, r.msr.pmu_writes, r.msr.gp_injected);
     eprintln!("{}", r.backend);
+    eprintln!("{}", r.rdpmc.detail());
     eprintln!("PMU state at the end of the run:\n{}", r.pmu.dump());
     eprintln!("file descriptors: {} at the first KVM_RUN, {} at the end", e.fds_at_start, e.fds_at_end);
     eprintln!(

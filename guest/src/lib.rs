@@ -17,6 +17,7 @@ pub mod pmu;
 pub mod report;
 pub mod serial;
 mod start;
+pub mod user;
 pub use start::summary_and_exit;
 
 pub use catch::{catch, expect_gp, expect_no_fault, Exception};

@@ -5,8 +5,10 @@
 use super::devices::{fw_cfg::FwCfg, serial, PioBus};
 use super::error::kvm_err;
 use super::loader::{self, Format};
+use super::rdpmc::GpCatch;
 use super::vcpu::{ExitStats, Vcpu};
 use super::{boot, cpuid, host, kick, layout, msr, trace, xsave, SerialOut, VmConfig, VmmError};
+use crate::backend::guest_debug::GuestDebug;
 use crate::pmu::Pmu;
 use kvm_bindings::{kvm_pit_config, kvm_userspace_memory_region};
 use kvm_ioctls::{Kvm, VcpuFd, VmFd};
@@ -35,15 +37,17 @@ pub fn build(config: VmConfig) -> Result<BuiltVm, VmmError> {
     let kvm = host::open()?;
     let vm = create_vm(&kvm)?;
     let mem = create_memory(&vm, ram)?;
-    let fd = create_vcpu(&kvm, &vm, &config)?;
+    let mut fd = create_vcpu(&kvm, &vm, &config)?;
     let format = load_kernel(&fd, &mem, ram, &config)?;
     let bus = create_bus(&vm, ram, &config)?;
     let tracer = config.trace.as_deref().map(create_tracer).transpose()?;
+    let pmu = Pmu::new(&config.profile.pmu);
+    let catch = GpCatch::new(&kvm, &mut fd, &pmu);
     let vcpu = Vcpu {
         fd,
         mem,
         bus,
-        pmu: Pmu::new(&config.profile.pmu),
+        pmu,
         backend: config.backend,
         pmis: Default::default(),
         tracer,
@@ -51,6 +55,8 @@ pub fn build(config: VmConfig) -> Result<BuiltVm, VmmError> {
         stats: ExitStats::default(),
         stop: Arc::new(kick::StopRequest::default()),
         xsave: xsave::XsaveAbi::probe(&vm),
+        debug: GuestDebug::default(),
+        catch,
     };
     Ok(BuiltVm { vcpu, format, vm, kvm })
 }

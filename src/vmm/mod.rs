@@ -15,6 +15,7 @@ pub mod kick;
 pub mod layout;
 pub mod loader;
 pub mod msr;
+pub mod rdpmc;
 pub mod report;
 pub mod supervisor;
 pub mod trace;

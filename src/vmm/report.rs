@@ -3,7 +3,9 @@
 use super::kick::StopReason;
 use super::loader::Format;
 use super::msr::MsrStats;
+use super::rdpmc::CatchStats;
 use super::vcpu::{ExitStats, PmiStats, Vcpu, VcpuStop};
+use crate::backend::rdpmc_catch::Pass;
 use crate::pmu::Pmu;
 use crate::status;
 use serde::{Serialize, Serializer};
@@ -26,6 +28,8 @@ pub struct RunReport {
     pub backend: String,
     pub backend_name: &'static str,
     pub backend_notes: Vec<String>,
+    /// RDPMC outside counted code, completed at the guest's #GP handler.
+    pub rdpmc: CatchStats,
     /// Events written to the `--trace` file, and the error writing it, if any.
     pub trace_events: u64,
     pub trace_error: Option<String>,
@@ -50,6 +54,7 @@ impl RunReport {
             backend: vcpu.backend.summary(),
             backend_name: vcpu.backend.name(),
             backend_notes: vcpu.backend.notes(),
+            rdpmc: vcpu.catch.stats,
             trace_events: vcpu.tracer.as_ref().map_or(0, |t| t.events),
             trace_error: vcpu.tracer.as_ref().and_then(|t| t.error.clone()),
             peak_memory_kib: peak_memory_kib(),
@@ -77,11 +82,12 @@ impl RunReport {
             VcpuStop::Stopped(StopReason::Interrupted) => "interrupted (Ctrl-C)".into(),
         };
         let mut backend = self.backend_name.to_owned();
-        for n in &self.backend_notes {
+        for n in self.backend_notes.iter().chain(&self.rdpmc.notes()) {
             backend += &format!("; {n}");
         }
+        let rdpmc = self.rdpmc.summary().map(|s| format!(", {s}")).unwrap_or_default();
         format!(
-            "emon: {why} after {:.2} s, {} exits, {} PMU MSR accesses, {} #GP injected, backend {backend} (status {})",
+            "emon: {why} after {:.2} s, {} exits, {} PMU MSR accesses, {} #GP injected{rdpmc}, backend {backend} (status {})",
             self.elapsed.as_secs_f64(),
             self.exits.total,
             self.msr.pmu_reads + self.msr.pmu_writes,
@@ -122,6 +128,14 @@ impl RunReport {
             },
             pmis: Counts([("fixed", p.fixed), ("nmi", p.nmi), ("masked", p.masked), ("dropped", p.dropped)]),
             backend: JsonBackend { name: self.backend_name, notes: &self.backend_notes, summary: &self.backend },
+            rdpmc: JsonRdpmc {
+                armed: self.rdpmc.armed,
+                completed: self.rdpmc.completed,
+                gp_passed: self.rdpmc.passed_total(),
+                gp_passed_rdpmc_faults: self.rdpmc.passed.get(&Pass::RdpmcFaults).copied().unwrap_or(0),
+                db_reinjected: self.rdpmc.db_reinjected,
+                notes: self.rdpmc.notes(),
+            },
             fds: Counts([("at_start", e.fds_at_start as u64), ("at_end", e.fds_at_end as u64)]),
             peak_memory_kib: self.peak_memory_kib,
             unhandled_ports: self
@@ -158,6 +172,7 @@ pub struct JsonReport<'a> {
     /// PMIs by how they were delivered: fixed, nmi, masked, dropped.
     pub pmis: Counts<4>,
     pub backend: JsonBackend<'a>,
+    pub rdpmc: JsonRdpmc,
     /// Open file descriptors at the first KVM_RUN and at the end of the run: at_start, at_end.
     pub fds: Counts<2>,
     /// emon's peak resident set size (VmHWM), in KiB; null if the kernel does not report it.
@@ -215,6 +230,23 @@ pub struct JsonBackend<'a> {
     pub notes: &'a [String],
     /// The backend's account of the run, as `--verbose` prints it.
     pub summary: &'a str,
+}
+
+/// RDPMC outside counted code ([`CatchStats`]).
+#[derive(Debug, Serialize)]
+pub struct JsonRdpmc {
+    /// The breakpoint was on the guest's #GP handler at some point.
+    pub armed: bool,
+    /// RDPMCs completed at the #GP handler.
+    pub completed: u64,
+    /// #GPs passed on to the guest's handler, and how many of them came from an RDPMC that
+    /// faults on hardware too.
+    pub gp_passed: u64,
+    pub gp_passed_rdpmc_faults: u64,
+    /// The guest's own #DBs given back to it.
+    pub db_reinjected: u64,
+    /// When RDPMC outside counted code was not available, and why.
+    pub notes: Vec<String>,
 }
 
 #[derive(Debug, Serialize)]

@@ -3,8 +3,10 @@
 use super::devices::{PioAction, PioBus};
 use super::kick::{self, StopReason, StopRequest};
 use super::msr::MsrDispatch;
+use super::rdpmc::GpCatch;
 use super::xsave::{SseState, XsaveAbi};
 use super::VmmError;
+use crate::backend::guest_debug::{DebugExit, GuestDebug};
 use crate::backend::kvm::{deliver_pmi, KvmVcpu};
 use crate::backend::pmi::PmiDelivery;
 use crate::backend::{Backend, Cx, Next};
@@ -73,6 +75,11 @@ pub struct Vcpu {
     pub tracer: Option<super::trace::Tracer>,
     /// How to reach the guest's XMM registers for the SSE completion; `None` without XSAVE.
     pub xsave: Option<XsaveAbi>,
+    /// The vCPU's one KVM_SET_GUEST_DEBUG control: the backend's single-stepping and the
+    /// breakpoint on the guest's #GP handler.
+    pub debug: GuestDebug,
+    /// RDPMC outside counted code, completed at the guest's #GP handler.
+    pub catch: GpCatch,
 }
 
 /// How often (in exits) the tracer samples the counters between PMU events.
@@ -81,8 +88,14 @@ const TRACE_SAMPLE_EXITS: u64 = 4096;
 /// What the exit loop does after an exit.
 enum ExitAction {
     Continue,
-    /// A single-step exit: one instruction retired, the vCPU is at this RIP.
+    /// One instruction retired outside the vCPU (emon completed it): the vCPU is at this RIP,
+    /// as after a single step.
     Stepped(u64),
+    /// KVM_EXIT_DEBUG: a single step, the breakpoint on the #GP handler, or the guest's own #DB.
+    Debug {
+        pc: u64,
+        dr6: u64,
+    },
     /// KVM_RUN returned EINTR (a kick or a signal): nothing retired.
     Interrupted,
     Stop(VcpuStop),
@@ -116,7 +129,7 @@ impl Vcpu {
             if self.pmu.pmi_pending() {
                 self.deliver_pmi()?;
             }
-            let mut vcpu = KvmVcpu { fd: &mut self.fd, mem: &self.mem };
+            let mut vcpu = KvmVcpu { fd: &mut self.fd, mem: &self.mem, debug: &mut self.debug };
             let mut cx = Cx { vcpu: &mut vcpu, pmu: &mut self.pmu };
             match self.backend.before_run(&mut cx, at_boundary)? {
                 Next::Run => {}
@@ -126,6 +139,7 @@ impl Vcpu {
                 }
                 Next::Again => continue,
             }
+            self.catch.before_run(&mut self.fd, &self.mem, &mut self.debug)?;
             let step = self.step()?;
             if self.stats.total % TRACE_SAMPLE_EXITS == 0 {
                 if let Some(t) = &mut self.tracer {
@@ -136,9 +150,26 @@ impl Vcpu {
                 ExitAction::Continue => at_boundary = false,
                 ExitAction::Interrupted => {}
                 ExitAction::Stepped(pc) => {
-                    let mut vcpu = KvmVcpu { fd: &mut self.fd, mem: &self.mem };
-                    let mut cx = Cx { vcpu: &mut vcpu, pmu: &mut self.pmu };
-                    self.backend.on_debug_exit(&mut cx, pc)?;
+                    self.backend_step(pc)?;
+                    at_boundary = true;
+                }
+                ExitAction::Debug { pc, dr6 } => {
+                    match self.debug.classify(dr6, pc) {
+                        DebugExit::Step => {
+                            // The backend's step; a step over the #GP handler it overlapped is over.
+                            self.debug.pass = false;
+                            self.backend_step(pc)?;
+                        }
+                        kind => self.catch.on_debug_exit(
+                            kind,
+                            dr6,
+                            &mut self.fd,
+                            &self.mem,
+                            &mut self.debug,
+                            &mut self.pmu,
+                            &mut *self.backend,
+                        )?,
+                    }
                     at_boundary = true;
                 }
                 ExitAction::Stop(s) => return Ok(s),
@@ -147,6 +178,14 @@ impl Vcpu {
                 }
             }
         }
+    }
+
+    /// The backend's single step (or an instruction emon completed): it retired one instruction
+    /// and the vCPU is at `pc`.
+    fn backend_step(&mut self, pc: u64) -> Result<(), VmmError> {
+        let mut vcpu = KvmVcpu { fd: &mut self.fd, mem: &self.mem, debug: &mut self.debug };
+        let mut cx = Cx { vcpu: &mut vcpu, pmu: &mut self.pmu };
+        Ok(self.backend.on_debug_exit(&mut cx, pc)?)
     }
 
     /// Delivers the pending PMI as LVTPC says, then applies FREEZE_PERFMON_ON_PMI.
@@ -239,7 +278,7 @@ impl Vcpu {
                 tracing::debug!("unhandled MMIO write at {addr:#x}");
                 ExitAction::Continue
             }
-            VcpuExit::Debug(d) => ExitAction::Stepped(d.pc),
+            VcpuExit::Debug(d) => ExitAction::Debug { pc: d.pc, dr6: d.dr6 },
             VcpuExit::Shutdown => ExitAction::Shutdown("triple fault (KVM_EXIT_SHUTDOWN)".into()),
             VcpuExit::SystemEvent(kind, _) => ExitAction::Shutdown(format!("system event {kind} (shutdown or reset)")),
             VcpuExit::Hlt => ExitAction::Shutdown("HLT with no interrupt source".into()),

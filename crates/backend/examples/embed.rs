@@ -11,6 +11,7 @@
 //! the starting one does not): 1007.
 //!
 //!     cargo run -p emon-backend --example embed
+use emon_backend::guest_debug::GuestDebug;
 use emon_backend::kvm::{deliver_pmi, trap_pmu_msrs, KvmVcpu};
 use emon_backend::precise::Precise;
 use emon_backend::{Backend, Cx, Next};
@@ -81,12 +82,14 @@ pub fn run() -> Result<Outcome, Box<dyn std::error::Error>> {
     let mut pmu = Pmu::new(&Profile::load("skylake")?.pmu);
     let mut backend = Precise::new();
     let mut at_boundary = true;
+    // The vCPU's KVM_SET_GUEST_DEBUG control, which the backend's single-stepping goes through.
+    let mut debug = GuestDebug::default();
     let guest_read = loop {
         if pmu.pmi_pending() {
             deliver_pmi(&fd)?;
             pmu.pmi_delivered();
         }
-        let mut vcpu = KvmVcpu { fd: &mut fd, mem: &mem };
+        let mut vcpu = KvmVcpu { fd: &mut fd, mem: &mem, debug: &mut debug };
         match backend.before_run(&mut Cx { vcpu: &mut vcpu, pmu: &mut pmu }, at_boundary)? {
             Next::Run => {}
             Next::Retired => {
@@ -120,7 +123,7 @@ pub fn run() -> Result<Outcome, Box<dyn std::error::Error>> {
         match exit {
             Exit::Msr => at_boundary = false,
             Exit::Stepped(pc) => {
-                let mut vcpu = KvmVcpu { fd: &mut fd, mem: &mem };
+                let mut vcpu = KvmVcpu { fd: &mut fd, mem: &mem, debug: &mut debug };
                 backend.on_debug_exit(&mut Cx { vcpu: &mut vcpu, pmu: &mut pmu }, pc)?;
                 at_boundary = true;
             }

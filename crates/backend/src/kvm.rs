@@ -1,14 +1,15 @@
 //! KVM glue for a VMM that embeds the virtual PMU: [`KvmVcpu`], the backends' [`Vcpu`] over a
 //! KVM vCPU file descriptor; [`trap_pmu_msrs`], which sends every PMU MSR access to userspace;
-//! and [`deliver_pmi`], the PMI through the in-kernel local APIC.
+//! [`apply_guest_debug`], the vCPU's one KVM_SET_GUEST_DEBUG control; and [`deliver_pmi`], the
+//! PMI through the in-kernel local APIC.
+use crate::guest_debug::GuestDebug;
 use crate::pmi::{plan, PmiDelivery};
 use crate::{lapic, Vcpu, VcpuError};
 use emon_pmu::pmu::Pmu;
 use kvm_bindings::{
-    kvm_device_attr, kvm_enable_cap, kvm_guest_debug, kvm_mp_state, kvm_msr_entry, kvm_regs, kvm_sregs, Msrs,
-    KVM_CAP_X86_USER_SPACE_MSR, KVM_GUESTDBG_ENABLE, KVM_GUESTDBG_SINGLESTEP, KVM_MP_STATE_HALTED,
-    KVM_MSR_EXIT_REASON_FILTER, KVM_MSR_EXIT_REASON_INVAL, KVM_MSR_EXIT_REASON_UNKNOWN, KVM_VCPUEVENT_VALID_SHADOW,
-    KVM_VCPU_TSC_CTRL, KVM_VCPU_TSC_OFFSET,
+    kvm_device_attr, kvm_enable_cap, kvm_mp_state, kvm_msr_entry, kvm_regs, kvm_sregs, Msrs, KVM_CAP_X86_USER_SPACE_MSR,
+    KVM_MP_STATE_HALTED, KVM_MSR_EXIT_REASON_FILTER, KVM_MSR_EXIT_REASON_INVAL, KVM_MSR_EXIT_REASON_UNKNOWN,
+    KVM_VCPUEVENT_VALID_SHADOW, KVM_VCPU_TSC_CTRL, KVM_VCPU_TSC_OFFSET,
 };
 use kvm_ioctls::{MsrFilterDefaultAction, MsrFilterRange, MsrFilterRangeFlags, VcpuFd, VmFd};
 use std::time::{Duration, Instant};
@@ -40,10 +41,22 @@ pub fn trap_pmu_msrs(vm: &VmFd) -> Result<(), VcpuError> {
     vm.set_msr_filter(MsrFilterDefaultAction::ALLOW, &ranges).map_err(VcpuError::op("KVM_X86_SET_MSR_FILTER"))
 }
 
+/// Gives KVM the vCPU's guest-debug control (KVM_SET_GUEST_DEBUG) if it changed since it was
+/// last given: single-stepping and the #GP handler's breakpoint in one control.
+pub fn apply_guest_debug(fd: &VcpuFd, debug: &mut GuestDebug) -> Result<(), VcpuError> {
+    let Some(g) = debug.take_change() else { return Ok(()) };
+    fd.set_guest_debug(&g).map_err(|e| {
+        debug.forget_applied();
+        VcpuError { op: "KVM_SET_GUEST_DEBUG", source: e }
+    })
+}
+
 /// A KVM vCPU and its guest memory, as the backends drive it.
 pub struct KvmVcpu<'a> {
     pub fd: &'a mut VcpuFd,
     pub mem: &'a GuestMemoryMmap,
+    /// The vCPU's guest-debug control, which single-stepping shares with other users.
+    pub debug: &'a mut GuestDebug,
 }
 
 impl Vcpu for KvmVcpu<'_> {
@@ -73,10 +86,8 @@ impl Vcpu for KvmVcpu<'_> {
     }
 
     fn set_single_step(&mut self, on: bool) -> Result<(), VcpuError> {
-        let control = if on { KVM_GUESTDBG_ENABLE | KVM_GUESTDBG_SINGLESTEP } else { 0 };
-        self.fd
-            .set_guest_debug(&kvm_guest_debug { control, ..Default::default() })
-            .map_err(VcpuError::op("KVM_SET_GUEST_DEBUG"))
+        self.debug.step = on;
+        apply_guest_debug(self.fd, self.debug)
     }
 
     fn halt(&mut self) -> Result<(), VcpuError> {
@@ -92,6 +103,15 @@ impl Vcpu for KvmVcpu<'_> {
     }
 
     fn inject_exception(&mut self, vector: u8, error_code: Option<u32>) -> Result<(), VcpuError> {
+        if is_fault(vector) {
+            // The frame of a fault has RFLAGS.RF set, so that the instruction can be restarted
+            // past an instruction breakpoint (SDM Vol. 3A 6.5, "Exception Classifications"; Vol. 3B,
+            // "Instruction-Breakpoint Exception Condition"). KVM sets it for the exceptions it
+            // raises itself, not for one injected this way.
+            let mut regs = self.regs()?;
+            regs.rflags |= RFLAGS_RF;
+            self.set_regs(&regs)?;
+        }
         let mut ev = self.fd.get_vcpu_events().map_err(VcpuError::op("KVM_GET_VCPU_EVENTS"))?;
         ev.exception.injected = 1;
         ev.exception.nr = vector;
@@ -169,10 +189,20 @@ pub fn guest_tsc_settable(kvm: &kvm_ioctls::Kvm) -> Result<bool, VcpuError> {
     let vm = kvm.create_vm().map_err(VcpuError::op("KVM_CREATE_VM"))?;
     let mut fd = vm.create_vcpu(0).map_err(VcpuError::op("KVM_CREATE_VCPU"))?;
     let mem = GuestMemoryMmap::default();
-    let mut vcpu = KvmVcpu { fd: &mut fd, mem: &mem };
+    let mut debug = GuestDebug::default();
+    let mut vcpu = KvmVcpu { fd: &mut fd, mem: &mem, debug: &mut debug };
     // Far from real time, so that an offset the host ignores shows.
     let target = vcpu.guest_tsc()?.wrapping_add(1 << 40);
     vcpu.set_guest_tsc(target)
+}
+
+/// RFLAGS.RF, the resume flag.
+const RFLAGS_RF: u64 = 1 << 16;
+
+/// Exceptions of the fault class (SDM Vol. 3A, Table 6-1): #DE, #BR, #UD, #NM, #TS, #NP, #SS,
+/// #GP, #PF, #MF, #AC, #XM, #VE. (#DB is a fault or a trap depending on its cause.)
+fn is_fault(vector: u8) -> bool {
+    matches!(vector, 0 | 5 | 6 | 7 | 10..=14 | 16 | 17 | 19 | 20)
 }
 
 /// Delivers one PMI to the vCPU through the in-kernel local APIC, as LVTPC says (see

@@ -19,6 +19,7 @@
 //! - [`stepper`]: a bare single-stepper, the floor `emon bench` measures the precise backend against.
 //! - `kvm` (feature `kvm`, on by default): [`Vcpu`] over a KVM vCPU, and the MSR filter that
 //!   traps the PMU's MSRs. `examples/embed.rs` drives a guest's PMU from a minimal exit loop.
+pub mod guest_debug;
 #[cfg(feature = "kvm")]
 pub mod kvm;
 pub mod lapic;
@@ -26,6 +27,7 @@ pub mod perf;
 pub mod pmi;
 pub mod precise;
 pub mod probe;
+pub mod rdpmc_catch;
 pub mod stepper;
 #[cfg(test)]
 mod testing;

@@ -2,12 +2,12 @@
 #![no_std]
 #![no_main]
 
-use core::arch::{asm, global_asm};
+use core::arch::global_asm;
 use core::sync::atomic::{AtomicU64, Ordering::SeqCst};
-use emon_guest::catch::catch;
 use emon_guest::cpu::{rdmsr, wrmsr};
-use emon_guest::idt::{self, Regs, USER_CS, USER_DS};
+use emon_guest::idt::{self, Regs};
 use emon_guest::pmu::*;
+use emon_guest::user::{self, make_user_accessible};
 use emon_guest::{apic, check, check_eq, dec, println, skip};
 
 emon_guest::entry!(main);
@@ -34,72 +34,9 @@ extern "C" {
     fn user_fn_loop();
 }
 
-#[repr(C, align(16))]
-struct Stack([u8; 4096]);
-static mut USER_STACK: Stack = Stack([0; 4096]);
-
-/// Sets the user/supervisor bit on every present page-table entry reachable from CR3 (the
-/// identity map of RAM; the local APIC page is left to the kernel).
-fn make_user_accessible() {
-    const PRESENT: u64 = 1;
-    const USER: u64 = 1 << 2;
-    const PAGE_SIZE: u64 = 1 << 7;
-    const PCD: u64 = 1 << 4;
-    const ADDR: u64 = 0x000F_FFFF_FFFF_F000;
-    let cr3: u64;
-    // SAFETY: reading CR3.
-    unsafe { asm!("mov {}, cr3", out(reg) cr3) };
-    // SAFETY: the page tables are identity-mapped RAM the kernel owns; entries only gain USER.
-    unsafe {
-        let pml4 = (cr3 & ADDR) as *mut u64;
-        for i in 0..512 {
-            let e = pml4.add(i);
-            if *e & PRESENT == 0 {
-                continue;
-            }
-            *e |= USER;
-            let pdpt = (*e & ADDR) as *mut u64;
-            for j in 0..512 {
-                let e = pdpt.add(j);
-                if *e & PRESENT == 0 {
-                    continue;
-                }
-                *e |= USER;
-                let pd = (*e & ADDR) as *mut u64;
-                for k in 0..512 {
-                    let e = pd.add(k);
-                    if *e & PRESENT != 0 && *e & PAGE_SIZE != 0 && *e & PCD == 0 {
-                        *e |= USER;
-                    }
-                }
-            }
-        }
-        asm!("mov {0}, cr3", "mov cr3, {0}", out(reg) _);
-    }
-}
-
-/// Runs `user_fn` at CPL3 (entered with IRETQ) until its HLT raises #GP; returns the vector.
+/// Runs `user_fn` at CPL3 until its HLT raises #GP; returns the vector.
 fn run_user() -> u8 {
-    let e = catch(|| {
-        // SAFETY: IRETQ to CPL3 with a user stack; user_fn ends in HLT, whose #GP the catch takes.
-        unsafe {
-            let top = (&raw mut USER_STACK) as u64 + 4096;
-            asm!(
-                "push {ss}",
-                "push {rsp}",
-                "pushfq",
-                "push {cs}",
-                "push {rip}",
-                "iretq",
-                ss = in(reg) USER_DS as u64,
-                rsp = in(reg) top,
-                cs = in(reg) USER_CS as u64,
-                rip = in(reg) user_fn as *const () as u64,
-                out("rax") _, out("rcx") _,
-            );
-        }
-    });
-    e.map_or(0xFF, |e| e.vector)
+    user::run_user(user_fn, 0)
 }
 
 static PMI_RIP: AtomicU64 = AtomicU64::new(0);
