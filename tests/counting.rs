@@ -294,3 +294,32 @@ fn auto_says_which_backend_it_chose_and_why() {
     assert!(line.starts_with("emon: backend precise: auto: the host"), "{line}");
     assert!(r.stderr.contains("precise backend:"), "{}", r.stderr);
 }
+
+/// KVM's PMU test's idioms (`guest:pmu-idioms`) pass under every shipped profile, twice alike, and
+/// the TSC-to-reference ratio the guest measures is the profile's `[clock]` ratio, also where the
+/// CPU has no CPUID leaf 0x15 to tell the guest (README, "Guest time").
+#[test]
+fn pmu_idioms_see_the_profiles_reference_clock() {
+    if !kvm_available() {
+        return;
+    }
+    for name in Profile::builtin_names() {
+        let p = Profile::load(name).unwrap();
+        let r = run_twice_deterministic(&[
+            "run",
+            "--profile",
+            name,
+            "guest:pmu-idioms",
+            "--",
+            "n=1000",
+            "calibrate=10000000",
+        ]);
+        if p.pmu.version < 2 || !p.pmu.arch_event_available(2) {
+            continue;
+        }
+        let (num, den) = (u64::from(p.clock.tsc_per_ref_numerator), u64::from(p.clock.tsc_per_ref_denominator));
+        let milli = num * 1000 / den;
+        let want = format!("TSC ticks per reference tick: {}.{:03}", milli / 1000, milli % 1000);
+        assert!(r.stdout.lines().any(|l| l == want), "{name}: missing {want:?}\n{}", r.stdout);
+    }
+}

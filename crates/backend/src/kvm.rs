@@ -7,9 +7,9 @@ use crate::pmi::{plan, PmiDelivery};
 use crate::{lapic, Vcpu, VcpuError};
 use emon_pmu::pmu::Pmu;
 use kvm_bindings::{
-    kvm_device_attr, kvm_enable_cap, kvm_mp_state, kvm_msr_entry, kvm_regs, kvm_sregs, Msrs, KVM_CAP_X86_USER_SPACE_MSR,
-    KVM_MP_STATE_HALTED, KVM_MSR_EXIT_REASON_FILTER, KVM_MSR_EXIT_REASON_INVAL, KVM_MSR_EXIT_REASON_UNKNOWN,
-    KVM_VCPUEVENT_VALID_SHADOW, KVM_VCPU_TSC_CTRL, KVM_VCPU_TSC_OFFSET,
+    kvm_device_attr, kvm_enable_cap, kvm_mp_state, kvm_msr_entry, kvm_regs, kvm_sregs, Msrs,
+    KVM_CAP_X86_USER_SPACE_MSR, KVM_MP_STATE_HALTED, KVM_MSR_EXIT_REASON_FILTER, KVM_MSR_EXIT_REASON_INVAL,
+    KVM_MSR_EXIT_REASON_UNKNOWN, KVM_VCPUEVENT_VALID_SHADOW, KVM_VCPU_TSC_CTRL, KVM_VCPU_TSC_OFFSET,
 };
 use kvm_ioctls::{MsrFilterDefaultAction, MsrFilterRange, MsrFilterRangeFlags, VcpuFd, VmFd};
 use std::time::{Duration, Instant};

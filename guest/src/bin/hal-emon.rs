@@ -26,7 +26,9 @@
 #![no_main]
 
 use emon_guest::cpu::{cpuid, rdmsr, vendor, wrmsr};
-use emon_guest::pmu::{measured_block, ref_cycles_range, IA32_PERFEVTSEL0, IA32_PERF_GLOBAL_CTRL, IA32_PMC0, PERFEVTSEL_EN};
+use emon_guest::pmu::{
+    measured_block, ref_cycles_range, IA32_PERFEVTSEL0, IA32_PERF_GLOBAL_CTRL, IA32_PMC0, PERFEVTSEL_EN,
+};
 use emon_guest::{check, check_eq, dec, println, skip};
 
 emon_guest::entry!(main);

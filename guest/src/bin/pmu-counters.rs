@@ -49,9 +49,10 @@ use core::arch::asm;
 use core::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};
 use emon_guest::cpu::{cpuid, enable_interrupts, rdmsr, wrmsr};
 use emon_guest::pmu::{
-    measured_block, ref_cycles_range, start_and_retire_one, APIC_PERFMON_VECTOR, FIXED_EN_ALL, FIXED_EN_OS, FIXED_EN_USR, FIXED_PMI,
-    IA32_FIXED_CTR0, IA32_FIXED_CTR_CTRL, IA32_PERFEVTSEL0, IA32_PERF_GLOBAL_CTRL, IA32_PERF_GLOBAL_OVF_CTRL,
-    IA32_PERF_GLOBAL_STATUS, IA32_PMC0, PERFEVTSEL_EN, PERFEVTSEL_INT, PERFEVTSEL_OS, PERFEVTSEL_USR,
+    measured_block, ref_cycles_range, start_and_retire_one, APIC_PERFMON_VECTOR, FIXED_EN_ALL, FIXED_EN_OS,
+    FIXED_EN_USR, FIXED_PMI, IA32_FIXED_CTR0, IA32_FIXED_CTR_CTRL, IA32_PERFEVTSEL0, IA32_PERF_GLOBAL_CTRL,
+    IA32_PERF_GLOBAL_OVF_CTRL, IA32_PERF_GLOBAL_STATUS, IA32_PMC0, PERFEVTSEL_EN, PERFEVTSEL_INT, PERFEVTSEL_OS,
+    PERFEVTSEL_USR,
 };
 use emon_guest::{apic, check, check_eq, dec, idt, println, skip};
 
@@ -116,7 +117,15 @@ fn check_gp_count(got: u64, kind: Kind, n: u32, what: core::fmt::Arguments) {
     let want = expected(kind, n);
     if kind == Kind::RefXclk {
         let (lo, hi) = ref_cycles_range(want);
-        check!(lo <= got && got <= hi, "{}: {} reference cycles for {} core cycles, in [{}, {}]", what, dec(got), dec(want), dec(lo), dec(hi));
+        check!(
+            lo <= got && got <= hi,
+            "{}: {} reference cycles for {} core cycles, in [{}, {}]",
+            what,
+            dec(got),
+            dec(want),
+            dec(lo),
+            dec(hi)
+        );
     } else {
         check_eq!(got, want, "{}: {}", what, dec(want));
     }
