@@ -11,7 +11,8 @@ use crate::backend::rdpmc_catch::{self, Aside, Decision, Pass};
 use crate::backend::{Backend, Vcpu};
 use crate::pmu::Pmu;
 use kvm_bindings::{
-    kvm_sregs, KVM_CAP_SET_GUEST_DEBUG2, KVM_GUESTDBG_USE_HW_BP, KVM_SYNC_X86_REGS, KVM_SYNC_X86_SREGS,
+    kvm_sregs, KVM_CAP_SET_GUEST_DEBUG2, KVM_GUESTDBG_BLOCKIRQ, KVM_GUESTDBG_USE_HW_BP, KVM_SYNC_X86_REGS,
+    KVM_SYNC_X86_SREGS,
 };
 use kvm_ioctls::{Cap, Kvm, SyncReg, VcpuFd};
 use std::collections::BTreeMap;
@@ -265,8 +266,9 @@ impl GpCatch {
                 );
                 fd.set_regs(&c.regs).map_err(|source| VmmError::Kvm { op: "KVM_SET_REGS", source })?;
                 if let Some(s) = &c.sregs {
+                    // Only CS and SS change: kvm_run's IDTR, GDTR and control registers, all the
+                    // next look uses, stay true.
                     fd.set_sregs(s).map_err(|source| VmmError::Kvm { op: "KVM_SET_SREGS", source })?;
-                    self.stale = true;
                 }
                 if c.single_step_trap {
                     inject_db(fd, mem, debug, DR6_BS)?;
@@ -283,6 +285,11 @@ impl GpCatch {
         }
         Ok(())
     }
+}
+
+/// Whether `kvm` can hold interrupts during a guest-debug step (KVM_GUESTDBG_BLOCKIRQ).
+pub fn block_irq(kvm: &Kvm) -> bool {
+    kvm.check_extension_raw(u64::from(KVM_CAP_SET_GUEST_DEBUG2)).max(0) as u32 & KVM_GUESTDBG_BLOCKIRQ != 0
 }
 
 /// Whether `kvm` can put a hardware instruction breakpoint in a guest
