@@ -59,6 +59,14 @@ pub struct Figures {
     pub pmu_msr_tsc: u64,
     pub port_io_tsc: u64,
     pub kvm_msr_tsc: u64,
+    /// RDPMC completed at the #GP handler's breakpoint, a #GP passed on to the guest (with the
+    /// breakpoint, and with emon standing aside), and port I/O exits with the breakpoint armed
+    /// and under a profile without a PMU (no breakpoint): TSC ticks for `exits` of each.
+    pub rdpmc_tsc: u64,
+    pub gp_tsc: u64,
+    pub gp_aside_tsc: u64,
+    pub port_io_armed_tsc: u64,
+    pub port_io_unarmed_tsc: u64,
 }
 
 impl Figures {
@@ -71,6 +79,10 @@ impl Figures {
     }
     pub fn kvm_msr_vs_port_io(&self) -> f64 {
         self.kvm_msr_tsc as f64 / self.port_io_tsc as f64
+    }
+    /// An RDPMC completed at the #GP handler against a port I/O exit (breakpoint armed in both).
+    pub fn rdpmc_vs_port_io(&self) -> f64 {
+        self.rdpmc_tsc as f64 / self.port_io_armed_tsc as f64
     }
 }
 
@@ -87,7 +99,13 @@ pub fn measure(profile: &Profile, iterations: u64, exits: u64) -> Result<Figures
         pmu_msr_tsc: u64::MAX,
         port_io_tsc: u64::MAX,
         kvm_msr_tsc: u64::MAX,
+        rdpmc_tsc: u64::MAX,
+        gp_tsc: u64::MAX,
+        gp_aside_tsc: u64::MAX,
+        port_io_armed_tsc: u64::MAX,
+        port_io_unarmed_tsc: u64::MAX,
     };
+    let no_pmu = Profile::load("no-pmu").map_err(|e| e.to_string())?;
     for _ in 0..ROUNDS {
         let precise =
             run(profile, Box::new(Precise::with_engine(Engine::Step)), &format!("mode=loop-counted n={iterations}"))?;
@@ -107,6 +125,13 @@ pub fn measure(profile: &Profile, iterations: u64, exits: u64) -> Result<Figures
         f.pmu_msr_tsc = f.pmu_msr_tsc.min(get(&exit, "pmu_msr_tsc")?);
         f.port_io_tsc = f.port_io_tsc.min(get(&exit, "port_io_tsc")?);
         f.kvm_msr_tsc = f.kvm_msr_tsc.min(get(&exit, "kvm_msr_tsc")?);
+        let rdpmc = run(profile, Box::new(Precise::with_engine(Engine::Step)), &format!("mode=rdpmc n={exits}"))?;
+        let unarmed = run(&no_pmu, Box::new(Precise::with_engine(Engine::Step)), &format!("mode=pio n={exits}"))?;
+        f.rdpmc_tsc = f.rdpmc_tsc.min(get(&rdpmc, "rdpmc_tsc")?);
+        f.gp_tsc = f.gp_tsc.min(get(&rdpmc, "gp_tsc")?);
+        f.gp_aside_tsc = f.gp_aside_tsc.min(get(&rdpmc, "gp_aside_tsc")?);
+        f.port_io_armed_tsc = f.port_io_armed_tsc.min(get(&rdpmc, "port_io_tsc")?);
+        f.port_io_unarmed_tsc = f.port_io_unarmed_tsc.min(get(&unarmed, "port_io_tsc")?);
     }
     Ok(f)
 }

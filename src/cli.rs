@@ -395,6 +395,20 @@ fn bench(args: &BenchArgs) -> Result<ExitCode, CliError> {
     println!("  in-kernel MSR exit (RDMSR IA32_TIME_STAMP_COUNTER): {:.0} ticks", per(f.kvm_msr_tsc, f.exits));
     println!("  PMU MSR exit / port I/O exit: {:.3}x", f.pmu_msr_vs_port_io());
     println!("  in-kernel MSR exit / port I/O exit: {:.3}x", f.kvm_msr_vs_port_io());
+    let us = |tsc: u64| per(tsc, f.exits) / hz * 1e6;
+    println!("  RDPMC outside counted code (a hardware breakpoint on the guest's #GP handler):");
+    println!("    RDPMC completed at the #GP handler:        {:.1} µs", us(f.rdpmc_tsc));
+    println!(
+        "    #GP passed on to the guest's handler:     {:.1} µs ({:.1} µs with emon standing aside)",
+        us(f.gp_tsc),
+        us(f.gp_aside_tsc)
+    );
+    println!(
+        "    port I/O exit with the breakpoint armed:   {:.1} µs ({:.1} µs without: no PMU)",
+        us(f.port_io_armed_tsc),
+        us(f.port_io_unarmed_tsc)
+    );
+    println!("    RDPMC at the #GP handler / port I/O exit: {:.3}x", f.rdpmc_vs_port_io());
     println!("  precise backend, TCG engine against single-stepping (counted instructions/s):");
     for s in crate::bench::measure_shapes(&profile).map_err(CliError::Bench)? {
         let ips = |(n, tsc): (u64, u64)| n as f64 / (tsc as f64 / hz);

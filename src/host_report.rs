@@ -22,11 +22,19 @@ pub const HEADINGS: [&str; 5] =
 /// Capabilities emon can do without but benefits from: (capability, name, what for).
 /// `None` is KVM_CAP_PMU_CAPABILITY, which kvm-ioctls has no `Cap` for; its value is shown.
 pub const OPTIONAL_CAPS: &[(Option<Cap>, &str, &str)] = &[
-    (Some(Cap::SetGuestDebug), "KVM_CAP_SET_GUEST_DEBUG", "the precise backend single-steps the guest"),
+    (
+        Some(Cap::SetGuestDebug),
+        "KVM_CAP_SET_GUEST_DEBUG",
+        "the precise backend single-steps the guest; a breakpoint on the guest's #GP handler completes RDPMC",
+    ),
     (Some(Cap::UserNmi), "KVM_CAP_USER_NMI", "PMIs the guest routes as NMIs (KVM_NMI)"),
     (Some(Cap::SignalMsi), "KVM_CAP_SIGNAL_MSI", "raising an interrupt without a LAPIC round trip (not used yet)"),
     (None, "KVM_CAP_PMU_CAPABILITY", "non-zero: KVM's own vPMU is on and can be disabled per VM"),
-    (Some(Cap::SyncRegs), "KVM_CAP_SYNC_REGS", "registers in kvm_run instead of GET/SET_REGS (not used yet)"),
+    (
+        Some(Cap::SyncRegs),
+        "KVM_CAP_SYNC_REGS",
+        "the guest's IDTR and registers in kvm_run at every exit, for the #GP handler's breakpoint",
+    ),
     (Some(Cap::ImmediateExit), "KVM_CAP_IMMEDIATE_EXIT", "stopping the vCPU on a timeout, Ctrl-C or perf overflow"),
 ];
 
@@ -57,6 +65,9 @@ pub enum KvmReport {
     Open {
         api_version: i32,
         caps: Vec<CapState>,
+        /// KVM can put a hardware instruction breakpoint in a guest (KVM_GUESTDBG_USE_HW_BP):
+        /// RDPMC outside counted code is completed at the guest's #GP handler.
+        hw_breakpoints: bool,
         /// `emon run`'s message if a required capability is missing.
         error: Option<String>,
         /// Whether a VMM can set the guest's TSC here (README, "Guest time"), or why not known.
@@ -163,6 +174,7 @@ impl KvmReport {
             caps: required.chain(optional).collect(),
             error,
             guest_tsc,
+            hw_breakpoints: vmm::rdpmc::hardware_breakpoints(&kvm),
         }
     }
 }
@@ -290,7 +302,7 @@ impl fmt::Display for HostReport {
         writeln!(f, "{h_kvm}")?;
         match &self.kvm {
             KvmReport::Unavailable(msg) => writeln!(f, "  unavailable: {msg}")?,
-            KvmReport::Open { api_version, caps, error, guest_tsc } => {
+            KvmReport::Open { api_version, caps, error, guest_tsc, .. } => {
                 writeln!(f, "  API version {api_version}")?;
                 if let Some(e) = error {
                     writeln!(f, "  emon run cannot use it: {e}")?;
@@ -394,7 +406,17 @@ impl fmt::Display for HostReport {
         writeln!(
             f,
             "  user-mode (CPL3) code counts exactly in the TCG engine; where KVM cannot single-step CPL3 code (kvm_pvm), what the engine hands back at CPL3 is not counted, and the run summary says NOT EXACT"
-        )
+        )?;
+        let rdpmc = match &self.kvm {
+            KvmReport::Open { hw_breakpoints: true, .. } => {
+                "completed at the guest's #GP handler (a hardware instruction breakpoint there, KVM_GUESTDBG_USE_HW_BP), under either backend; emulated while the precise backend single-steps"
+            }
+            KvmReport::Open { hw_breakpoints: false, .. } => {
+                "not available: this KVM cannot put hardware breakpoints in a guest, so RDPMC outside counted code gets KVM's #GP (the run summary says so); emulated while the precise backend single-steps"
+            }
+            KvmReport::Unavailable(_) => "unknown (no KVM)",
+        };
+        writeln!(f, "  RDPMC outside counted code: {rdpmc}")
     }
 }
 

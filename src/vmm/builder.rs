@@ -55,7 +55,7 @@ pub fn build(config: VmConfig) -> Result<BuiltVm, VmmError> {
         stats: ExitStats::default(),
         stop: Arc::new(kick::StopRequest::default()),
         xsave: xsave::XsaveAbi::probe(&vm),
-        debug: GuestDebug::default(),
+        debug: GuestDebug::new(super::rdpmc::block_irq(&kvm)),
         catch,
     };
     Ok(BuiltVm { vcpu, format, vm, kvm })

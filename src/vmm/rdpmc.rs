@@ -10,7 +10,10 @@ use crate::backend::kvm::{apply_guest_debug, KvmVcpu};
 use crate::backend::rdpmc_catch::{self, Aside, Decision, Pass};
 use crate::backend::{Backend, Vcpu};
 use crate::pmu::Pmu;
-use kvm_bindings::{kvm_sregs, KVM_CAP_SET_GUEST_DEBUG2, KVM_GUESTDBG_USE_HW_BP, KVM_SYNC_X86_SREGS};
+use kvm_bindings::{
+    kvm_sregs, KVM_CAP_SET_GUEST_DEBUG2, KVM_GUESTDBG_BLOCKIRQ, KVM_GUESTDBG_USE_HW_BP, KVM_SYNC_X86_REGS,
+    KVM_SYNC_X86_SREGS,
+};
 use kvm_ioctls::{Cap, Kvm, SyncReg, VcpuFd};
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -93,6 +96,10 @@ pub struct GpCatch {
     /// KVM_CAP_SYNC_REGS with the segment and control registers: kvm_run has them after every
     /// KVM_RUN, with no ioctl.
     sync_sregs: bool,
+    /// The same for the general-purpose registers, read at the breakpoint (KVM_GET_REGS costs
+    /// about 5 µs here). They are never written back through kvm_run: a backend's KVM_SET_REGS
+    /// could be overtaken.
+    sync_regs: bool,
     /// The registers in kvm_run may be older than the vCPU's (a backend ran the guest another way,
     /// or nothing has run yet): read them with KVM_GET_SREGS.
     stale: bool,
@@ -109,15 +116,20 @@ impl GpCatch {
     pub fn new(kvm: &Kvm, fd: &mut VcpuFd, pmu: &Pmu) -> GpCatch {
         let pmu_present = !pmu.counter_ids().is_empty();
         let host = hardware_breakpoints(kvm);
-        let sync_sregs = kvm.check_extension(Cap::SyncRegs)
-            && kvm.check_extension_int(Cap::SyncRegs) as u32 & KVM_SYNC_X86_SREGS != 0;
+        let sync = if kvm.check_extension(Cap::SyncRegs) { kvm.check_extension_int(Cap::SyncRegs) as u32 } else { 0 };
+        let sync_sregs = sync & KVM_SYNC_X86_SREGS != 0;
+        let sync_regs = sync & KVM_SYNC_X86_REGS != 0;
         let on = pmu_present && host;
         if on && sync_sregs {
             fd.set_sync_valid_reg(SyncReg::SystemRegister);
         }
+        if on && sync_regs {
+            fd.set_sync_valid_reg(SyncReg::Register);
+        }
         GpCatch {
             on,
             sync_sregs,
+            sync_regs,
             stale: true,
             guest_dr7: 0,
             dr7_checked: None,
@@ -231,7 +243,12 @@ impl GpCatch {
         pmu: &mut Pmu,
         backend: &mut dyn Backend,
     ) -> Result<(), VmmError> {
-        let regs = fd.get_regs().map_err(|source| VmmError::Kvm { op: "KVM_GET_REGS", source })?;
+        // The exit has just happened: kvm_run has the registers KVM put there.
+        let regs = if self.sync_regs {
+            fd.sync_regs_mut().regs
+        } else {
+            fd.get_regs().map_err(|source| VmmError::Kvm { op: "KVM_GET_REGS", source })?
+        };
         let sregs = self.sregs(fd)?;
         let decision = rdpmc_catch::decide(&regs, &sregs, mem, |ecx, cpl, pce| {
             // The counts so far, as before an RDMSR of a counter.
@@ -249,8 +266,9 @@ impl GpCatch {
                 );
                 fd.set_regs(&c.regs).map_err(|source| VmmError::Kvm { op: "KVM_SET_REGS", source })?;
                 if let Some(s) = &c.sregs {
+                    // Only CS and SS change: kvm_run's IDTR, GDTR and control registers, all the
+                    // next look uses, stay true.
                     fd.set_sregs(s).map_err(|source| VmmError::Kvm { op: "KVM_SET_SREGS", source })?;
-                    self.stale = true;
                 }
                 if c.single_step_trap {
                     inject_db(fd, mem, debug, DR6_BS)?;
@@ -267,6 +285,11 @@ impl GpCatch {
         }
         Ok(())
     }
+}
+
+/// Whether `kvm` can hold interrupts during a guest-debug step (KVM_GUESTDBG_BLOCKIRQ).
+pub fn block_irq(kvm: &Kvm) -> bool {
+    kvm.check_extension_raw(u64::from(KVM_CAP_SET_GUEST_DEBUG2)).max(0) as u32 & KVM_GUESTDBG_BLOCKIRQ != 0
 }
 
 /// Whether `kvm` can put a hardware instruction breakpoint in a guest

@@ -35,6 +35,11 @@ pub struct GuestDebug {
     /// A hardware instruction breakpoint (DR0) at this linear address: the #GP handler's first
     /// instruction. Not armed while stepping, where every instruction exits anyway.
     pub breakpoint: Option<u64>,
+    /// KVM can hold interrupts during a step (KVM_GUESTDBG_BLOCKIRQ, Linux 5.16; it lists it in
+    /// KVM_CAP_SET_GUEST_DEBUG2). Without it an interrupt may come before the handler's first
+    /// instruction: the step then ends in the interrupt's handler, and the breakpoint, back on,
+    /// meets the #GP handler again when the interrupt returns to it.
+    pub block_irq: bool,
     /// The control last given to KVM (`None` before the first).
     applied: Option<(u32, u64)>,
 }
@@ -54,13 +59,18 @@ pub enum DebugExit {
 }
 
 impl GuestDebug {
+    /// Nothing on yet, for a KVM that can (`block_irq`) or cannot hold interrupts during a step.
+    pub fn new(block_irq: bool) -> GuestDebug {
+        GuestDebug { block_irq, ..Default::default() }
+    }
+
     /// The KVM_SET_GUEST_DEBUG argument for the current fields. Stepping wins over the
     /// breakpoint: a step exits at every instruction, and a breakpoint exit would not be one.
     pub fn control(&self) -> kvm_guest_debug {
         let mut g = kvm_guest_debug::default();
         if self.step || self.pass {
             g.control = KVM_GUESTDBG_ENABLE | KVM_GUESTDBG_SINGLESTEP;
-            if self.pass && !self.step {
+            if self.pass && !self.step && self.block_irq {
                 // Only the handler's first instruction: no interrupt may come in between.
                 g.control |= KVM_GUESTDBG_BLOCKIRQ;
             }
@@ -122,6 +132,8 @@ mod tests {
         assert_eq!(d.control().arch.debugreg[7], 0);
         d.step = false;
         d.pass = true;
+        assert_eq!(d.control().control, KVM_GUESTDBG_ENABLE | KVM_GUESTDBG_SINGLESTEP, "no BLOCKIRQ on this KVM");
+        d.block_irq = true;
         assert_eq!(d.control().control, KVM_GUESTDBG_ENABLE | KVM_GUESTDBG_SINGLESTEP | KVM_GUESTDBG_BLOCKIRQ);
         assert_eq!(GuestDebug::default().control().control, 0);
     }

@@ -1,11 +1,11 @@
-//! Benchmark probes for `emon bench`: a counted or stepped instruction loop, and the cost of trapped PMU MSR, port I/O and in-kernel MSR exits, timed with RDTSC.
+//! Benchmark probes for `emon bench`: a counted or stepped instruction loop, the cost of trapped PMU MSR, port I/O and in-kernel MSR exits, and of RDPMC and #GP at the #GP handler's breakpoint, timed with RDTSC.
 #![no_std]
 #![no_main]
 
-use core::arch::asm;
+use core::arch::{asm, global_asm};
 use emon_guest::cpu::{cpuid, rdmsr, wrmsr};
 use emon_guest::pmu::{IA32_PERFEVTSEL0, IA32_PERF_GLOBAL_CTRL, IA32_PMC0};
-use emon_guest::{dec, println};
+use emon_guest::{dec, idt, println};
 
 emon_guest::entry!(main);
 
@@ -53,6 +53,26 @@ fn run_shape(shape: &str, n: u64) {
             _ => {}
         }
     }
+}
+
+/// `n` port I/O exits (OUT to emon's ignored POST-code port 0x80).
+fn port_io(n: u64) {
+    // SAFETY: port 0x80 is ignored.
+    (0..n).for_each(|_| unsafe { asm!("out 0x80, al", in("al") 0u8, options(nostack, nomem)) });
+}
+
+// A #GP handler entered straight from the IDT: drops the error code and returns past the 3-byte
+// `mov rax, [rax]` that faulted.
+global_asm!(".global skip_load_gp", "skip_load_gp:", "add rsp, 8", "add qword ptr [rsp], 3", "iretq",);
+
+extern "C" {
+    fn skip_load_gp();
+}
+
+/// A load from a non-canonical address: #GP(0), which [`skip_load_gp`] skips.
+fn non_canonical_load() {
+    // SAFETY: the load faults and the handler returns past it.
+    unsafe { asm!("mov rax, [rax]", inout("rax") 0x8000_0000_0000_0000u64 => _, options(nostack)) };
 }
 
 fn time(f: impl FnOnce()) -> u64 {
@@ -144,7 +164,39 @@ fn main(boot: &emon_guest::BootInfo) -> i32 {
             wrmsr(IA32_PERFEVTSEL0, 0);
             println!("bench shape={} n={} counted={} tsc={}", shape, dec(n), dec(rdmsr(IA32_PMC0)), dec(tsc));
         }
-        m => println!("bench: unknown mode '{m}' (loop, loop-counted, exits, cycles, reprogram, unknown-msrs, shape)"),
+        "rdpmc" => {
+            // RDPMC completed at the #GP handler; a #GP passed on to the guest (a non-canonical
+            // load, to a minimal raw handler that skips it), with emon's breakpoint on the handler
+            // and with emon standing aside (the guest's DR7 enables a breakpoint of its own, on an
+            // address never run); and a port I/O exit, for scale.
+            idt::set_raw_gate(13, skip_load_gp as *const () as u64);
+            // emon looks at the IDT at exits: one exit, and its breakpoint is on the new handler.
+            port_io(1);
+            let rdpmc = time(|| (0..n).for_each(|_| drop(emon_guest::cpu::rdpmc(0))));
+            let gp = time(|| (0..n).for_each(|_| non_canonical_load()));
+            // SAFETY: DR0 = 8 (never executed), L0: emon stands aside once it has seen DR7.
+            unsafe { asm!("mov dr0, {}", "mov dr7, {}", in(reg) 8u64, in(reg) 0x401u64) };
+            port_io(300);
+            let gp_aside = time(|| (0..n).for_each(|_| non_canonical_load()));
+            // SAFETY: DR7 off again.
+            unsafe { asm!("mov dr7, {}", in(reg) 0x400u64) };
+            let pio = time(|| port_io(n));
+            println!(
+                "bench rdpmc n={} rdpmc_tsc={} gp_tsc={} gp_aside_tsc={} port_io_tsc={}",
+                dec(n),
+                dec(rdpmc),
+                dec(gp),
+                dec(gp_aside),
+                dec(pio)
+            );
+        }
+        "pio" => {
+            let pio = time(|| port_io(n));
+            println!("bench pio n={} port_io_tsc={}", dec(n), dec(pio));
+        }
+        m => println!(
+            "bench: unknown mode '{m}' (loop, loop-counted, exits, cycles, reprogram, unknown-msrs, shape, rdpmc, pio)"
+        ),
     }
     0
 }
