@@ -125,3 +125,23 @@ fn rdpmc_completes_in_32_bit_protected_mode() {
     assert_eq!(r.stdout, "protected mode\n12345678\n00000000\n87654321\n00000000\n", "{}", r.stderr);
     assert!(r.stderr.contains("RDPMC completed at the #GP handler: 2; #GP passed to the guest: 0"), "{}", r.stderr);
 }
+
+#[test]
+fn a_guest_without_a_gp_handler_shuts_down_at_rdpmc_and_the_summary_says_why() {
+    if !kvm_available() {
+        return;
+    }
+    // No IDT: KVM's #GP for the RDPMC becomes a triple fault, where a CPU with a PMU would have
+    // read the counter.
+    let body = "    mov $0x3f8, %dx\n    mov $'x', %al\n    out %al, %dx\n    xor %ecx, %ecx\n    rdpmc\n    xor %eax, %eax\n    jmp exit\n";
+    let kernel = assemble("rdpmc-no-idt", &multiboot_source(body), false, 0x100000);
+    let r = emon(&["run", "--timeout", "60", kernel.to_str().unwrap()]);
+    r.assert_status(3);
+    assert!(
+        r.stderr.contains(
+            "triple fault (KVM_EXIT_SHUTDOWN); the instruction at RIP is RDPMC, which emon could not complete at a #GP handler: the guest's IDT had no #GP entry"
+        ),
+        "{}",
+        r.stderr
+    );
+}

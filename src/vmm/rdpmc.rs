@@ -10,6 +10,8 @@ use crate::backend::kvm::{apply_guest_debug, KvmVcpu};
 use crate::backend::rdpmc_catch::{self, Aside, Decision, Pass};
 use crate::backend::{Backend, Vcpu};
 use crate::pmu::Pmu;
+use crate::x86::insn::{self, Special};
+use crate::x86::mode::CpuMode;
 use kvm_bindings::{
     kvm_sregs, KVM_CAP_SET_GUEST_DEBUG2, KVM_GUESTDBG_BLOCKIRQ, KVM_GUESTDBG_USE_HW_BP, KVM_SYNC_X86_REGS,
     KVM_SYNC_X86_SREGS,
@@ -103,6 +105,8 @@ pub struct GpCatch {
     /// The registers in kvm_run may be older than the vCPU's (a backend ran the guest another way,
     /// or nothing has run yet): read them with KVM_GET_SREGS.
     stale: bool,
+    /// Why the breakpoint was off at the last look, if it was.
+    aside: Option<Aside>,
     /// The guest's own DR7 when emon last looked, and when that was.
     guest_dr7: u64,
     dr7_checked: Option<Instant>,
@@ -131,6 +135,7 @@ impl GpCatch {
             sync_sregs,
             sync_regs,
             stale: true,
+            aside: None,
             guest_dr7: 0,
             dr7_checked: None,
             stats: CatchStats {
@@ -169,6 +174,7 @@ impl GpCatch {
                 }
                 debug.breakpoint = Some(addr);
                 self.stats.armed = true;
+                self.aside = None;
             }
             Err(why) => {
                 if debug.breakpoint.is_some() {
@@ -176,6 +182,7 @@ impl GpCatch {
                     *self.stats.aside.entry(why).or_default() += 1;
                 }
                 debug.breakpoint = None;
+                self.aside = Some(why);
             }
         }
         Ok(apply_guest_debug(fd, debug)?)
@@ -192,6 +199,17 @@ impl GpCatch {
             self.dr7_checked = Some(now);
         }
         Ok(self.guest_dr7 & DR7_ENABLES != 0)
+    }
+
+    /// Why a guest that shut down (a triple fault) at an RDPMC did: emon had no #GP handler to
+    /// complete it at, so KVM's #GP found no handler either. `None` for any other shutdown.
+    pub fn explain_shutdown(&self, fd: &VcpuFd, mem: &GuestMemoryMmap) -> Option<String> {
+        let why = self.aside.filter(|_| self.on)?;
+        let (regs, sregs) = (fd.get_regs().ok()?, fd.get_sregs().ok()?);
+        let mode = CpuMode::from_sregs(&sregs);
+        let i = insn::decode(&mode.fetch(mem, sregs.cs.base + regs.rip), regs.rip, mode.bitness)?;
+        (i.special == Special::Rdpmc)
+            .then(|| format!("the instruction at RIP is RDPMC, which emon could not complete at a #GP handler: {why}"))
     }
 
     /// The vCPU's segment and control registers: from kvm_run when KVM put them there at the

@@ -173,7 +173,10 @@ impl Vcpu {
                     at_boundary = true;
                 }
                 ExitAction::Stop(s) => return Ok(s),
-                ExitAction::Shutdown(why) => {
+                ExitAction::Shutdown(mut why) => {
+                    if let Some(rdpmc) = self.catch.explain_shutdown(&self.fd, &self.mem) {
+                        why += &format!("; {rdpmc}");
+                    }
                     return Ok(VcpuStop::Shutdown { why, registers: dump_registers(&self.fd) });
                 }
             }
