@@ -68,6 +68,7 @@ pub fn run(config: VmConfig) -> Result<RunReport, VmmError> {
     let stop = vcpu.stop.clone();
     let done = EventFd::new(libc::EFD_NONBLOCK).map_err(VmmError::EventFd)?;
     let done_vcpu = done.try_clone().map_err(VmmError::EventFd)?;
+    let supervision = supervisor::Supervision::new(timeout, done, stop)?;
     let started = Instant::now();
     let thread = std::thread::Builder::new()
         .name("vcpu0".into())
@@ -79,7 +80,7 @@ pub fn run(config: VmConfig) -> Result<RunReport, VmmError> {
         .map_err(VmmError::SpawnVcpu)?;
     {
         use std::os::unix::thread::JoinHandleExt;
-        supervisor::supervise(timeout, done, stop, thread.as_pthread_t())?;
+        supervision.run(thread.as_pthread_t())?;
     }
     let (stop, vcpu) = thread.join().map_err(VmmError::vcpu_panicked)??;
     Ok(RunReport::collect(stop, format, started.elapsed(), vcpu))

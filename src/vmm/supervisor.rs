@@ -22,21 +22,33 @@ extern "C" fn on_sigint(_: libc::c_int, _: *mut libc::siginfo_t, _: *mut libc::c
     }
 }
 
-/// Runs the event loop until the vCPU thread writes `vcpu_done`, stopping the vCPU through `stop`
-/// (and a kick) on the timeout or Ctrl-C.
-pub fn supervise(
-    timeout: Option<Duration>,
-    vcpu_done: EventFd,
-    stop: Arc<StopRequest>,
-    vcpu_thread: libc::pthread_t,
-) -> Result<(), VmmError> {
-    let supervisor = Arc::new(Mutex::new(Supervisor::new(timeout, vcpu_done, stop, vcpu_thread)?));
-    let mut events = EventManager::<Arc<Mutex<Supervisor>>>::new().map_err(VmmError::EventManager)?;
-    events.add_subscriber(supervisor.clone());
-    while !supervisor.lock().map(|s| s.finished).unwrap_or(true) {
-        events.run().map_err(VmmError::EventLoop)?;
+/// The main thread's event loop, made with every file descriptor it uses before the vCPU thread
+/// starts: the vCPU counts the process's open descriptors when it starts and when it ends (a
+/// backend that leaks host events shows), and nothing may open one in between but the run.
+pub struct Supervision {
+    supervisor: Arc<Mutex<Supervisor>>,
+    events: EventManager<Arc<Mutex<Supervisor>>>,
+}
+
+impl Supervision {
+    pub fn new(timeout: Option<Duration>, vcpu_done: EventFd, stop: Arc<StopRequest>) -> Result<Self, VmmError> {
+        let supervisor = Arc::new(Mutex::new(Supervisor::new(timeout, vcpu_done, stop)?));
+        let mut events = EventManager::<Arc<Mutex<Supervisor>>>::new().map_err(VmmError::EventManager)?;
+        events.add_subscriber(supervisor.clone());
+        Ok(Supervision { supervisor, events })
     }
-    Ok(())
+
+    /// Runs the event loop until the vCPU thread writes `vcpu_done`, stopping the vCPU (the
+    /// thread `vcpu_thread`) through `stop` and a kick on the timeout or Ctrl-C.
+    pub fn run(mut self, vcpu_thread: libc::pthread_t) -> Result<(), VmmError> {
+        if let Ok(mut s) = self.supervisor.lock() {
+            s.vcpu_thread = Some(vcpu_thread);
+        }
+        while !self.supervisor.lock().map(|s| s.finished).unwrap_or(true) {
+            self.events.run().map_err(VmmError::EventLoop)?;
+        }
+        Ok(())
+    }
 }
 
 pub struct Supervisor {
@@ -44,17 +56,13 @@ pub struct Supervisor {
     sigint: EventFd,
     vcpu_done: EventFd,
     stop: Arc<StopRequest>,
-    vcpu_thread: libc::pthread_t,
+    /// The vCPU thread, once it runs.
+    vcpu_thread: Option<libc::pthread_t>,
     pub finished: bool,
 }
 
 impl Supervisor {
-    pub fn new(
-        timeout: Option<Duration>,
-        vcpu_done: EventFd,
-        stop: Arc<StopRequest>,
-        vcpu_thread: libc::pthread_t,
-    ) -> Result<Self, VmmError> {
+    pub fn new(timeout: Option<Duration>, vcpu_done: EventFd, stop: Arc<StopRequest>) -> Result<Self, VmmError> {
         let timer = match timeout {
             Some(t) => {
                 let mut fd = TimerFd::new().map_err(|source| VmmError::Timer { what: "timerfd", source })?;
@@ -67,13 +75,15 @@ impl Supervisor {
         SIGINT_FD.store(sigint.as_raw_fd(), Ordering::SeqCst);
         vmm_sys_util::signal::register_signal_handler(libc::SIGINT, on_sigint)
             .map_err(|source| VmmError::SignalHandler { signal: "SIGINT", source })?;
-        Ok(Supervisor { timer, sigint, vcpu_done, stop, vcpu_thread, finished: false })
+        Ok(Supervisor { timer, sigint, vcpu_done, stop, vcpu_thread: None, finished: false })
     }
 
     fn stop_vcpu(&self, reason: StopReason) {
         self.stop.request(reason);
-        // SAFETY: the vCPU thread is alive until it writes `vcpu_done`, which we have not seen.
-        unsafe { libc::pthread_kill(self.vcpu_thread, kick_signal()) };
+        if let Some(thread) = self.vcpu_thread {
+            // SAFETY: the vCPU thread is alive until it writes `vcpu_done`, which we have not seen.
+            unsafe { libc::pthread_kill(thread, kick_signal()) };
+        }
     }
 }
 
