@@ -7,6 +7,12 @@ use crate::vmm::{self, loader::Kernel, SerialOut, VcpuStop, VmConfig};
 use std::time::Duration;
 
 /// One guest run's `bench` line, as key=value pairs.
+/// The precise backend as `emon bench` measures it: the guest times the backend with RDTSC, so
+/// its TSC stays real time while counting (not the model's, README "Guest time").
+fn precise_backend(engine: Engine) -> Box<dyn Backend> {
+    Box::new(Precise::with_engine(engine).with_real_time())
+}
+
 fn run(profile: &Profile, backend: Box<dyn Backend>, args: &str) -> Result<Vec<(String, u64)>, String> {
     run_with_memory(profile, backend, args, 64)
 }
@@ -107,10 +113,9 @@ pub fn measure(profile: &Profile, iterations: u64, exits: u64) -> Result<Figures
     };
     let no_pmu = Profile::load("no-pmu").map_err(|e| e.to_string())?;
     for _ in 0..ROUNDS {
-        let precise =
-            run(profile, Box::new(Precise::with_engine(Engine::Step)), &format!("mode=loop-counted n={iterations}"))?;
+        let precise = run(profile, precise_backend(Engine::Step), &format!("mode=loop-counted n={iterations}"))?;
         let bare = run(profile, Box::new(BareStep::default()), &format!("mode=loop n={iterations}"))?;
-        let exit = run(profile, Box::new(Precise::with_engine(Engine::Step)), &format!("mode=exits n={exits}"))?;
+        let exit = run(profile, precise_backend(Engine::Step), &format!("mode=exits n={exits}"))?;
         f.loop_instructions = get(&precise, "instructions")?;
         // The counted region is the loop plus the RDTSC sequences around it.
         let counted = get(&precise, "counted")?;
@@ -125,8 +130,8 @@ pub fn measure(profile: &Profile, iterations: u64, exits: u64) -> Result<Figures
         f.pmu_msr_tsc = f.pmu_msr_tsc.min(get(&exit, "pmu_msr_tsc")?);
         f.port_io_tsc = f.port_io_tsc.min(get(&exit, "port_io_tsc")?);
         f.kvm_msr_tsc = f.kvm_msr_tsc.min(get(&exit, "kvm_msr_tsc")?);
-        let rdpmc = run(profile, Box::new(Precise::with_engine(Engine::Step)), &format!("mode=rdpmc n={exits}"))?;
-        let unarmed = run(&no_pmu, Box::new(Precise::with_engine(Engine::Step)), &format!("mode=pio n={exits}"))?;
+        let rdpmc = run(profile, precise_backend(Engine::Step), &format!("mode=rdpmc n={exits}"))?;
+        let unarmed = run(&no_pmu, precise_backend(Engine::Step), &format!("mode=pio n={exits}"))?;
         f.rdpmc_tsc = f.rdpmc_tsc.min(get(&rdpmc, "rdpmc_tsc")?);
         f.gp_tsc = f.gp_tsc.min(get(&rdpmc, "gp_tsc")?);
         f.gp_aside_tsc = f.gp_aside_tsc.min(get(&rdpmc, "gp_aside_tsc")?);
@@ -168,12 +173,8 @@ pub fn measure_shapes(profile: &Profile) -> Result<Vec<Shape>, String> {
     for _ in 0..ROUNDS {
         for (shape, (name, n_tcg, n_step)) in out.iter_mut().zip(SHAPES) {
             for (engine, n, slot) in [(Engine::Tcg, n_tcg, &mut shape.tcg), (Engine::Step, n_step, &mut shape.step)] {
-                let kv = run_with_memory(
-                    profile,
-                    Box::new(Precise::with_engine(engine)),
-                    &format!("mode=shape shape={name} n={n}"),
-                    128,
-                )?;
+                let kv =
+                    run_with_memory(profile, precise_backend(engine), &format!("mode=shape shape={name} n={n}"), 128)?;
                 let (counted, tsc) = (get(&kv, "counted")?, get(&kv, "tsc")?);
                 if tsc < slot.1 {
                     *slot = (counted, tsc);

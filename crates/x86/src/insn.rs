@@ -30,6 +30,10 @@ pub enum Special {
     Rdtsc,
     Rdtscp,
     Rdmsr,
+    /// LFENCE, MFENCE and SFENCE order memory for other processors and devices, which a lone
+    /// vCPU's counted code cannot observe: emon retires them itself, because some hosts lose the
+    /// single-step trap after them (kvm_pvm), and with it the RDTSC that usually follows.
+    Fence,
 }
 
 /// A decoded guest instruction.
@@ -105,6 +109,7 @@ pub fn of(i: &Instruction) -> Insn {
         Rdtsc => Special::Rdtsc,
         Rdtscp => Special::Rdtscp,
         Rdmsr => Special::Rdmsr,
+        Lfence | Mfence | Sfence => Special::Fence,
         _ => Special::None,
     };
     let changes_mode = matches!(
@@ -183,6 +188,7 @@ mod tests {
         assert_eq!(d(&[0x0F, 0x31]).special, Special::Rdtsc);
         assert_eq!(d(&[0x0F, 0x01, 0xF9]).special, Special::Rdtscp);
         assert_eq!(d(&[0x0F, 0x32]).special, Special::Rdmsr);
+        assert_eq!(d(&[0x0F, 0xAE, 0xE8]).special, Special::Fence);
         assert_eq!(d(&[0x0F, 0x30]).class_cycles, EXITING_CYCLES); // wrmsr
         assert_eq!(d(&[0x48, 0xF7, 0xF1]).class_cycles, DIV_CYCLES); // div rcx
         assert_eq!(d(&[0x48, 0x8B, 0x03]).mem_operands, 1); // mov rax, [rbx]

@@ -120,6 +120,9 @@ pub struct Stats {
     pub engine_retired: u64,
     /// RDTSC, RDTSCP and RDMSR(IA32_TSC) answered from the modelled guest time.
     pub tsc_reads: u64,
+    /// RDTSC, RDTSCP or RDMSR that retired in counted code without their own single-step trap,
+    /// so in KVM, reading real time (README, "Guest time").
+    pub tsc_unseen: u64,
     /// Instructions that retired while the cache model counted whose data accesses emon could
     /// not know (README, "The cache model").
     pub cache_unseen: u64,
@@ -168,6 +171,9 @@ pub struct Precise {
     ref_clock: Clock,
     cycles: u64,
     time: GuestTime,
+    /// The guest's TSC follows the model while emon counts (README, "Guest time"); off only for
+    /// `emon bench`, which times the backend itself with the guest's RDTSC.
+    virtual_time: bool,
     /// The cache model, which sees every data access while an LLC event counts (lent to the
     /// TCG engine during its runs), and the geometry it was made from.
     data_cache: Option<CacheModel>,
@@ -209,6 +215,7 @@ impl Precise {
             ref_clock: Clock::TSC,
             cycles: 0,
             time: GuestTime::default(),
+            virtual_time: true,
             data_cache: None,
             cache_geometry: Cache::default(),
             cache_on: false,
@@ -229,6 +236,13 @@ impl Precise {
     /// Counts UnHalted Reference Cycles on GP counters by `clock` (the profile's `[clock]`).
     pub fn with_ref_clock(mut self, clock: Clock) -> Precise {
         self.ref_clock = clock;
+        self
+    }
+
+    /// Leaves the guest's TSC at real time while counting: for `emon bench`, which measures the
+    /// backend's speed with the guest's RDTSC.
+    pub fn with_real_time(mut self) -> Precise {
+        self.virtual_time = false;
         self
     }
 
@@ -437,7 +451,9 @@ impl Precise {
     }
 
     fn set_stepping(&mut self, cx: &mut Cx, on: bool) -> Result<(), BackendError> {
-        if on {
+        if !self.virtual_time {
+            // `emon bench`: real time.
+        } else if on {
             self.begin_stretch(cx)?;
         } else {
             self.end_stretch(cx)?;
@@ -663,6 +679,17 @@ impl Precise {
         Ok(Next::Retired)
     }
 
+    /// LFENCE, MFENCE or SFENCE: retires with no effect a lone vCPU could observe (see
+    /// [`Special::Fence`]).
+    fn emulate_fence(&mut self, cx: &mut Cx, p: Pending, i: &Insn) -> Result<Next, BackendError> {
+        let mut regs = cx.vcpu.regs()?;
+        regs.rip = p.rip + i.len as u64;
+        cx.vcpu.set_regs(&regs)?;
+        self.retire(cx, &p.armed, i, p.rip, p.cpl, false);
+        self.rip = Some(regs.rip);
+        Ok(Next::Retired)
+    }
+
     /// RDTSC, RDTSCP, and RDMSR of IA32_TSC (`rdmsr`): the guest's TSC as the model has it
     /// (README, "Guest time"). RDTSC and RDTSCP fault above CPL0 with CR4.TSD set.
     fn emulate_tsc_read(
@@ -854,12 +881,16 @@ impl Precise {
             match self.decode(cx, &mode, rip) {
                 Some(i) if i.special == Special::Hlt => return self.emulate_hlt(cx, p, &i),
                 Some(i) if i.special == Special::Rdpmc => return self.emulate_rdpmc(cx, p, &i, &mode),
-                Some(i) if matches!(i.special, Special::Rdtsc | Special::Rdtscp) => {
+                Some(i) if matches!(i.special, Special::Rdtsc | Special::Rdtscp) && self.virtual_time => {
                     return self.emulate_tsc_read(cx, p, &i, &mode)
                 }
+                Some(i) if i.special == Special::Fence => return self.emulate_fence(cx, p, &i),
                 // RDMSR at CPL0 (at CPL3 it is a #GP, which KVM raises).
                 Some(i)
-                    if i.special == Special::Rdmsr && p.cpl == 0 && cx.vcpu.regs()?.rcx & 0xFFFF_FFFF == IA32_TSC =>
+                    if i.special == Special::Rdmsr
+                        && self.virtual_time
+                        && p.cpl == 0
+                        && cx.vcpu.regs()?.rcx & 0xFFFF_FFFF == IA32_TSC =>
                 {
                     return self.emulate_tsc_read(cx, p, &i, &mode)
                 }
@@ -915,6 +946,10 @@ impl Precise {
                 for (n, (a, j)) in run.iter().enumerate() {
                     let next = run.get(n + 1).map_or(pc, |(b, _)| *b);
                     self.unseen_accesses(cx, &mode, *a);
+                    if matches!(j.special, Special::Rdtsc | Special::Rdtscp | Special::Rdmsr) && self.virtual_time {
+                        // It ran in KVM without its own trap: it read the host's time.
+                        self.stats.tsc_unseen += 1;
+                    }
                     self.retire(cx, &p.armed, j, *a, cpl, taken(j, *a, next));
                 }
                 self.stats.lost_traps += run.len() as u64;
@@ -1029,6 +1064,12 @@ impl Backend for Precise {
                 "NOT EXACT: guest time went backwards by {} ticks when counting stopped: real time did not catch up with the model's TSC within {} s (README, \"Guest time\")",
                 t.backward,
                 TSC_CATCH_UP_LIMIT.as_secs()
+            ));
+        }
+        if self.stats.tsc_unseen > 0 {
+            notes.push(format!(
+                "NOT EXACT: guest time: {} TSC reads in counted code ran in KVM without their own single-step trap and read the host's time, not the model's (README, \"Guest time\")",
+                self.stats.tsc_unseen
             ));
         }
         if self.stats.cache_unseen > 0 {

@@ -432,3 +432,27 @@ fn an_event_handlers_first_access_is_reported_unseen() {
     assert_eq!(r.precise.stats.cache_unseen, 1);
     assert!(r.precise.notes().join("").contains("NOT EXACT: LLC events"), "{:?}", r.precise.notes());
 }
+
+#[test]
+fn lfence_retires_in_emon_so_the_rdtsc_after_it_reads_the_model() {
+    // lfence; rdtsc
+    let mut r = Rig::new(&[0x0F, 0xAE, 0xE8, 0x0F, 0x31, NOP]);
+    r.vcpu.tsc = 500;
+    r.count();
+    assert_eq!(r.before(true), Next::Retired, "LFENCE is retired by emon");
+    assert_eq!(r.vcpu.regs.rip, CODE + 3);
+    assert_eq!(r.before(true), Next::Retired, "RDTSC is emulated");
+    assert_eq!(r.vcpu.regs.rax, 501);
+    assert_eq!(r.pmc(0), 2);
+}
+
+#[test]
+fn a_tsc_read_without_its_own_trap_is_reported() {
+    // out dx, al; rdtsc; nop: the host lost the traps of the OUT and the RDTSC, which ran in KVM.
+    let mut r = Rig::new(&[0xEE, 0x0F, 0x31, NOP]);
+    r.count();
+    r.step(CODE + 3);
+    assert_eq!(r.pmc(0), 2);
+    assert_eq!(r.precise.stats.tsc_unseen, 1);
+    assert!(r.precise.notes().join("").contains("NOT EXACT: guest time"), "{:?}", r.precise.notes());
+}
