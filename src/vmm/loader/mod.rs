@@ -1,6 +1,11 @@
-//! Kernel images: detection (multiboot v1 or ELF64), placement in guest RAM, and the entry state.
+//! Kernel images: detection (a Linux bzImage, multiboot v1, a Linux vmlinux with a PVH entry
+//! point, or a bare ELF64), placement in guest RAM, and the entry state.
+mod bzimage;
+mod e820;
 mod elf;
+mod initrd;
 mod multiboot;
+mod pvh;
 
 use super::boot::{Entry, Mode};
 use super::layout::*;
@@ -44,6 +49,31 @@ pub enum KernelError {
     Module(String, String),
     #[error("writing guest memory: {0}")]
     Memory(String),
+    #[error(
+        "it is a Linux vmlinux without a PVH entry point (no XEN_ELFNOTE_PHYS32_ENTRY note), which emon cannot boot; \
+         boot the kernel's bzImage (arch/x86/boot/bzImage, /boot/vmlinuz-*) or a vmlinux built with CONFIG_PVH=y"
+    )]
+    LinuxWithoutPvh,
+    #[error(
+        "it is a Linux bzImage emon cannot boot: {0}; emon boots x86-64 bzImages with boot protocol 2.12 or later \
+         (Linux 3.8+), or a vmlinux built with CONFIG_PVH=y"
+    )]
+    BzImageUnsupported(String),
+    #[error(
+        "--initrd is for Linux kernels (a bzImage or a PVH vmlinux); give a multiboot kernel its files with --module"
+    )]
+    InitrdNotLinux,
+    #[error("--module is for multiboot kernels; give a Linux kernel its initramfs with --initrd")]
+    ModulesNotMultiboot,
+    #[error(
+        "the initrd ({size} bytes) does not fit between the kernel's end at {lowest:#x} and {top:#x} \
+         (the end of its {ram_mib} MiB of RAM or of what the kernel accepts); use --memory to give the guest more"
+    )]
+    InitrdDoesNotFit { size: u64, lowest: u64, top: u64, ram_mib: u64 },
+    #[error("the command line is too long for Linux ({len} bytes; this kernel takes at most {max})")]
+    LinuxCmdlineTooLong { len: usize, max: usize },
+    #[error("loading it: {0}")]
+    Load(String),
 }
 
 /// A kernel to boot: its name (a path, or `guest:NAME`) and its bytes.
@@ -52,7 +82,7 @@ pub struct Kernel {
     pub image: Vec<u8>,
 }
 
-/// A multiboot module: its path (also its command line) and contents.
+/// A multiboot module, or a Linux initrd: its path (a module's command line) and contents.
 pub struct Module {
     pub name: String,
     pub data: Vec<u8>,
@@ -63,6 +93,54 @@ pub struct Module {
 pub enum Format {
     Multiboot,
     Elf64,
+    /// A Linux vmlinux entered at its PVH entry point.
+    Pvh,
+    /// A Linux bzImage entered through the 64-bit boot protocol.
+    BzImage,
+}
+
+/// What a kernel image is, as `detect` recognizes it.
+enum Kind {
+    BzImage(linux_loader::loader::bootparam::setup_header),
+    Multiboot(MultibootHeader),
+    Pvh { image: elf::Image, entry: u64 },
+    Elf64(elf::Image),
+}
+
+/// Recognizes a kernel image, or says why emon cannot boot it. A bzImage ("HdrS" at 0x202) is
+/// looked for first, then a multiboot header, then an ELF image: with a PVH note it is a Linux
+/// PVH kernel; a Linux vmlinux without one is refused (entered as a bare ELF64 it would hang);
+/// any other ELF64 is a bare kernel.
+fn detect(image: &[u8]) -> Result<Kind, KernelError> {
+    if let Some(hdr) = bzimage::header(image) {
+        bzimage::check(&hdr).map_err(KernelError::BzImageUnsupported)?;
+        return Ok(Kind::BzImage(hdr));
+    }
+    if let Some(header) = MultibootHeader::find(image) {
+        return Ok(Kind::Multiboot(header));
+    }
+    let parsed = elf::parse(image)?;
+    if let Some(entry) = pvh::entry_point(&parsed.notes) {
+        if !parsed.is_64 {
+            return Err(KernelError::BadElf("a PVH note in an ELF32 image: emon boots 64-bit Linux kernels".into()));
+        }
+        return Ok(Kind::Pvh { image: parsed, entry });
+    }
+    if is_linux(image, &parsed) {
+        return Err(KernelError::LinuxWithoutPvh);
+    }
+    if !parsed.is_64 {
+        return Err(KernelError::Elf32WithoutMultiboot);
+    }
+    Ok(Kind::Elf64(parsed))
+}
+
+/// A Linux vmlinux: it has notes owned by "Linux" or "Xen" (the build salt, the Xen entry notes),
+/// or the banner's "Linux version " somewhere in its bytes.
+fn is_linux(bytes: &[u8], image: &elf::Image) -> bool {
+    const BANNER: &[u8] = b"Linux version ";
+    image.notes.iter().any(|n| n.name == b"Linux" || n.name == b"Xen")
+        || bytes.windows(BANNER.len()).any(|w| w == BANNER)
 }
 
 /// Loads `kernel` into guest memory and returns how to enter it.
@@ -72,15 +150,28 @@ pub fn load(
     kernel: &Kernel,
     cmdline: &str,
     modules: &[Module],
+    initrd: Option<&Module>,
 ) -> Result<(Format, Entry), KernelError> {
-    if let Some(header) = MultibootHeader::find(&kernel.image) {
-        let entry = multiboot::load(mem, ram_size, kernel, &header, cmdline, modules)?;
-        return Ok((Format::Multiboot, entry));
+    let kind = detect(&kernel.image)?;
+    let linux = matches!(kind, Kind::BzImage(_) | Kind::Pvh { .. });
+    if linux && !modules.is_empty() {
+        return Err(KernelError::ModulesNotMultiboot);
     }
-    let image = elf::parse(&kernel.image)?;
-    if !image.is_64 {
-        return Err(KernelError::Elf32WithoutMultiboot);
+    if !linux && initrd.is_some() {
+        return Err(KernelError::InitrdNotLinux);
     }
+    let image = match kind {
+        Kind::BzImage(hdr) => {
+            return Ok((Format::BzImage, bzimage::load(mem, ram_size, kernel, hdr, cmdline, initrd)?));
+        }
+        Kind::Pvh { image, entry } => {
+            return Ok((Format::Pvh, pvh::load(mem, ram_size, kernel, &image, entry, cmdline, initrd)?));
+        }
+        Kind::Multiboot(header) => {
+            return Ok((Format::Multiboot, multiboot::load(mem, ram_size, kernel, &header, cmdline, modules)?));
+        }
+        Kind::Elf64(image) => image,
+    };
     let end = elf::load(mem, ram_size, &kernel.image, &image)?;
     let _ = end;
     let cmdline_addr = if cmdline.is_empty() {
