@@ -222,3 +222,175 @@ fn write_cmdline(mem: &GuestMemoryMmap, addr: u64, cmdline: &str) -> Result<(), 
     bytes.push(0);
     write_mem(mem, addr, &bytes)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A minimal little-endian ELF image for x86-64 (`is_64`) or x86: one PT_LOAD segment of
+    /// `text` at physical 1 MiB (the entry point), a PT_NOTE segment with `notes` (owner, type,
+    /// descriptor), no section headers.
+    fn elf(is_64: bool, notes: &[(&str, u32, &[u8])], text: &[u8]) -> Vec<u8> {
+        let pad = |v: &mut Vec<u8>| v.resize(v.len().div_ceil(4) * 4, 0);
+        let mut note_bytes = Vec::new();
+        for (name, kind, desc) in notes {
+            note_bytes.extend((name.len() as u32 + 1).to_le_bytes());
+            note_bytes.extend((desc.len() as u32).to_le_bytes());
+            note_bytes.extend(kind.to_le_bytes());
+            note_bytes.extend(name.as_bytes());
+            note_bytes.push(0);
+            pad(&mut note_bytes);
+            note_bytes.extend(*desc);
+            pad(&mut note_bytes);
+        }
+        let (ehsize, phentsize) = if is_64 { (64u64, 56u64) } else { (52, 32) };
+        let note_off = ehsize + 2 * phentsize;
+        let text_off = note_off + note_bytes.len() as u64;
+        let mut b = Vec::new();
+        let w = |b: &mut Vec<u8>, v: u64, n: usize| b.extend(&v.to_le_bytes()[..n]);
+        let word = if is_64 { 8 } else { 4 };
+        b.extend(b"\x7FELF");
+        b.extend([if is_64 { 2 } else { 1 }, 1, 1, 0]);
+        b.extend([0; 8]);
+        w(&mut b, 2, 2); // e_type: ET_EXEC
+        w(&mut b, if is_64 { 62 } else { 3 }, 2); // e_machine
+        w(&mut b, 1, 4); // e_version
+        w(&mut b, 0x10_0000, word); // e_entry
+        w(&mut b, ehsize, word); // e_phoff
+        w(&mut b, 0, word); // e_shoff
+        w(&mut b, 0, 4); // e_flags
+        w(&mut b, ehsize, 2);
+        w(&mut b, phentsize, 2);
+        w(&mut b, 2, 2); // e_phnum
+        w(&mut b, 64, 2); // e_shentsize
+        w(&mut b, 0, 2); // e_shnum
+        w(&mut b, 0, 2); // e_shstrndx
+        let phdr = |b: &mut Vec<u8>, kind: u64, off: u64, addr: u64, size: u64| {
+            w(b, kind, 4);
+            if is_64 {
+                w(b, 5, 4); // p_flags
+            }
+            for v in [off, addr, addr, size, size] {
+                w(b, v, word);
+            }
+            if !is_64 {
+                w(b, 5, 4);
+            }
+            w(b, 4, word); // p_align
+        };
+        phdr(&mut b, 1, text_off, 0x10_0000, text.len() as u64);
+        phdr(&mut b, 4, note_off, 0, note_bytes.len() as u64);
+        b.extend(note_bytes);
+        b.extend(text);
+        b
+    }
+
+    const PVH_ENTRY: &[u8] = &0x10_0000u32.to_le_bytes();
+
+    #[test]
+    fn a_vmlinux_with_the_pvh_note_boots_through_pvh() {
+        let img = elf(true, &[("Linux", 0x100, &[0; 4]), ("Xen", 18, PVH_ENTRY)], &[0xF4; 16]);
+        match detect(&img).unwrap() {
+            Kind::Pvh { entry, image } => {
+                assert_eq!(entry, 0x10_0000);
+                assert_eq!(image.notes.len(), 2);
+            }
+            _ => panic!("not detected as PVH"),
+        }
+    }
+
+    #[test]
+    fn a_vmlinux_without_the_pvh_note_is_refused_with_what_to_use() {
+        for img in [
+            elf(true, &[("Linux", 0x100, &[0; 4])], &[0xF4; 16]),
+            elf(true, &[("Xen", 6, b"linux\0\0\0")], &[0xF4; 16]),
+            elf(true, &[("GNU", 3, &[7; 20])], b"\xF4Linux version 6.1.0 (gcc)"),
+        ] {
+            let e = detect(&img).err().expect("refused").to_string();
+            assert!(
+                e.contains("without a PVH entry point") && e.contains("bzImage") && e.contains("CONFIG_PVH"),
+                "{e}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_bare_elf64_kernel_is_still_a_bare_elf64_kernel() {
+        assert!(matches!(detect(&elf(true, &[("GNU", 3, &[7; 20])], &[0xF4; 16])), Ok(Kind::Elf64(_))));
+        assert!(matches!(detect(&elf(true, &[], &[0xF4; 16])), Ok(Kind::Elf64(_))));
+        assert!(matches!(detect(&elf(false, &[], &[0xF4; 16])), Err(KernelError::Elf32WithoutMultiboot)));
+    }
+
+    #[test]
+    fn bzimages_are_detected_or_refused_with_the_reason() {
+        assert!(matches!(detect(&bzimage::tests::image(0x020F, 1, 0x7F, 4096)), Ok(Kind::BzImage(_))));
+        let e = detect(&bzimage::tests::image(0x020F, 1, 0, 4096)).err().unwrap().to_string();
+        assert!(e.starts_with("it is a Linux bzImage emon cannot boot: its xloadflags (0x0)"), "{e}");
+        assert!(e.contains("CONFIG_PVH"), "{e}");
+    }
+
+    #[test]
+    fn a_multiboot_header_still_means_multiboot() {
+        let mut img = elf(false, &[], &[0; 64]);
+        let flags = 0u32;
+        let header: Vec<u8> = [0x1BAD_B002u32, flags, 0u32.wrapping_sub(0x1BAD_B002 + flags)]
+            .iter()
+            .flat_map(|v| v.to_le_bytes())
+            .collect();
+        let at = img.len() - 64;
+        img[at..at + 12].copy_from_slice(&header);
+        assert!(matches!(detect(&img), Ok(Kind::Multiboot(_))));
+    }
+
+    #[test]
+    fn initrd_and_modules_go_to_the_kernels_that_take_them() {
+        use vm_memory::GuestMemoryMmap;
+        let ram = 32 << 20;
+        let mem = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), ram as usize)]).unwrap();
+        let file = || Module { name: "f".into(), data: vec![1; 100] };
+        let bare = Kernel { name: "k".into(), image: elf(true, &[], &[0xF4; 16]) };
+        let e = load(&mem, ram, &bare, "", &[], Some(&file())).err().unwrap();
+        assert!(matches!(e, KernelError::InitrdNotLinux));
+        let pvh = Kernel { name: "k".into(), image: elf(true, &[("Xen", 18, PVH_ENTRY)], &[0xF4; 16]) };
+        let e = load(&mem, ram, &pvh, "", &[file()], None).err().unwrap();
+        assert!(matches!(e, KernelError::ModulesNotMultiboot));
+    }
+
+    #[test]
+    fn a_pvh_kernel_is_entered_in_protected_mode_with_ebx_at_the_start_info() {
+        use vm_memory::GuestMemoryMmap;
+        let ram = 32 << 20;
+        let mem = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), ram as usize)]).unwrap();
+        let pvh = Kernel { name: "k".into(), image: elf(true, &[("Xen", 18, PVH_ENTRY)], &[0xF4; 16]) };
+        let initrd = Module { name: "i".into(), data: vec![0xAB; 5000] };
+        let (format, entry) = load(&mem, ram, &pvh, "console=ttyS0", &[], Some(&initrd)).unwrap();
+        assert_eq!(format, Format::Pvh);
+        assert_eq!((entry.mode, entry.rip, entry.rbx), (Mode::Protected, 0x10_0000, PVH_START_INFO_ADDR));
+        let info: u32 = mem.read_obj(GuestAddress(PVH_START_INFO_ADDR)).unwrap();
+        assert_eq!(info, pvh::XEN_HVM_START_MAGIC_VALUE);
+        let module: [u64; 2] = mem.read_obj(GuestAddress(PVH_MODLIST_ADDR)).unwrap();
+        assert_eq!(module, [ram - 0x2000, 5000]);
+        let byte: u8 = mem.read_obj(GuestAddress(ram - 0x2000)).unwrap();
+        assert_eq!(byte, 0xAB);
+        let mut cmdline = [0u8; 14];
+        mem.read_slice(&mut cmdline, GuestAddress(CMDLINE_ADDR)).unwrap();
+        assert_eq!(&cmdline, b"console=ttyS0\0");
+    }
+
+    #[test]
+    fn a_bzimage_is_entered_at_startup_64_with_rsi_at_the_zero_page() {
+        use vm_memory::GuestMemoryMmap;
+        let ram = 64 << 20;
+        let mem = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), ram as usize)]).unwrap();
+        let k = Kernel { name: "k".into(), image: bzimage::tests::image(0x020F, 1, 1, 4096) };
+        let (format, entry) = load(&mem, ram, &k, "console=ttyS0", &[], None).unwrap();
+        assert_eq!(format, Format::BzImage);
+        assert_eq!((entry.mode, entry.rip, entry.rsi), (Mode::LinuxLong, 0x10_0200, ZERO_PAGE_ADDR));
+        let hdrs: u32 = mem.read_obj(GuestAddress(ZERO_PAGE_ADDR + 0x202)).unwrap();
+        assert_eq!(&hdrs.to_le_bytes(), b"HdrS");
+        let cmd_line_ptr: u32 = mem.read_obj(GuestAddress(ZERO_PAGE_ADDR + 0x228)).unwrap();
+        assert_eq!(u64::from(cmd_line_ptr), CMDLINE_ADDR);
+        let e = load(&mem, 16 << 20, &k, "", &[], None).err().unwrap().to_string();
+        assert!(e.contains("init_size") && e.contains("--memory"), "{e}");
+    }
+}

@@ -95,7 +95,16 @@ pub fn load(
     }
     PvhBootConfigurator::write_bootparams::<GuestMemoryMmap>(&params, mem)
         .map_err(|e| KernelError::Memory(e.to_string()))?;
-    Ok(Entry { mode: Mode::Protected, rip: entry, rax: 0, rbx: PVH_START_INFO_ADDR, rdi: 0, rsi: 0, rsp: 0 })
+    // The ABI gives no stack; emon's boot stack is there anyway, as for its other kernels.
+    Ok(Entry {
+        mode: Mode::Protected,
+        rip: entry,
+        rax: 0,
+        rbx: PVH_START_INFO_ADDR,
+        rdi: 0,
+        rsi: 0,
+        rsp: BOOT_STACK_TOP,
+    })
 }
 
 #[cfg(test)]
