@@ -353,7 +353,7 @@ fn debians_kernel_is_recognized_and_needs_room_to_decompress() {
 /// here (README, platform facts), so decompressing the kernel alone takes minutes: run it with
 /// `cargo test --release --test linux_boot -- --ignored`.
 #[test]
-#[ignore = "boots Debian's distribution kernel: about 10 minutes on this machine"]
+#[ignore = "boots Debian's distribution kernel: about 4 minutes to its banner on this machine"]
 fn debians_kernel_prints_its_banner() {
     if !kvm_available() {
         return;
