@@ -342,10 +342,10 @@ fn debian_kernel() -> Option<String> {
     debian_kernel_with(&[])
 }
 
-/// Debian's vmlinux has the PVH note: booted through PVH it prints its banner, the command line
-/// and emon's memory map within seconds (no decompression). 30 s of it is enough for that; it
-/// goes on to `Memory: ...` (about 50 s here) and stops at an instruction neither KVM nor emon
-/// completes yet (issue 12).
+/// Debian's vmlinux has the PVH note: booted through PVH (no decompression) it prints its banner,
+/// the command line and emon's memory map, goes on to `Memory: ...` and stops about 30 s after
+/// start (with 128 MiB) at an instruction neither KVM nor emon completes yet (issue 12). The
+/// timeout only bounds a slow run on a loaded machine.
 #[test]
 fn debians_vmlinux_boots_through_pvh_to_its_banner_and_memory_map() {
     if !kvm_available() {
@@ -355,9 +355,9 @@ fn debians_vmlinux_boots_through_pvh_to_its_banner_and_memory_map() {
     let r = emon(&[
         "run",
         "--memory",
-        "256",
+        "128",
         "--timeout",
-        "30",
+        "120",
         &kernel,
         "--",
         "console=ttyS0",
@@ -369,7 +369,7 @@ fn debians_vmlinux_boots_through_pvh_to_its_banner_and_memory_map() {
     assert!(out.contains("] Linux version 6."), "{context}");
     assert!(out.contains("Command line: console=ttyS0 earlyprintk=serial noxsave"), "{context}");
     assert!(out.contains("BIOS-e820: [mem 0x0000000000000000-0x000000000009fbff] usable"), "{context}");
-    assert!(out.contains("BIOS-e820: [mem 0x0000000000100000-0x000000000fffffff] usable"), "{context}");
+    assert!(out.contains("BIOS-e820: [mem 0x0000000000100000-0x0000000007ffffff] usable"), "{context}");
 }
 
 #[test]
