@@ -30,6 +30,7 @@ fn run_with_memory(
         kernel: Kernel { name: "guest:bench".into(), image },
         cmdline: args.into(),
         modules: vec![],
+        initrd: None,
         memory_mib,
         timeout: Some(Duration::from_secs(600)),
         serial: SerialOut::File(out.clone()),

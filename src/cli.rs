@@ -89,6 +89,9 @@ struct RunArgs {
     /// Load FILE as a multiboot module (repeatable).
     #[arg(long, value_name = "FILE")]
     module: Vec<PathBuf>,
+    /// Load FILE as a Linux kernel's initial ramdisk (bzImage and PVH kernels).
+    #[arg(long, value_name = "FILE")]
+    initrd: Option<PathBuf>,
     /// Unknown non-PMU MSRs read as 0 and ignore writes instead of raising #GP.
     #[arg(long)]
     ignore_msrs: bool,
@@ -129,6 +132,8 @@ pub enum CliError {
     ReadKernel { path: PathBuf, source: std::io::Error },
     #[error("module {}: {source}", path.display())]
     ReadModule { path: PathBuf, source: std::io::Error },
+    #[error("--initrd {}: {source}", path.display())]
+    ReadInitrd { path: PathBuf, source: std::io::Error },
     #[error("--json {}: {source}", path.display())]
     JsonFile { path: PathBuf, source: std::io::Error },
     #[error("--timeout {0}: must be a positive number of seconds")]
@@ -211,6 +216,14 @@ fn run(args: RunArgs) -> Result<ExitCode, CliError> {
             Ok(loader::Module { name: p.display().to_string(), data })
         })
         .collect::<Result<Vec<_>, CliError>>()?;
+    let initrd = args
+        .initrd
+        .as_ref()
+        .map(|p| {
+            let data = std::fs::read(p).map_err(|source| CliError::ReadInitrd { path: p.clone(), source })?;
+            Ok::<_, CliError>(loader::Module { name: p.display().to_string(), data })
+        })
+        .transpose()?;
     let timeout = match args.timeout {
         Some(s) if !(s.is_finite() && s > 0.0) => return Err(CliError::Timeout(s)),
         Some(s) => Some(Duration::from_secs_f64(s)),
@@ -227,6 +240,7 @@ fn run(args: RunArgs) -> Result<ExitCode, CliError> {
         kernel,
         cmdline: args.cmdline.join(" "),
         modules,
+        initrd,
         memory_mib: args.memory,
         timeout,
         serial: args.serial.map(SerialOut::File).unwrap_or(SerialOut::Stdout),
@@ -499,6 +513,7 @@ mod tests {
         let cases = [
             (CliError::ReadKernel { path: "k.elf".into(), source: enoent() }, "k.elf: cannot read the kernel: "),
             (CliError::ReadModule { path: "m.bin".into(), source: enoent() }, "module m.bin: "),
+            (CliError::ReadInitrd { path: "i.cpio".into(), source: enoent() }, "--initrd i.cpio: "),
             (CliError::JsonFile { path: "/x/r.json".into(), source: enoent() }, "--json /x/r.json: "),
         ];
         for (e, start) in cases {

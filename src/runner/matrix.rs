@@ -54,6 +54,7 @@ pub fn expand_cli(args: &TestArgs) -> Result<Vec<RunSpec>, RunnerError> {
         args: args.cmdline.clone(),
         timeout: args.timeout,
         memory: None,
+        initrd: None,
         round: None,
     };
     check_profiles(&profiles, &args.pmu).map_err(|(_, e)| e)?;
@@ -86,6 +87,7 @@ pub fn expand_suite(suite: &suite::Suite, args: &TestArgs) -> Result<Vec<RunSpec
             args: e.args.clone().map_or_else(|| args.cmdline.clone(), |a| vec![a]),
             timeout: e.timeout.unwrap_or(args.timeout),
             memory: e.memory,
+            initrd: e.initrd.as_ref().map(|i| suite.dir.join(i).display().to_string()),
             round: None,
         };
         runs.extend(cross(&kernels, &profiles, &template));
@@ -338,7 +340,8 @@ mod tests {
             "s.toml",
             PathBuf::new(),
             "[[run]]\nkernels = [\"guest:cpuid-report\"]\nprofiles = [\"nehalem*\"]\npmu = \"gp=2\"\n\
-             [[run]]\nkernels = [\"guest:pmi-*\"]\nargs = \"x=1\"\ntimeout = 5\nbackend = \"precise\"\n",
+             [[run]]\nkernels = [\"guest:pmi-*\"]\nargs = \"x=1\"\ntimeout = 5\nbackend = \"precise\"\n\
+             initrd = \"i.cpio\"\n",
         )
         .unwrap();
         let mut args = cli(&[], &[]);
@@ -355,6 +358,8 @@ mod tests {
             (runs[2].args.clone(), runs[2].timeout, runs[2].backend),
             (vec!["x=1".to_string()], 5.0, Some(BackendKind::Precise))
         );
+        assert_eq!((runs[0].initrd.as_deref(), runs[2].initrd.as_deref()), (None, Some("i.cpio")));
+        assert!(runs[2].command_args().windows(2).any(|w| w == ["--initrd", "i.cpio"]));
 
         let error = |text: &str| {
             expand_suite(&suite::from_toml("s.toml", PathBuf::new(), text).unwrap(), &cli(&[], &[])).unwrap_err()

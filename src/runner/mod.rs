@@ -55,6 +55,8 @@ pub struct RunSpec {
     pub timeout: f64,
     /// `--memory` in MiB, where the suite sets it.
     pub memory: Option<u64>,
+    /// `--initrd` (a path), where the suite sets it.
+    pub initrd: Option<String>,
     /// With `--repeat N`: this run's round (1-based) and N.
     pub round: Option<(usize, usize)>,
 }
@@ -105,6 +107,9 @@ impl RunSpec {
         }
         if let Some(m) = self.memory {
             a.extend(["--memory".into(), m.to_string()]);
+        }
+        if let Some(i) = &self.initrd {
+            a.extend(["--initrd".into(), i.clone()]);
         }
         a.extend(["--timeout".into(), self.timeout.to_string(), self.kernel.clone()]);
         if !self.args.is_empty() {
@@ -222,6 +227,7 @@ mod tests {
             args: vec!["a".into(), "b".into()],
             timeout: 2.5,
             memory: None,
+            initrd: None,
             round: None,
         };
         assert_eq!(

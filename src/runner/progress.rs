@@ -104,6 +104,7 @@ mod tests {
             args: vec![],
             timeout: DEFAULT_TIMEOUT_S,
             memory: None,
+            initrd: None,
             round: None,
         }
     }

@@ -445,6 +445,7 @@ mod tests {
             args: vec![],
             timeout: 5.0,
             memory: None,
+            initrd: None,
             round: None,
         };
         let parsed = parse::parse(out);

@@ -11,6 +11,7 @@
 //! backend = "precise"           # optional: auto, precise or perf
 //! timeout = 30                  # optional: seconds (default: `emon test --timeout`)
 //! memory = 128                  # optional: guest RAM in MiB (default: `emon run`'s)
+//! initrd = "initramfs.cpio"     # optional: a Linux kernel's initrd, as `emon run --initrd`
 //! ```
 //!
 //! Relative paths are relative to the suite file's directory. Unknown fields are errors, and every
@@ -45,6 +46,8 @@ pub struct Entry {
     pub timeout: Option<f64>,
     /// Guest RAM in MiB.
     pub memory: Option<u64>,
+    /// A Linux kernel's initrd, as written (relative to the suite's directory).
+    pub initrd: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -64,6 +67,7 @@ struct EntryFile {
     backend: Option<String>,
     timeout: Option<f64>,
     memory: Option<u64>,
+    initrd: Option<String>,
 }
 
 /// Reads and parses the suite file at `path`.
@@ -123,6 +127,7 @@ pub fn from_toml(origin: &str, dir: PathBuf, text: &str) -> Result<Suite, Runner
             backend,
             timeout: e.timeout,
             memory: e.memory,
+            initrd: e.initrd,
         });
     }
     Ok(Suite { origin: origin.to_string(), dir, description: file.description, entries })
@@ -153,7 +158,8 @@ mod tests {
     fn full_entry() {
         let s = parse(
             "description = \"d\"\n\n[[run]]\nkernels = [\"guest:*\"]\n\n[[run]]\nkernels = [\"k.elf\"]\n\
-             profiles = [\"nehalem*\", \"p.toml\"]\nargs = \"a b\"\npmu = \"version=2\"\nbackend = \"precise\"\ntimeout = 5\n",
+             profiles = [\"nehalem*\", \"p.toml\"]\nargs = \"a b\"\npmu = \"version=2\"\nbackend = \"precise\"\ntimeout = 5\n\
+             initrd = \"initrd.img\"\n",
         )
         .unwrap();
         assert_eq!(s.description.as_deref(), Some("d"));
@@ -168,6 +174,8 @@ mod tests {
         assert_eq!(e.pmu.as_deref(), Some("version=2"));
         assert_eq!(e.backend, Some(BackendKind::Precise));
         assert_eq!(e.timeout, Some(5.0));
+        assert_eq!(e.initrd.as_deref(), Some("initrd.img"));
+        assert_eq!(s.entries[0].initrd, None);
     }
 
     fn error(text: &str) -> String {

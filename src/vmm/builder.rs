@@ -122,8 +122,9 @@ fn setup_lapic(vcpu: &VcpuFd) -> Result<(), VmmError> {
 
 /// Loads the kernel and its modules into guest RAM and sets the vCPU at its entry point.
 fn load_kernel(fd: &VcpuFd, mem: &GuestMemoryMmap, ram: u64, config: &VmConfig) -> Result<Format, VmmError> {
-    let (format, entry) = loader::load(mem, ram, &config.kernel, &config.cmdline, &config.modules)
-        .map_err(|source| VmmError::Kernel { name: config.kernel.name.clone(), source })?;
+    let (format, entry) =
+        loader::load(mem, ram, &config.kernel, &config.cmdline, &config.modules, config.initrd.as_ref())
+            .map_err(|source| VmmError::Kernel { name: config.kernel.name.clone(), source })?;
     boot::enter(fd, mem, ram, &entry)?;
     Ok(format)
 }

@@ -5,6 +5,8 @@
 //! 0x0000_1000  PML4, 0x2000 PDPT, 0x3000-0x6FFF four page directories (2 MiB pages, 4 GiB)
 //! 0x0000_7000  command line, NUL-terminated (at most 4 KiB)
 //! 0x0000_8000  multiboot information structure, memory map and module list
+//! 0x0000_A000  Linux boot_params (the "zero page", 4 KiB) for bzImage kernels
+//! 0x0000_B000  PVH hvm_start_info, 0xB040 its module list, 0xB080 its memory map
 //! 0x0008_0000  top of the boot stack (long-mode entry RSP)
 //! 0x0010_0000  kernels load here or above
 //! 0xFEE0_0000  local APIC (identity-mapped, uncached)
@@ -20,6 +22,10 @@ pub const MB_MMAP_ADDR: u64 = 0x8100;
 pub const MB_MODS_ADDR: u64 = 0x8400;
 pub const MB_STRINGS_ADDR: u64 = 0x9000;
 pub const MB_STRINGS_END: u64 = 0xA000;
+pub const ZERO_PAGE_ADDR: u64 = 0xA000;
+pub const PVH_START_INFO_ADDR: u64 = 0xB000;
+pub const PVH_MODLIST_ADDR: u64 = 0xB040;
+pub const PVH_MEMMAP_ADDR: u64 = 0xB080;
 pub const BOOT_STACK_TOP: u64 = 0x8_0000;
 /// Everything below this belongs to emon's boot structures; kernels may not load there.
 pub const BOOT_AREA_END: u64 = 0x8_0000;

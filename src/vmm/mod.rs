@@ -44,9 +44,12 @@ pub enum SerialOut {
 pub struct VmConfig {
     pub profile: crate::profile::Profile,
     pub kernel: Kernel,
-    /// Arguments for the kernel (multiboot kernels get "<kernel path> <cmdline>", as from QEMU).
+    /// Arguments for the kernel (multiboot kernels get "<kernel path> <cmdline>", as from QEMU;
+    /// Linux kernels get them as they are).
     pub cmdline: String,
     pub modules: Vec<Module>,
+    /// `--initrd`: a Linux kernel's initial ramdisk.
+    pub initrd: Option<Module>,
     pub memory_mib: u64,
     pub timeout: Option<Duration>,
     pub serial: SerialOut,

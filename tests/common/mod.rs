@@ -149,6 +149,13 @@ mb_header:
     .globl _start
 _start:
 {body}
+{HELPERS32}"#
+    )
+}
+
+/// 32-bit helpers for test kernels: `exit(%eax)` through the debug-exit port, `puts(%edi)` of a
+/// NUL-terminated string to COM1, `print_hex(%eax)` of 8 hex digits and a newline.
+pub const HELPERS32: &str = r#"
 /* exit(%eax) through the debug-exit port */
 exit:
     mov $0xf4, %dx
@@ -193,6 +200,4 @@ print_hex:
     pop %edx
     pop %ecx
     ret
-"#
-    )
-}
+"#;

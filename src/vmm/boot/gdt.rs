@@ -4,18 +4,26 @@ use crate::x86::mode::segment_from_descriptor;
 use kvm_bindings::kvm_sregs;
 use vm_memory::GuestMemoryMmap;
 
-/// The mode a kernel is entered in.
+/// The mode a kernel is entered in, and the GDT layout it expects.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Mode {
     /// 64-bit long mode (ELF64 kernels without a multiboot header).
     Long,
-    /// 32-bit protected mode, paging off (multiboot kernels).
+    /// 64-bit long mode with the selectors of Linux's 64-bit boot protocol (Documentation/x86/
+    /// boot.rst): CS = __BOOT_CS (0x10), DS/ES/SS = __BOOT_DS (0x18).
+    LinuxLong,
+    /// 32-bit protected mode, paging off (multiboot kernels, and PVH kernels, whose ABI asks for
+    /// the same state).
     Protected,
 }
 
 pub const CODE_SEL: u16 = 0x08;
 pub const DATA_SEL: u16 = 0x10;
 pub const TSS_SEL: u16 = 0x18;
+/// Linux's boot GDT (arch/x86/include/asm/segment.h: GDT_ENTRY_BOOT_CS = 2, GDT_ENTRY_BOOT_DS = 3).
+pub const LINUX_BOOT_CS: u16 = 0x10;
+pub const LINUX_BOOT_DS: u16 = 0x18;
+pub const LINUX_BOOT_TSS: u16 = 0x20;
 
 /// A GDT descriptor from its fields (SDM Vol. 3A 3.4.5).
 fn descriptor(flags: u64, base: u64, limit: u64) -> u64 {
@@ -28,29 +36,30 @@ fn descriptor(flags: u64, base: u64, limit: u64) -> u64 {
 
 pub fn install(mem: &GuestMemoryMmap, sregs: &mut kvm_sregs, mode: Mode) -> Result<(), super::super::VmmError> {
     let code_flags = match mode {
-        Mode::Long => 0xA09B,      // present, code exec/read, L=1, G=1
-        Mode::Protected => 0xC09B, // present, code exec/read, D=1, G=1
+        Mode::Long | Mode::LinuxLong => 0xA09B, // present, code exec/read, L=1, G=1
+        Mode::Protected => 0xC09B,              // present, code exec/read, D=1, G=1
     };
-    let gdt = [
-        0,
-        descriptor(code_flags, 0, 0xF_FFFF),
-        descriptor(0xC093, 0, 0xF_FFFF), // present, data read/write, B=1, G=1
-        descriptor(0x008B, 0, 0x67),     // present, busy TSS (VM entry needs a usable TR)
-    ];
+    let code = descriptor(code_flags, 0, 0xF_FFFF);
+    let data = descriptor(0xC093, 0, 0xF_FFFF); // present, data read/write, B=1, G=1
+    let tss = descriptor(0x008B, 0, 0x67); // present, busy TSS (VM entry needs a usable TR)
+    let (gdt, [code_sel, data_sel, tss_sel]) = match mode {
+        Mode::LinuxLong => (vec![0, 0, code, data, tss], [LINUX_BOOT_CS, LINUX_BOOT_DS, LINUX_BOOT_TSS]),
+        Mode::Long | Mode::Protected => (vec![0, code, data, tss], [CODE_SEL, DATA_SEL, TSS_SEL]),
+    };
     let bytes: Vec<u8> = gdt.iter().flat_map(|d| d.to_le_bytes()).collect();
     super::write(mem, GDT_ADDR, &bytes)?;
     sregs.gdt.base = GDT_ADDR;
     sregs.gdt.limit = (bytes.len() - 1) as u16;
     sregs.idt.base = 0;
     sregs.idt.limit = 0;
-    sregs.cs = segment_from_descriptor(gdt[1], CODE_SEL);
-    let data = segment_from_descriptor(gdt[2], DATA_SEL);
+    sregs.cs = segment_from_descriptor(code, code_sel);
+    let data = segment_from_descriptor(data, data_sel);
     sregs.ds = data;
     sregs.es = data;
     sregs.fs = data;
     sregs.gs = data;
     sregs.ss = data;
-    sregs.tr = segment_from_descriptor(gdt[3], TSS_SEL);
+    sregs.tr = segment_from_descriptor(tss, tss_sel);
     Ok(())
 }
 

@@ -1,5 +1,5 @@
-//! The CPU state kernels are entered with: 64-bit long mode for ELF64 kernels, 32-bit
-//! protected mode for multiboot kernels.
+//! The CPU state kernels are entered with: 64-bit long mode for ELF64 kernels and Linux bzImages,
+//! 32-bit protected mode for multiboot and PVH kernels.
 mod gdt;
 mod paging;
 
@@ -42,7 +42,7 @@ pub fn enter(vcpu: &VcpuFd, mem: &GuestMemoryMmap, ram_size: u64, e: &Entry) -> 
     let mut sregs: kvm_sregs = vcpu.get_sregs().map_err(kvm("KVM_GET_SREGS"))?;
     gdt::install(mem, &mut sregs, e.mode)?;
     match e.mode {
-        Mode::Long => {
+        Mode::Long | Mode::LinuxLong => {
             paging::install(mem, ram_size)?;
             sregs.cr3 = PML4_ADDR;
             // Long mode with SSE usable: the guest runtime's Rust code needs it.
@@ -51,7 +51,8 @@ pub fn enter(vcpu: &VcpuFd, mem: &GuestMemoryMmap, ram_size: u64, e: &Entry) -> 
             sregs.efer = EFER_LME | EFER_LMA | EFER_NXE;
         }
         Mode::Protected => {
-            // Multiboot spec 3.2: protected mode, paging off, flat 4 GiB segments.
+            // Multiboot spec 3.2 and the PVH ABI alike: protected mode, paging off, flat 4 GiB
+            // segments.
             sregs.cr0 = CR0_PE | CR0_ET;
             sregs.cr4 = 0;
             sregs.efer = 0;

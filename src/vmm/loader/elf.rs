@@ -1,7 +1,7 @@
 //! ELF32/ELF64 program headers (parsed with goblin) and loading PT_LOAD segments at their
 //! physical addresses.
 use super::{check_range, write_mem, KernelError};
-use goblin::elf::{header, program_header::PT_LOAD, Elf};
+use goblin::elf::{header, program_header::PT_LOAD, program_header::PT_NOTE, Elf};
 use vm_memory::GuestMemoryMmap;
 
 pub struct Segment {
@@ -15,6 +15,33 @@ pub struct Image {
     pub is_64: bool,
     pub entry: u64,
     pub segments: Vec<Segment>,
+    /// The ELF notes of its PT_NOTE segments.
+    pub notes: Vec<Note>,
+}
+
+/// An ELF note: its owner's name (without the NUL), type and descriptor.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Note {
+    pub name: Vec<u8>,
+    pub kind: u32,
+    pub desc: Vec<u8>,
+}
+
+/// The notes of one PT_NOTE segment's bytes (namesz, descsz, type, then the name and the
+/// descriptor, each padded to 4 bytes). A truncated note ends the list.
+pub fn parse_notes(mut b: &[u8]) -> Vec<Note> {
+    let pad = |n: usize| n.div_ceil(4) * 4;
+    let mut notes = Vec::new();
+    while b.len() >= 12 {
+        let word = |i: usize| u32::from_le_bytes(b[i..i + 4].try_into().unwrap()) as usize;
+        let (namesz, descsz, kind) = (word(0), word(4), word(8) as u32);
+        let desc_at = 12 + pad(namesz);
+        let Some(desc) = b.get(desc_at..desc_at + descsz) else { break };
+        let name = &b[12..12 + namesz];
+        notes.push(Note { name: name.strip_suffix(b"\0").unwrap_or(name).to_vec(), kind, desc: desc.to_vec() });
+        b = b.get(desc_at + pad(descsz)..).unwrap_or(&[]);
+    }
+    notes
 }
 
 pub fn parse(bytes: &[u8]) -> Result<Image, KernelError> {
@@ -37,7 +64,14 @@ pub fn parse(bytes: &[u8]) -> Result<Image, KernelError> {
     if segments.is_empty() {
         return Err(KernelError::NoLoadableSegments);
     }
-    Ok(Image { is_64: elf.is_64, entry: elf.entry, segments })
+    let notes = elf
+        .program_headers
+        .iter()
+        .filter(|p| p.p_type == PT_NOTE)
+        .filter_map(|p| bytes.get(usize::try_from(p.p_offset).ok()?..)?.get(..usize::try_from(p.p_filesz).ok()?))
+        .flat_map(parse_notes)
+        .collect();
+    Ok(Image { is_64: elf.is_64, entry: elf.entry, segments, notes })
 }
 
 /// Loads every segment (zero-filling memsz beyond filesz); returns the end of the highest one.

@@ -1,6 +1,6 @@
 //! Multiboot v1: header detection, loading (ELF or the a.out kludge), and the information
 //! structure, built the way QEMU's `-kernel` does.
-use super::{check_range, elf, write_cmdline, write_mem, Kernel, KernelError, Module};
+use super::{check_range, e820, elf, write_cmdline, write_mem, Kernel, KernelError, Module};
 use crate::vmm::boot::{Entry, Mode};
 use crate::vmm::layout::*;
 use vm_memory::GuestMemoryMmap;
@@ -24,8 +24,6 @@ const INFO_CMDLINE: u32 = 1 << 2;
 const INFO_MODS: u32 = 1 << 3;
 const INFO_MMAP: u32 = 1 << 6;
 const INFO_LOADER_NAME: u32 = 1 << 9;
-const MMAP_AVAILABLE: u32 = 1;
-const MMAP_RESERVED: u32 = 2;
 
 /// A multiboot header found in a kernel image.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -177,18 +175,13 @@ fn build_info(
     }
     write_mem(mem, MB_MODS_ADDR, &mods)?;
 
-    let regions = [
-        (0, LOW_MEM_END, MMAP_AVAILABLE),
-        (LOW_MEM_END, 0xA_0000 - LOW_MEM_END, MMAP_RESERVED),
-        (0xF_0000, 0x1_0000, MMAP_RESERVED),
-        (HIGH_MEM_START, ram_size - HIGH_MEM_START, MMAP_AVAILABLE),
-    ];
+    // The multiboot memory map's types are E820's (1 available, 2 reserved).
     let mut mmap = Vec::new();
-    for (base, len, kind) in regions {
+    for r in e820::map(ram_size) {
         mmap.extend_from_slice(&20u32.to_le_bytes());
-        mmap.extend_from_slice(&base.to_le_bytes());
-        mmap.extend_from_slice(&len.to_le_bytes());
-        mmap.extend_from_slice(&kind.to_le_bytes());
+        mmap.extend_from_slice(&r.addr.to_le_bytes());
+        mmap.extend_from_slice(&r.size.to_le_bytes());
+        mmap.extend_from_slice(&r.kind.to_le_bytes());
     }
     write_mem(mem, MB_MMAP_ADDR, &mmap)?;
 
