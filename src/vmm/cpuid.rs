@@ -43,18 +43,7 @@ pub fn apply_profile(entries: &mut Vec<kvm_cpuid_entry2>, profile: &Profile) {
     }
     // The guest must see the profile's caches and clock, never the host's.
     if intel {
-        entries.extend(profile.cache.leaf_04().into_iter().zip(0..).map(|([eax, ebx, ecx, edx], index)| {
-            kvm_cpuid_entry2 {
-                function: LEAF_CACHE,
-                index,
-                flags: KVM_CPUID_FLAG_SIGNIFCANT_INDEX,
-                eax,
-                ebx,
-                ecx,
-                edx,
-                ..Default::default()
-            }
-        }));
+        entries.extend(profile.cache.leaf_04().into_iter().zip(0..).map(|(regs, index)| cache_subleaf(index, regs)));
     }
     if let Some([eax, ebx, ecx, edx]) = profile.clock.leaf_15h() {
         entries.push(kvm_cpuid_entry2 { function: LEAF_TSC_CRYSTAL, eax, ebx, ecx, edx, ..Default::default() });
@@ -87,6 +76,20 @@ pub fn apply_profile(entries: &mut Vec<kvm_cpuid_entry2>, profile: &Profile) {
             0x8000_0001 => e.ecx &= !EXT1_ECX_AMD_PERFCTR,
             _ => {}
         }
+    }
+}
+
+/// Sub-leaf `index` of CPUID leaf 4 (deterministic cache parameters) with EAX..EDX `regs`.
+fn cache_subleaf(index: u32, [eax, ebx, ecx, edx]: [u32; 4]) -> kvm_cpuid_entry2 {
+    kvm_cpuid_entry2 {
+        function: LEAF_CACHE,
+        index,
+        flags: KVM_CPUID_FLAG_SIGNIFCANT_INDEX,
+        eax,
+        ebx,
+        ecx,
+        edx,
+        ..Default::default()
     }
 }
 
@@ -143,16 +146,7 @@ mod tests {
             [0; 4],
         ];
         let mut t = vec![entry(0, max_basic, 0x756E_6547, 0x6C65_746E, 0x4965_6E69), entry(1, 0x000A_06A4, 0, 0, 0)];
-        t.extend(host_leaf_4.iter().zip(0..).map(|(&[eax, ebx, ecx, edx], index)| kvm_cpuid_entry2 {
-            function: LEAF_CACHE,
-            index,
-            flags: KVM_CPUID_FLAG_SIGNIFCANT_INDEX,
-            eax,
-            ebx,
-            ecx,
-            edx,
-            ..Default::default()
-        }));
+        t.extend(host_leaf_4.iter().zip(0..).map(|(&regs, index)| cache_subleaf(index, regs)));
         t.push(entry(LEAF_TSC_CRYSTAL, 2, 200, 25_000_000, 0));
         t
     }

@@ -17,7 +17,7 @@ mod tests;
 use crate::{marked, Backend, BackendError, Cx, Next};
 use cache::{CacheEvents, CacheModel};
 use emon_pmu::pmu::{CounterId, Reprogram};
-use emon_pmu::profile::{Cache, Clock, MAX_FIXED, MAX_GP};
+use emon_pmu::profile::{Cache, Clock, MAX_FIXED, MAX_GP, MIN_CACHE_LINE};
 use emon_x86::access::{self, Access, AccessKind};
 use emon_x86::insn::{self, Flow, Insn, Special};
 use emon_x86::mode::CpuMode;
@@ -616,9 +616,8 @@ impl Precise {
     /// The data accesses of the instruction at `rip`, from the vCPU's registers now (before it
     /// runs); `None` if they cannot be known before it runs.
     fn accesses_at(&mut self, cx: &mut Cx, mode: &CpuMode, rip: u64) -> Result<Option<Vec<Access>>, BackendError> {
-        let bytes = mode.fetch(cx.vcpu.memory(), rip);
-        let i = iced_x86::Decoder::with_ip(mode.bitness, &bytes, rip, iced_x86::DecoderOptions::NONE).decode();
-        if access::max_lines(&i, CACHE_LINE) == Ok(0) {
+        let i = decode_full(cx, mode, rip);
+        if !touches_memory(&i) {
             return Ok(Some(Vec::new()));
         }
         let regs = cx.vcpu.regs()?;
@@ -629,7 +628,7 @@ impl Precise {
             }
             _ => (0, 0),
         };
-        Ok(access::data_accesses(&i, |r| gpr(&regs, r), fs, gs).ok())
+        Ok(access::data_accesses(&i, |r| emon_x86::emulator::gpr(&regs, r), fs, gs).ok())
     }
 
     /// The pending instruction at `rip` retires: its data accesses (known from before it ran) go
@@ -639,41 +638,48 @@ impl Precise {
             return;
         }
         match accesses {
-            Some(a) => {
-                self.retiring = feed_cache(
-                    self.data_cache.get_or_insert_with(|| CacheModel::new(&self.cache_geometry)),
-                    mode,
-                    cx.vcpu.memory(),
-                    a,
-                )
-            }
+            Some(a) => self.retiring = feed_cache(self.cache_model(), mode, cx.vcpu.memory(), a),
             None => self.unseen_accesses(cx, mode, rip),
         }
-    }
-
-    /// Whether the instruction at `rip` accesses data memory (or may: emon cannot tell).
-    fn touches_memory(&self, cx: &Cx, mode: &CpuMode, rip: u64) -> bool {
-        let bytes = mode.fetch(cx.vcpu.memory(), rip);
-        let i = iced_x86::Decoder::with_ip(mode.bitness, &bytes, rip, iced_x86::DecoderOptions::NONE).decode();
-        access::max_lines(&i, CACHE_LINE) != Ok(0)
     }
 
     /// The instruction at `rip` retired while the cache model counts, with data accesses emon
     /// did not see (it knew no registers from before it ran).
     fn unseen_accesses(&mut self, cx: &Cx, mode: &CpuMode, rip: u64) {
-        if self.cache_on && self.touches_memory(cx, mode, rip) {
+        if self.cache_on && touches_memory(&decode_full(cx, mode, rip)) {
             self.stats.cache_unseen += 1;
         }
     }
 
-    fn emulate_hlt(&mut self, cx: &mut Cx, p: Pending, i: &Insn) -> Result<Next, BackendError> {
-        self.retire(cx, &p.armed, i, p.rip, p.cpl, false);
-        let mut regs = cx.vcpu.regs()?;
+    /// An instruction emon emulated retires: its effect on the registers, `regs`, is written back
+    /// with RIP past it.
+    fn complete(
+        &mut self,
+        cx: &mut Cx,
+        p: &Pending,
+        i: &Insn,
+        mut regs: kvm_bindings::kvm_regs,
+    ) -> Result<Next, BackendError> {
         regs.rip = p.rip + i.len as u64;
         cx.vcpu.set_regs(&regs)?;
+        self.retire(cx, &p.armed, i, p.rip, p.cpl, false);
+        self.rip = Some(regs.rip);
+        Ok(Next::Retired)
+    }
+
+    /// The pending instruction raises #GP(0), as on hardware, and does not retire.
+    fn raise_gp(&mut self, cx: &mut Cx, mut p: Pending) -> Result<Next, BackendError> {
+        cx.vcpu.inject_exception(GP_VECTOR, Some(0))?;
+        p.expect_event = true;
+        self.pending = Some(p);
+        Ok(Next::Run)
+    }
+
+    fn emulate_hlt(&mut self, cx: &mut Cx, p: Pending, i: &Insn) -> Result<Next, BackendError> {
+        let regs = cx.vcpu.regs()?;
+        self.complete(cx, &p, i, regs)?;
         cx.vcpu.halt()?;
         self.time.halted_at = Some(cx.vcpu.guest_tsc()?);
-        self.rip = Some(regs.rip);
         self.halted = true;
         self.stats.hlt += 1;
         Ok(Next::Retired)
@@ -682,28 +688,15 @@ impl Precise {
     /// LFENCE, MFENCE or SFENCE: retires with no effect a lone vCPU could observe (see
     /// [`Special::Fence`]).
     fn emulate_fence(&mut self, cx: &mut Cx, p: Pending, i: &Insn) -> Result<Next, BackendError> {
-        let mut regs = cx.vcpu.regs()?;
-        regs.rip = p.rip + i.len as u64;
-        cx.vcpu.set_regs(&regs)?;
-        self.retire(cx, &p.armed, i, p.rip, p.cpl, false);
-        self.rip = Some(regs.rip);
-        Ok(Next::Retired)
+        let regs = cx.vcpu.regs()?;
+        self.complete(cx, &p, i, regs)
     }
 
     /// RDTSC, RDTSCP, and RDMSR of IA32_TSC (`rdmsr`): the guest's TSC as the model has it
     /// (README, "Guest time"). RDTSC and RDTSCP fault above CPL0 with CR4.TSD set.
-    fn emulate_tsc_read(
-        &mut self,
-        cx: &mut Cx,
-        mut p: Pending,
-        i: &Insn,
-        mode: &CpuMode,
-    ) -> Result<Next, BackendError> {
+    fn emulate_tsc_read(&mut self, cx: &mut Cx, p: Pending, i: &Insn, mode: &CpuMode) -> Result<Next, BackendError> {
         if p.cpl > 0 && i.special != Special::Rdmsr && mode.cr4 & CR4_TSD != 0 {
-            cx.vcpu.inject_exception(GP_VECTOR, Some(0))?;
-            p.expect_event = true;
-            self.pending = Some(p);
-            return Ok(Next::Run);
+            return self.raise_gp(cx, p);
         }
         self.stats.tsc_reads += 1;
         let mut regs = cx.vcpu.regs()?;
@@ -716,63 +709,32 @@ impl Precise {
         if i.special == Special::Rdtscp {
             regs.rcx = cx.vcpu.get_msr(IA32_TSC_AUX)? & 0xFFFF_FFFF;
         }
-        regs.rip = p.rip + i.len as u64;
-        cx.vcpu.set_regs(&regs)?;
-        self.retire(cx, &p.armed, i, p.rip, p.cpl, false);
-        self.rip = Some(regs.rip);
-        Ok(Next::Retired)
+        self.complete(cx, &p, i, regs)
     }
 
-    fn emulate_rdpmc(&mut self, cx: &mut Cx, mut p: Pending, i: &Insn, mode: &CpuMode) -> Result<Next, BackendError> {
+    fn emulate_rdpmc(&mut self, cx: &mut Cx, p: Pending, i: &Insn, mode: &CpuMode) -> Result<Next, BackendError> {
         self.stats.rdpmc += 1;
         let mut regs = cx.vcpu.regs()?;
         match cx.pmu.rdpmc(regs.rcx as u32, p.cpl, mode.pce()) {
             Ok(v) => {
                 regs.rax = v & 0xFFFF_FFFF;
                 regs.rdx = v >> 32;
-                regs.rip = p.rip + i.len as u64;
-                cx.vcpu.set_regs(&regs)?;
-                self.retire(cx, &p.armed, i, p.rip, p.cpl, false);
-                self.rip = Some(regs.rip);
-                Ok(Next::Retired)
+                self.complete(cx, &p, i, regs)
             }
-            Err(_) => {
-                // Hardware raises #GP(0); the faulting RDPMC does not retire.
-                cx.vcpu.inject_exception(GP_VECTOR, Some(0))?;
-                p.expect_event = true;
-                self.pending = Some(p);
-                Ok(Next::Run)
-            }
+            Err(_) => self.raise_gp(cx, p),
         }
     }
 }
 
-/// The cache-line size for deciding whether an instruction touches memory at all.
-const CACHE_LINE: u32 = 64;
+/// The whole instruction at `rip`, as iced-x86 decodes it (for its data accesses).
+fn decode_full(cx: &Cx, mode: &CpuMode, rip: u64) -> iced_x86::Instruction {
+    let bytes = mode.fetch(cx.vcpu.memory(), rip);
+    iced_x86::Decoder::with_ip(mode.bitness, &bytes, rip, iced_x86::DecoderOptions::NONE).decode()
+}
 
-/// A 64-bit general-purpose register's value in `regs` (0 for anything else).
-fn gpr(regs: &kvm_bindings::kvm_regs, r: iced_x86::Register) -> u64 {
-    use iced_x86::Register::*;
-    match r {
-        RAX => regs.rax,
-        RBX => regs.rbx,
-        RCX => regs.rcx,
-        RDX => regs.rdx,
-        RSI => regs.rsi,
-        RDI => regs.rdi,
-        RSP => regs.rsp,
-        RBP => regs.rbp,
-        R8 => regs.r8,
-        R9 => regs.r9,
-        R10 => regs.r10,
-        R11 => regs.r11,
-        R12 => regs.r12,
-        R13 => regs.r13,
-        R14 => regs.r14,
-        R15 => regs.r15,
-        RIP => regs.rip,
-        _ => 0,
-    }
+/// Whether `i` accesses data memory (or may: emon cannot tell before it runs).
+fn touches_memory(i: &iced_x86::Instruction) -> bool {
+    access::max_lines(i, MIN_CACHE_LINE) != Ok(0)
 }
 
 /// Feeds an instruction's data accesses to the cache model, translating each through the guest's

@@ -18,7 +18,7 @@
 //! the instructions before the fault.
 use super::cache::{CacheEvents, CacheModel};
 use super::events::{cycles, Armed};
-use emon_pmu::profile::Clock;
+use emon_pmu::profile::{Clock, MIN_CACHE_LINE};
 use emon_x86::access::{self, Access};
 use emon_x86::insn::{self, Insn};
 use emon_x86::mode::CpuMode;
@@ -273,7 +273,8 @@ fn decode_block(mode: &CpuMode, mem: &GuestMemoryMmap, addr: u64, size: usize, c
     let mut info = InstructionInfoFactory::new();
     while d.ip() < addr + size as u64 {
         let i = d.decode();
-        let accesses = if cache { access::max_lines(&i, CACHE_LINE).ok() } else { Some(0) };
+        // The smallest line a profile may have: the bound holds whatever the profile's line.
+        let accesses = if cache { access::max_lines(&i, MIN_CACHE_LINE).ok() } else { Some(0) };
         match (!i.is_invalid()).then(|| insn::of(&i)) {
             Some(f) if runs_in_engine(&i, &mut info) && accesses.is_some() => {
                 lines += accesses.unwrap_or(0);
@@ -302,9 +303,6 @@ fn decode_block(mode: &CpuMode, mem: &GuestMemoryMmap, addr: u64, size: usize, c
         lines,
     }
 }
-
-/// The cache-line size the bound on a block's lines assumes: the smallest a profile may have.
-const CACHE_LINE: u32 = 16;
 
 /// Whether the engine may run `i`: plain integer instructions whose effects are registers, flags
 /// and memory, nothing KVM or the VMM must see (see the module documentation).
@@ -669,7 +667,7 @@ impl Tcg {
             if i.is_invalid()
                 || i.code() == Code::Iretq
                 || !runs_in_engine(&i, &mut info)
-                || cache && access::max_lines(&i, CACHE_LINE).is_err()
+                || cache && access::max_lines(&i, MIN_CACHE_LINE).is_err()
             {
                 return Ok((Stop::Handover, pc));
             }
@@ -957,6 +955,11 @@ mod tests {
 
     const CLOCK: ModelClock = ModelClock { cycles: 0, reference: Clock::TSC };
 
+    /// Counting `armed` from model clock 0, with the full budget and no cache model.
+    fn counting(armed: &[(Armed, u64)]) -> Counting<'_> {
+        Counting { armed, clock: CLOCK, budget: BUDGET, cache: None }
+    }
+
     /// mov ecx, 1000; loop .; out dx, al
     const LOOP: &[u8] = &[0xB9, 0xE8, 0x03, 0x00, 0x00, 0xE2, 0xFE, 0xEE];
 
@@ -965,9 +968,7 @@ mod tests {
         let (mem, regs, sregs, mode) = machine(LOOP);
         let mut tcg = Tcg::new(&mem).unwrap();
         let counters = [(armed(Model::Instructions), u64::MAX), (armed(Model::Branches), u64::MAX)];
-        let r = tcg
-            .run(&regs, &sregs, mode, Counting { armed: &counters, clock: CLOCK, budget: BUDGET, cache: None }, false)
-            .unwrap();
+        let r = tcg.run(&regs, &sregs, mode, counting(&counters), false).unwrap();
         assert_eq!(r.stop, Stop::Handover);
         assert_eq!((r.regs.rip, r.regs.rcx), (CODE + 7, 0), "stopped before the OUT, after the loop");
         assert_eq!((r.retired, r.counts.clone()), (1001, vec![1001, 1000]), "{r:?}");
@@ -981,36 +982,13 @@ mod tests {
         let reference = Clock { tsc_per_ref_numerator: 167, tsc_per_ref_denominator: 1, ..Clock::TSC };
         let xclk = Armed { id: CounterId::Gp(1), ..armed(Model::RefXclk) };
         let counters = [(armed(Model::CoreCycles), u64::MAX), (xclk, u64::MAX)];
-        let r = tcg
-            .run(
-                &regs,
-                &sregs,
-                mode,
-                Counting {
-                    armed: &counters,
-                    clock: ModelClock { cycles: 100, reference },
-                    budget: BUDGET,
-                    cache: None,
-                },
-                false,
-            )
-            .unwrap();
+        let c = Counting { clock: ModelClock { cycles: 100, reference }, ..counting(&counters) };
+        let r = tcg.run(&regs, &sregs, mode, c, false).unwrap();
         assert_eq!((r.cycles, r.counts.clone()), (2000, vec![2000, 12]), "{r:?}");
         // Near its overflow the counter stops the fast path short, and the count stays exact.
-        let r = tcg
-            .run(
-                &regs,
-                &sregs,
-                mode,
-                Counting {
-                    armed: &[(xclk, 5)],
-                    clock: ModelClock { cycles: 0, reference },
-                    budget: BUDGET,
-                    cache: None,
-                },
-                false,
-            )
-            .unwrap();
+        let near = [(xclk, 5)];
+        let c = Counting { clock: ModelClock { cycles: 0, reference }, ..counting(&near) };
+        let r = tcg.run(&regs, &sregs, mode, c, false).unwrap();
         assert_eq!(r.stop, Stop::Overflow, "{r:?}");
         assert_eq!(r.counts[0], reference.ref_ticks_at(r.cycles));
         assert!(r.counts[0] < 5);
@@ -1030,17 +1008,13 @@ mod tests {
         let misses = Armed { id: CounterId::Gp(1), ..armed(Model::LlcMisses) };
         let counters = [(armed(Model::LlcReference), u64::MAX), (misses, u64::MAX)];
         let cache = Some(CacheModel::new(&emon_pmu::profile::Cache::default()));
-        let r = tcg
-            .run(&regs, &sregs, mode, Counting { armed: &counters, clock: CLOCK, budget: BUDGET, cache }, false)
-            .unwrap();
+        let r = tcg.run(&regs, &sregs, mode, Counting { cache, ..counting(&counters) }, false).unwrap();
         assert_eq!((r.stop, r.regs.rip), (Stop::Handover, CODE + 24), "{:?}", r.regs);
         // 100 cold lines, then the last one again after its CLFLUSH.
         assert_eq!(r.counts, vec![101, 101]);
         assert!(r.cache.is_some(), "the model comes back");
         // Without the model the engine counts no LLC event.
-        let r = tcg
-            .run(&regs, &sregs, mode, Counting { armed: &counters, clock: CLOCK, budget: BUDGET, cache: None }, false)
-            .unwrap();
+        let r = tcg.run(&regs, &sregs, mode, counting(&counters), false).unwrap();
         assert_eq!(r.counts, vec![0, 0]);
     }
 
@@ -1050,15 +1024,9 @@ mod tests {
         for budget in [2, 3, 50, 777] {
             let (mem, regs, sregs, mode) = machine(LOOP);
             let mut tcg = Tcg::new(&mem).unwrap();
-            let r = tcg
-                .run(
-                    &regs,
-                    &sregs,
-                    mode,
-                    Counting { armed: &[(armed(Model::Instructions), u64::MAX)], clock: CLOCK, budget, cache: None },
-                    false,
-                )
-                .unwrap();
+            let counters = [(armed(Model::Instructions), u64::MAX)];
+            let c = Counting { budget, ..counting(&counters) };
+            let r = tcg.run(&regs, &sregs, mode, c, false).unwrap();
             assert_eq!(r.stop, Stop::Budget, "{budget}");
             assert!(r.retired <= budget && r.retired + 1 >= budget, "{budget}: {r:?}");
             // Every retired LOOP decremented RCX once.
@@ -1071,15 +1039,7 @@ mod tests {
     fn stops_short_of_a_counters_overflow() {
         let (mem, regs, sregs, mode) = machine(LOOP);
         let mut tcg = Tcg::new(&mem).unwrap();
-        let r = tcg
-            .run(
-                &regs,
-                &sregs,
-                mode,
-                Counting { armed: &[(armed(Model::Instructions), 300)], clock: CLOCK, budget: BUDGET, cache: None },
-                false,
-            )
-            .unwrap();
+        let r = tcg.run(&regs, &sregs, mode, counting(&[(armed(Model::Instructions), 300)]), false).unwrap();
         assert_eq!(r.stop, Stop::Overflow);
         assert!(r.counts[0] < 300 && r.counts[0] >= 290, "{r:?}");
         assert_eq!(1000 - r.regs.rcx, r.retired - 1);
@@ -1091,20 +1051,7 @@ mod tests {
         let code = [0xB9, 0x05, 0x00, 0x00, 0x00, 0x8B, 0x04, 0x25, 0x30, 0x00, 0xE0, 0xFE, 0x90];
         let (mem, regs, sregs, mode) = machine(&code);
         let mut tcg = Tcg::new(&mem).unwrap();
-        let r = tcg
-            .run(
-                &regs,
-                &sregs,
-                mode,
-                Counting {
-                    armed: &[(armed(Model::Instructions), u64::MAX)],
-                    clock: CLOCK,
-                    budget: BUDGET,
-                    cache: None,
-                },
-                false,
-            )
-            .unwrap();
+        let r = tcg.run(&regs, &sregs, mode, counting(&[(armed(Model::Instructions), u64::MAX)]), false).unwrap();
         assert_eq!((r.stop, r.regs.rip, r.regs.rcx, r.retired), (Stop::Fault, CODE + 5, 5, 1), "{r:?}");
     }
 
@@ -1121,20 +1068,7 @@ mod tests {
             mem.write_obj(*v, GuestAddress(0x7000 + 8 * i as u64)).unwrap();
         }
         let mut tcg = Tcg::new(&mem).unwrap();
-        let r = tcg
-            .run(
-                &regs,
-                &sregs,
-                mode,
-                Counting {
-                    armed: &[(armed(Model::Instructions), u64::MAX)],
-                    clock: CLOCK,
-                    budget: BUDGET,
-                    cache: None,
-                },
-                false,
-            )
-            .unwrap();
+        let r = tcg.run(&regs, &sregs, mode, counting(&[(armed(Model::Instructions), u64::MAX)]), false).unwrap();
         // The block after the IRETQ (nop; out) holds an OUT: the engine stops before it.
         assert_eq!((r.stop, r.regs.rip, r.retired, r.iret, r.cpl), (Stop::Handover, CODE + 0x20, 1, true, 0), "{r:?}");
         assert_eq!(r.regs.rsp, 0x8000);
@@ -1146,20 +1080,7 @@ mod tests {
         let code = [0x90, 0x48, 0xA1, 0, 0, 0, 0, 0x40, 0, 0, 0, 0x90];
         let (mem, regs, sregs, mode) = machine(&code);
         let mut tcg = Tcg::new(&mem).unwrap();
-        let r = tcg
-            .run(
-                &regs,
-                &sregs,
-                mode,
-                Counting {
-                    armed: &[(armed(Model::Instructions), u64::MAX)],
-                    clock: CLOCK,
-                    budget: BUDGET,
-                    cache: None,
-                },
-                false,
-            )
-            .unwrap();
+        let r = tcg.run(&regs, &sregs, mode, counting(&[(armed(Model::Instructions), u64::MAX)]), false).unwrap();
         assert_eq!((r.stop, r.regs.rip, r.retired, r.counts[0]), (Stop::Fault, CODE + 1, 1, 1), "{r:?}");
     }
 

@@ -462,14 +462,16 @@ impl VcpuMachine<'_> {
     }
 }
 
+/// The 64-bit general-purpose register `reg` (RAX..R15, by its iced-x86 number) in `r`.
+pub fn gpr(r: &kvm_regs, reg: Register) -> u64 {
+    let all =
+        [r.rax, r.rcx, r.rdx, r.rbx, r.rsp, r.rbp, r.rsi, r.rdi, r.r8, r.r9, r.r10, r.r11, r.r12, r.r13, r.r14, r.r15];
+    all[reg.number() & 15]
+}
+
 impl Machine for VcpuMachine<'_> {
     fn gpr(&self, reg: Register) -> u64 {
-        let r = &*self.regs;
-        let all = [
-            r.rax, r.rcx, r.rdx, r.rbx, r.rsp, r.rbp, r.rsi, r.rdi, r.r8, r.r9, r.r10, r.r11, r.r12, r.r13, r.r14,
-            r.r15,
-        ];
-        all[reg.number() & 15]
+        gpr(self.regs, reg)
     }
     fn set_gpr(&mut self, reg: Register, value: u64) {
         let r = &mut *self.regs;
