@@ -137,8 +137,8 @@ struct GuestTime {
     stretch: Option<(u64, u64, u64)>,
     /// The guest's (real) TSC when the vCPU halted, until it wakes.
     halted_at: Option<u64>,
-    /// `Some(false)` once this host has shown it cannot set the guest's TSC.
-    settable: Option<bool>,
+    /// This host has shown that it cannot set the guest's TSC.
+    unsettable: bool,
     /// On a host that cannot: the stretches after which the guest's TSC jumped forward to real
     /// time, the ticks it jumped in all, and the ticks real time never caught up (backwards).
     jumps: u64,
@@ -289,11 +289,11 @@ impl Precise {
         self.wake(cx)?;
         let Some(target) = self.virtual_tsc() else { return Ok(()) };
         self.time.stretch = None;
-        if self.time.settable != Some(false) {
+        if !self.time.unsettable {
             if cx.vcpu.set_guest_tsc(target)? {
                 return Ok(());
             }
-            self.time.settable = Some(false);
+            self.time.unsettable = true;
         }
         let mut now = cx.vcpu.guest_tsc()?;
         if now < target {
@@ -451,12 +451,13 @@ impl Precise {
     }
 
     fn set_stepping(&mut self, cx: &mut Cx, on: bool) -> Result<(), BackendError> {
-        if !self.virtual_time {
-            // `emon bench`: real time.
-        } else if on {
-            self.begin_stretch(cx)?;
-        } else {
-            self.end_stretch(cx)?;
+        // `emon bench` keeps real time (`with_real_time`).
+        if self.virtual_time {
+            if on {
+                self.begin_stretch(cx)?;
+            } else {
+                self.end_stretch(cx)?;
+            }
         }
         cx.vcpu.set_single_step(on)?;
         self.stepping = on;
