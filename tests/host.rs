@@ -168,3 +168,30 @@ fn emon_run_chooses_what_emon_host_reports() {
     let line = r.stderr.lines().find(|l| l.starts_with("emon: backend ")).unwrap_or_else(|| panic!("{}", r.stderr));
     assert!(line.ends_with(&format!(": {why}")), "run: {line}\nhost: {why}");
 }
+
+/// Setting the guest's TSC a little ahead of what it reads (a counted stretch whose model clock
+/// ended just ahead of real time) either takes, or is reported as impossible, as the far probe
+/// `emon host` uses reports it: never reported done while the guest goes on reading the old
+/// value, which would make its TSC go backwards (README, "Guest time").
+#[test]
+fn setting_the_guest_tsc_near_its_value_tells_the_truth() {
+    use emon::backend::guest_debug::GuestDebug;
+    use emon::backend::kvm::{guest_tsc_settable, KvmVcpu};
+    use emon::backend::Vcpu;
+    if !kvm_available() {
+        return;
+    }
+    let kvm = kvm_ioctls::Kvm::new().unwrap();
+    let vm = kvm.create_vm().unwrap();
+    let mut fd = vm.create_vcpu(0).unwrap();
+    let mem = vm_memory::GuestMemoryMmap::default();
+    let mut debug = GuestDebug::default();
+    let mut vcpu = KvmVcpu { fd: &mut fd, mem: &mem, debug: &mut debug };
+    let value = vcpu.guest_tsc().unwrap() + (1 << 19);
+    let set = vcpu.set_guest_tsc(value).unwrap();
+    let after = vcpu.guest_tsc().unwrap();
+    assert_eq!(set, guest_tsc_settable(&kvm).unwrap(), "a near set and the far probe disagree");
+    if set {
+        assert!(after >= value, "reported set, but the guest's TSC reads {after} < {value}");
+    }
+}

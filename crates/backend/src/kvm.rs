@@ -134,26 +134,26 @@ impl Vcpu for KvmVcpu<'_> {
     }
 
     fn set_guest_tsc(&mut self, value: u64) -> Result<bool, VcpuError> {
-        // KVM_VCPU_TSC_OFFSET: guest TSC = host TSC + offset, set without KVM's TSC
-        // synchronization heuristics (which may ignore an IA32_TSC write near the expected value).
+        // Some hosts accept KVM_VCPU_TSC_OFFSET and ignore it (kvm_pvm): believe only the guest's
+        // TSC. Near the TSC the guest has, an ignored offset looks like one that took, so the
+        // first value set is far away (the guest runs no instruction in between and sees only
+        // `value`).
         let before = self.guest_tsc()?;
-        let mut offset = value.wrapping_sub(host_tsc());
-        let attr = kvm_device_attr {
-            group: KVM_VCPU_TSC_CTRL,
-            attr: u64::from(KVM_VCPU_TSC_OFFSET),
-            addr: &mut offset as *mut u64 as u64,
-            flags: 0,
-        };
-        // SAFETY: KVM_SET_DEVICE_ATTR on a vCPU fd reads the attribute and, through `addr`, the
-        // u64 offset, both of which outlive the call.
-        if unsafe { ioctl_with_ref(&*self.fd, KVM_SET_DEVICE_ATTR(), &attr) } != 0 {
+        let probe = before.wrapping_add(TSC_PROBE_DISTANCE);
+        if !self.set_tsc_offset(probe)? {
             return Ok(false);
         }
-        // Some hosts accept the offset and ignore it (kvm_pvm): believe only the guest's TSC, which
-        // now reads near `value` if the offset took and near `before` if it did not. (When the two
-        // are close, either way the guest sees no jump.)
         let after = self.guest_tsc()?;
-        Ok(value.abs_diff(before) < TSC_SET_TOLERANCE || after.abs_diff(value) < after.abs_diff(before))
+        if after.wrapping_sub(before) < TSC_PROBE_DISTANCE / 2 {
+            return Ok(false);
+        }
+        match self.set_tsc_offset(value)? {
+            true => Ok(true),
+            false => Err(VcpuError {
+                op: "KVM_SET_DEVICE_ATTR(KVM_VCPU_TSC_OFFSET)",
+                source: vmm_sys_util::errno::Error::last(),
+            }),
+        }
     }
 
     fn wait_for_guest_tsc(&mut self, value: u64, limit: Duration) -> Result<u64, VcpuError> {
@@ -170,12 +170,31 @@ impl Vcpu for KvmVcpu<'_> {
     }
 }
 
+impl KvmVcpu<'_> {
+    /// Sets KVM_VCPU_TSC_OFFSET (guest TSC = host TSC + offset) so that the guest's TSC reads
+    /// `value` now, without KVM's TSC synchronization heuristics (which may ignore an IA32_TSC
+    /// write near the expected value). `Ok(false)`: the host refused the attribute.
+    fn set_tsc_offset(&mut self, value: u64) -> Result<bool, VcpuError> {
+        let mut offset = value.wrapping_sub(host_tsc());
+        let attr = kvm_device_attr {
+            group: KVM_VCPU_TSC_CTRL,
+            attr: u64::from(KVM_VCPU_TSC_OFFSET),
+            addr: &mut offset as *mut u64 as u64,
+            flags: 0,
+        };
+        // SAFETY: KVM_SET_DEVICE_ATTR on a vCPU fd reads the attribute and, through `addr`, the
+        // u64 offset, both of which outlive the call.
+        Ok(unsafe { ioctl_with_ref(&*self.fd, KVM_SET_DEVICE_ATTR(), &attr) } == 0)
+    }
+}
+
 // kvm-ioctls offers KVM_SET_DEVICE_ATTR on vCPU fds only for aarch64.
 vmm_sys_util::ioctl_iow_nr!(KVM_SET_DEVICE_ATTR, kvm_bindings::KVMIO, 0xe1, kvm_device_attr);
 
-/// TSC ticks (about 0.4 ms at 2.6 GHz) within which a set of the guest's TSC makes no difference
-/// to the guest that emon needs to know of.
-const TSC_SET_TOLERANCE: u64 = 1 << 20;
+/// How far from the wanted value [`KvmVcpu::set_guest_tsc`] first sets the guest's TSC, to see
+/// whether the host honours the offset: 2^40 TSC ticks (minutes at any TSC frequency), far beyond
+/// any delay between two reads.
+const TSC_PROBE_DISTANCE: u64 = 1 << 40;
 
 /// This host's time-stamp counter.
 fn host_tsc() -> u64 {
@@ -191,9 +210,8 @@ pub fn guest_tsc_settable(kvm: &kvm_ioctls::Kvm) -> Result<bool, VcpuError> {
     let mem = GuestMemoryMmap::default();
     let mut debug = GuestDebug::default();
     let mut vcpu = KvmVcpu { fd: &mut fd, mem: &mem, debug: &mut debug };
-    // Far from real time, so that an offset the host ignores shows.
-    let target = vcpu.guest_tsc()?.wrapping_add(1 << 40);
-    vcpu.set_guest_tsc(target)
+    let now = vcpu.guest_tsc()?;
+    vcpu.set_guest_tsc(now)
 }
 
 /// RFLAGS.RF, the resume flag.
