@@ -323,7 +323,10 @@ fn print_statistics(r: &vmm::RunReport) {
         "exits: {} total: {} port I/O, {} MMIO, {} MSR, {} interrupted, {} other",
         e.total, e.pio, e.mmio, e.msr, e.interrupted, e.other
     );
-    eprintln!("SSE instructions emulated by emon (KVM could not): {}", e.sse_emulated);
+    eprintln!(
+        "instructions completed by emon (KVM could not emulate them): {}, of which INT3 delivered as #BP: {}",
+        e.completed, e.int3_delivered
+    );
     eprintln!("PMU MSRs: {} reads, {} writes; #GP injected: {}", r.msr.pmu_reads, r.msr.pmu_writes, r.msr.gp_injected);
     eprintln!("{}", r.backend);
     eprintln!("{}", r.rdpmc.detail());

@@ -122,7 +122,7 @@ fn assert_consistent(r: &Run, json: &serde_json::Value) {
     let e = &json["exits"];
     let kinds: u64 = ["pio", "mmio", "msr", "other"].iter().map(|k| e[k].as_u64().unwrap()).sum();
     assert!(kinds <= e["total"].as_u64().unwrap(), "{e}");
-    assert!(e["sse_emulated"].is_u64() && e["interrupted"].is_u64(), "{e}");
+    assert!(e["completed"].is_u64() && e["int3_delivered"].is_u64() && e["interrupted"].is_u64(), "{e}");
     for f in ["at_start", "at_end"] {
         assert!(json["fds"][f].as_u64().is_some_and(|n| n > 2), "{json:#}");
     }

@@ -117,7 +117,8 @@ impl RunReport {
                 ("msr", e.msr),
                 ("interrupted", e.interrupted),
                 ("other", e.other),
-                ("sse_emulated", e.sse_emulated),
+                ("completed", e.completed),
+                ("int3_delivered", e.int3_delivered),
             ]),
             msr: JsonMsrs {
                 pmu_reads: self.msr.pmu_reads,
@@ -166,8 +167,8 @@ pub struct JsonReport<'a> {
     /// The one-line summary emon printed on stderr.
     pub summary: String,
     pub elapsed_s: f64,
-    /// [`ExitStats`]' exit counts: total, pio, mmio, msr, interrupted, other, sse_emulated.
-    pub exits: Counts<7>,
+    /// [`ExitStats`]' exit counts: total, pio, mmio, msr, interrupted, other, completed, int3_delivered.
+    pub exits: Counts<8>,
     pub msr: JsonMsrs,
     /// PMIs by how they were delivered: fixed, nmi, masked, dropped.
     pub pmis: Counts<4>,

@@ -11,7 +11,7 @@ use crate::backend::kvm::{deliver_pmi, KvmVcpu};
 use crate::backend::pmi::PmiDelivery;
 use crate::backend::{Backend, Cx, Next};
 use crate::pmu::Pmu;
-use crate::x86::emulator as sse;
+use crate::x86::emulator;
 use crate::x86::mode::CpuMode;
 use kvm_ioctls::{VcpuExit, VcpuFd};
 use std::sync::Arc;
@@ -26,8 +26,11 @@ pub struct ExitStats {
     pub msr: u64,
     pub interrupted: u64,
     pub other: u64,
-    /// Instructions KVM could not emulate that emon completed itself (SSE, see `sse`).
-    pub sse_emulated: u64,
+    /// Instructions KVM could not emulate that emon completed itself (SSE, POPCNT, CLAC/STAC:
+    /// see `emulator`), INT3 included.
+    pub completed: u64,
+    /// Of those, INT3s that emon delivered to the guest as #BP.
+    pub int3_delivered: u64,
     /// This process's open file descriptors at the first KVM_RUN and at the end of the run
     /// (a backend that leaks host events shows here).
     pub fds_at_start: usize,
@@ -198,6 +201,9 @@ impl Vcpu {
             t.sample(&self.pmu);
             t.pmi(&format!("{delivery:?}"));
         }
+        if matches!(delivery, PmiDelivery::Fixed(_) | PmiDelivery::Nmi) {
+            self.backend.event_queued();
+        }
         match delivery {
             PmiDelivery::Fixed(_) => self.pmis.fixed += 1,
             PmiDelivery::Nmi => self.pmis.nmi += 1,
@@ -293,17 +299,16 @@ impl Vcpu {
             }
             VcpuExit::InternalError => {
                 let (suberror, data) = internal_error_data(&mut self.fd);
-                match self.emulate_sse(suberror, &data) {
+                match self.complete_emulation(suberror, &data) {
                     Ok(rip) => {
-                        self.stats.sse_emulated += 1;
+                        self.stats.completed += 1;
                         // One instruction retired, as after a single step.
                         ExitAction::Stepped(rip)
                     }
                     Err(failure) => {
                         let long_mode = self.fd.get_sregs().map(|s| s.cs.l == 1).unwrap_or(true);
                         let why = explain_internal_error(suberror, &data, long_mode);
-                        let failure =
-                            failure.map(|f| format!("; emon's SSE emulator failed too: {f}")).unwrap_or_default();
+                        let failure = failure.map(|f| format!("; emon's emulator failed too: {f}")).unwrap_or_default();
                         return Err(VmmError::Guest(format!(
                             "KVM internal error ({why}{failure})\n{}",
                             dump_registers(&self.fd)
@@ -321,11 +326,12 @@ impl Vcpu {
 }
 
 impl Vcpu {
-    /// Completes in userspace an instruction KVM's emulator failed on, if it is an SSE
-    /// instruction `sse` knows in 64-bit code (kvm_pvm sends all SSE of CPL0 code to its
-    /// emulator). Returns the RIP after it. `Err(None)`: not such a failure (no instruction
-    /// bytes, not 64-bit); `Err(Some(why))`: the emulator could not do it either.
-    fn emulate_sse(&mut self, suberror: u32, data: &[u64]) -> Result<u64, Option<String>> {
+    /// Completes in userspace an instruction KVM's emulator failed on in 64-bit code (kvm_pvm
+    /// sends all of CPL0 code to its emulator): INT3 becomes the #BP it raises, and `emulator`
+    /// runs the instructions it knows. Returns the RIP after the instruction. `Err(None)`: not
+    /// such a failure (no instruction bytes, not 64-bit); `Err(Some(why))`: emon could not
+    /// complete it either.
+    fn complete_emulation(&mut self, suberror: u32, data: &[u64]) -> Result<u64, Option<String>> {
         const EMULATION: u32 = 1;
         const FLAG_INSTRUCTION_BYTES: u64 = 1;
         let raw: Vec<u8> = data.iter().skip(1).flat_map(|w| w.to_le_bytes()).collect();
@@ -340,13 +346,16 @@ impl Vcpu {
         }
         let mut regs = self.fd.get_regs().map_err(|e| Some(format!("KVM_GET_REGS: {e}")))?;
         let rip = regs.rip;
+        if bytes.first() == Some(&INT3) {
+            return self.deliver_int3(regs).map_err(Some);
+        }
         let next = match self.xsave {
             // The XSAVE image, never KVM_GET_FPU/KVM_SET_FPU, where KVM has one: see `xsave`.
             Some(abi) => {
                 let mut state = SseState::get(&self.fd, abi).map_err(|e| Some(format!("KVM_GET_XSAVE: {e}")))?;
                 let mut xmm = state.xmm();
-                let mut m = sse::VcpuMachine { regs: &mut regs, xmm: &mut xmm, mem: &self.mem, mode };
-                let next = sse::emulate(bytes, rip, &mut m).map_err(|e| Some(e.to_string()))?;
+                let mut m = emulator::VcpuMachine { regs: &mut regs, xmm: &mut xmm, mem: &self.mem, mode };
+                let next = emulator::emulate(bytes, rip, &mut m).map_err(|e| Some(e.to_string()))?;
                 state.set_xmm(&xmm);
                 state.set(&self.fd).map_err(|e| Some(format!("KVM_SET_XSAVE: {e}")))?;
                 next
@@ -354,8 +363,8 @@ impl Vcpu {
             // Without XSAVE there is no XSTATE_BV: the FXSAVE image is the whole state.
             None => {
                 let mut fpu = self.fd.get_fpu().map_err(|e| Some(format!("KVM_GET_FPU: {e}")))?;
-                let mut m = sse::VcpuMachine { regs: &mut regs, xmm: &mut fpu.xmm, mem: &self.mem, mode };
-                let next = sse::emulate(bytes, rip, &mut m).map_err(|e| Some(e.to_string()))?;
+                let mut m = emulator::VcpuMachine { regs: &mut regs, xmm: &mut fpu.xmm, mem: &self.mem, mode };
+                let next = emulator::emulate(bytes, rip, &mut m).map_err(|e| Some(e.to_string()))?;
                 self.fd.set_fpu(&fpu).map_err(|e| Some(format!("KVM_SET_FPU: {e}")))?;
                 next
             }
@@ -363,6 +372,27 @@ impl Vcpu {
         regs.rip = next;
         self.fd.set_regs(&regs).map_err(|e| Some(format!("KVM_SET_REGS: {e}")))?;
         Ok(next)
+    }
+}
+
+/// INT3's opcode (SDM Vol. 2A, "INT n/INTO/INT3/INT1").
+const INT3: u8 = 0xCC;
+
+impl Vcpu {
+    /// INT3 retires and raises #BP, a trap: the guest's handler sees the address after it
+    /// (SDM Vol. 3A, 6.5 "Exception Classifications"). KVM delivers the exception at the next
+    /// entry, through the guest's IDT, with RIP already past the INT3.
+    fn deliver_int3(&mut self, mut regs: kvm_bindings::kvm_regs) -> Result<u64, String> {
+        regs.rip += 1;
+        self.fd.set_regs(&regs).map_err(|e| format!("KVM_SET_REGS: {e}"))?;
+        let mut ev = self.fd.get_vcpu_events().map_err(|e| format!("KVM_GET_VCPU_EVENTS: {e}"))?;
+        ev.exception.injected = 1;
+        ev.exception.nr = 3;
+        ev.exception.has_error_code = 0;
+        ev.exception.error_code = 0;
+        self.fd.set_vcpu_events(&ev).map_err(|e| format!("KVM_SET_VCPU_EVENTS: {e}"))?;
+        self.stats.int3_delivered += 1;
+        Ok(regs.rip)
     }
 }
 

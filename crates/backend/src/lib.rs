@@ -74,6 +74,9 @@ pub trait Backend: Send {
     fn before_run(&mut self, cx: &mut Cx, at_boundary: bool) -> Result<Next, BackendError>;
     /// A single-step exit: the vCPU retired one instruction and is at `pc`.
     fn on_debug_exit(&mut self, cx: &mut Cx, pc: u64) -> Result<(), BackendError>;
+    /// The VMM queued an interrupt or NMI (a PMI) for the guest: the next entry must be KVM's,
+    /// which delivers it, not a stretch of counted code run anywhere else.
+    fn event_queued(&mut self) {}
     /// Brings the model's counter values up to date before the guest reads or writes a PMU MSR.
     fn sync(&mut self, _pmu: &mut Pmu) {}
     /// Counters reprogrammed so far, one per counter per change: the cost of the guest's writes.

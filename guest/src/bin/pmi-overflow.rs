@@ -8,6 +8,10 @@
 //! The experiment runs with a fixed vector (0x33, the walkthrough's APIC_PERFMON_VECTOR), with NMI
 //! delivery, with a full-width write through IA32_A_PMC0 when FW_WRITE is set, and with LVTPC
 //! masked (no interrupt, status still set).
+//!
+//! Then sampling as Linux's perf does it: instructions with a period, PMIs as NMIs while the
+//! counted loop runs with interrupts disabled, each handler reloading the counter and going on.
+//! Every period gives one PMI, each right after the overflowing instruction.
 #![no_std]
 #![no_main]
 
@@ -182,6 +186,101 @@ fn experiment(version: u32, width: u32, event: (&str, u64), counting: Counting, 
     );
 }
 
+/// Sampling: the period, and the loop's iterations (`dec; jnz`, two instructions each).
+const PERIOD: u64 = 10_000;
+const SAMPLED_ITERATIONS: u64 = 100_000;
+
+static SAMPLES: AtomicU64 = AtomicU64::new(0);
+/// IA32_PMC0 at each handler's entry: what was counted since the overflow (the handler's entry
+/// code), the same every time when the PMI has zero skid; u64::MAX once two differed.
+static COUNT_AT_ENTRY: AtomicU64 = AtomicU64::new(0);
+static LOOP_START: AtomicU64 = AtomicU64::new(0);
+static LOOP_END: AtomicU64 = AtomicU64::new(0);
+static OUTSIDE_LOOP: AtomicU64 = AtomicU64::new(0);
+
+/// A perf-style sampling handler: note the sample, reload the counter with -PERIOD, clear the
+/// overflow, unmask LVTPC; the counter keeps counting.
+fn sampling_handler(regs: &mut idt::Regs) {
+    let at_entry = rdmsr(IA32_PMC0);
+    let n = SAMPLES.fetch_add(1, SeqCst);
+    if n == 0 {
+        COUNT_AT_ENTRY.store(at_entry, SeqCst);
+    } else if COUNT_AT_ENTRY.load(SeqCst) != at_entry {
+        COUNT_AT_ENTRY.store(u64::MAX, SeqCst);
+    }
+    if !(LOOP_START.load(SeqCst)..LOOP_END.load(SeqCst)).contains(&regs.rip) {
+        OUTSIDE_LOOP.fetch_add(1, SeqCst);
+    }
+    wrmsr(IA32_PMC0, PERIOD.wrapping_neg() & 0xFFFF_FFFF); // sign-extends (SDM 18.2.5)
+    wrmsr(IA32_PERF_GLOBAL_OVF_CTRL, 1);
+    apic::write(apic::LVT_PMC, apic::read(apic::LVT_PMC) & !apic::LVT_MASKED);
+}
+
+/// Counts `SAMPLED_ITERATIONS` of `dec; jnz` with interrupts disabled, sampling every PERIOD
+/// instructions through NMIs.
+fn sampling(counting: Counting) {
+    SAMPLES.store(0, SeqCst);
+    OUTSIDE_LOOP.store(0, SeqCst);
+    idt::set_handler(NMI_VECTOR, sampling_handler);
+    apic::write(apic::LVT_PMC, apic::LVT_DELIVERY_NMI);
+    wrmsr(IA32_PMC0, PERIOD.wrapping_neg() & 0xFFFF_FFFF);
+    wrmsr(
+        IA32_PERFEVTSEL0,
+        PERFEVTSEL_EN | PERFEVTSEL_INT | PERFEVTSEL_OS | PERFEVTSEL_USR | EVENT_SELECT_INSTRUCTIONS,
+    );
+    // SAFETY: PMU MSRs and a register-only loop; the NMIs return to it.
+    unsafe {
+        core::arch::asm!(
+            "lea {start}, [rip + 2f]",
+            "lea {end}, [rip + 3f]",
+            "mov [{ls}], {start}",
+            "mov [{le}], {end}",
+            "cli",
+            "mov ecx, 0x38F",
+            "mov eax, 1",
+            "xor edx, edx",
+            "wrmsr",
+            "mov {n}, {iterations}",
+            "2: dec {n}",
+            "jnz 2b",
+            "3: mov ecx, 0x38F",
+            "xor eax, eax",
+            "xor edx, edx",
+            "wrmsr",
+            "sti",
+            start = out(reg) _,
+            end = out(reg) _,
+            ls = in(reg) LOOP_START.as_ptr(),
+            le = in(reg) LOOP_END.as_ptr(),
+            iterations = in(reg) SAMPLED_ITERATIONS,
+            n = out(reg) _,
+            out("eax") _, out("ecx") _, out("edx") _,
+        );
+    }
+    wrmsr(IA32_PERFEVTSEL0, 0);
+    idt::set_handler(NMI_VECTOR, pmi_handler);
+    let samples = SAMPLES.load(SeqCst);
+    let (lo, hi) = (2 * SAMPLED_ITERATIONS / PERIOD, 2 * SAMPLED_ITERATIONS / PERIOD + 2);
+    check!(
+        (lo..=hi).contains(&samples),
+        "sampling: {} NMIs for {} instructions at a period of {} (want {}..{})",
+        dec(samples),
+        dec(2 * SAMPLED_ITERATIONS),
+        dec(PERIOD),
+        dec(lo),
+        dec(hi)
+    );
+    check_eq!(OUTSIDE_LOOP.load(SeqCst), 0u64, "sampling: every NMI interrupted the counted loop");
+    if counting == Counting::Exact {
+        let at_entry = COUNT_AT_ENTRY.load(SeqCst);
+        check!(
+            at_entry != u64::MAX && at_entry < 1000,
+            "sampling: every NMI arrived right after its overflow (the handler's entry counted {} instructions each time)",
+            dec(at_entry)
+        );
+    }
+}
+
 fn main(_boot: &emon_guest::BootInfo) -> i32 {
     let pmu = Perfmon::from_cpuid();
     let (version, gp, width) = (pmu.version as u32, pmu.gp, pmu.gp_width as u32);
@@ -229,6 +328,13 @@ fn main(_boot: &emon_guest::BootInfo) -> i32 {
                 continue;
             }
             experiment(version, width, (ev, select), counting, c);
+        }
+        if select == EVENT_SELECT_INSTRUCTIONS {
+            if version >= 2 {
+                sampling(counting);
+            } else {
+                skip!("sampling: the loop is started through IA32_PERF_GLOBAL_CTRL (perfmon v2)");
+            }
         }
     }
     emon_guest::summary()

@@ -161,6 +161,9 @@ pub struct Precise {
     pending: Option<Pending>,
     /// Set when HLT was emulated: the next retired instruction is an event handler's.
     halted: bool,
+    /// The VMM queued a PMI in KVM (see [`Backend::event_queued`]): the next counted
+    /// instruction is stepped in KVM, which delivers the PMI first if the guest can take it.
+    event_queued: bool,
     /// CMASK condition of the previous counted instruction, per counter (edge detect).
     edges: [bool; SLOTS],
     cache: HashMap<u64, Option<Insn>>,
@@ -208,6 +211,7 @@ impl Precise {
             armed: Arc::from(Vec::new()),
             pending: None,
             halted: false,
+            event_queued: false,
             edges: [false; SLOTS],
             cache: HashMap::new(),
             cache_cr3: 0,
@@ -819,6 +823,7 @@ impl Precise {
             }
             self.pending = None;
             self.halted = false;
+            self.event_queued = false;
             return Ok(Next::Run);
         }
         if !self.stepping {
@@ -826,7 +831,7 @@ impl Precise {
         }
         let rip = self.rip(cx)?;
         let mode = self.mode(cx)?;
-        if !self.halted {
+        if !self.halted && !std::mem::take(&mut self.event_queued) {
             if let Some(next) = self.fast_forward(cx, rip, &mode)? {
                 return Ok(next);
             }
@@ -989,6 +994,10 @@ impl Backend for Precise {
 
     fn on_debug_exit(&mut self, cx: &mut Cx, pc: u64) -> Result<(), BackendError> {
         self.debug_exit(cx, pc)
+    }
+
+    fn event_queued(&mut self) {
+        self.event_queued = true;
     }
 
     fn reprogrammed(&self) -> u64 {

@@ -1,6 +1,9 @@
-//! A userspace emulator for the SSE2 integer instructions that KVM's in-kernel emulator cannot
-//! run (kvm_pvm sends every SSE instruction of CPL0 guest code there; it knows only plain moves).
-//! The precompiled `core` of emon's Rust guests uses some of them in its formatting code.
+//! A userspace emulator for the instructions that KVM's in-kernel emulator cannot run (kvm_pvm
+//! sends every instruction of CPL0 guest code there), one file per family:
+//! - `sse.rs`: SSE2 integer instructions (that emulator knows only plain moves). The precompiled
+//!   `core` of emon's Rust guests uses some of them in its formatting code.
+//! - `general.rs`: POPCNT, CLAC and STAC, which Linux uses once CPUID shows POPCNT and SMAP (on
+//!   this host the guest sees them whatever the VMM's CPUID table says).
 //!
 //! The emulator is pure: it works on a [`Machine`] (GPRs, XMM registers, linear memory), so it has
 //! no KVM in it and is unit-tested here. [`VcpuMachine`] is the Machine over a vCPU's registers
@@ -8,19 +11,23 @@
 //!
 //! Scope and semantics:
 //! - 64-bit mode only; legacy-SSE (non-VEX) encodings with XMM operands. MMX forms, VEX forms and
-//!   any instruction not listed in [`emulate`] give [`EmuError::Unsupported`].
+//!   any instruction not listed in [`emulate`] give [`EmuError::Unsupported`]. LOCK-prefixed
+//!   instructions are never emulated.
 //! - Lane semantics are those of the Intel SDM Vol. 2 (little-endian lanes).
 //! - Segment bases are 0 (long mode is flat); an FS or GS override is unsupported.
 //! - Alignment is not checked: a misaligned 128-bit memory operand of `movdqa`, `movaps`, `pxor`
 //!   and the like, which raises #GP on hardware, is emulated like an aligned one.
 //! - No exception is injected: an unmapped memory operand gives [`EmuError::Memory`], and the
 //!   caller stops the guest. Nothing is written to the machine when emulation fails.
-//! - The instructions emulated do not change RFLAGS.
+//! - The SSE instructions do not change RFLAGS; POPCNT sets its flags, CLAC/STAC set RFLAGS.AC.
 use crate::mode::CpuMode;
-use iced_x86::{Code, Decoder, DecoderOptions, Formatter, Instruction, IntelFormatter, OpKind, Register};
+use iced_x86::{Decoder, DecoderOptions, Formatter, Instruction, IntelFormatter, OpKind, Register};
 use kvm_bindings::kvm_regs;
 use thiserror::Error;
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+
+mod general;
+mod sse;
 
 /// The guest state the emulator reads and writes.
 pub trait Machine {
@@ -33,6 +40,10 @@ pub trait Machine {
     fn set_xmm(&mut self, n: usize, v: [u8; 16]);
     fn read_mem(&mut self, linear: u64, buf: &mut [u8]) -> Result<(), EmuError>;
     fn write_mem(&mut self, linear: u64, buf: &[u8]) -> Result<(), EmuError>;
+    fn rflags(&self) -> u64;
+    fn set_rflags(&mut self, value: u64);
+    /// The current privilege level.
+    fn cpl(&self) -> u8;
 }
 
 #[derive(Debug, Error, PartialEq, Eq)]
@@ -45,6 +56,10 @@ pub enum EmuError {
     Memory(u64),
     #[error("the instruction bytes do not decode to a 64-bit instruction")]
     Decode,
+    /// The instruction faults at this privilege level (CLAC/STAC above CPL0: #UD); only the
+    /// instructions' CPL0 forms are emulated.
+    #[error("it raises #UD at CPL{0}, which is not emulated")]
+    Cpl(u8),
 }
 
 type Xmm = [u8; 16];
@@ -65,7 +80,8 @@ pub type Xmm16 = [[u8; 16]; 16];
 /// - shifts: `psrlw/d/q`, `psllw/d/q`, `psraw/d` (imm8 and xmm/m128 counts), `psrldq`, `pslldq`;
 /// - shuffles: `pshufd`, `pshuflw`, `pshufhw`, `punpckl/hbw/wd/dq/qdq`, `packsswb`, `packssdw`,
 ///   `packuswb`;
-/// - `pinsrw`, `pextrw` (including the SSE4.1 memory form), `pmovmskb`.
+/// - `pinsrw`, `pextrw` (including the SSE4.1 memory form), `pmovmskb`;
+/// - general: `popcnt` (16, 32 and 64 bits), and at CPL0 `clac` and `stac`.
 pub fn emulate(bytes: &[u8], rip: u64, m: &mut impl Machine) -> Result<u64, EmuError> {
     let mut decoder = Decoder::with_ip(64, bytes, rip, DecoderOptions::NONE);
     let insn = decoder.decode();
@@ -80,232 +96,15 @@ pub fn emulate(bytes: &[u8], rip: u64, m: &mut impl Machine) -> Result<u64, EmuE
     if insn.has_lock_prefix() || matches!(insn.segment_prefix(), Register::FS | Register::GS) {
         return Err(unsupported());
     }
-    let op = Op::for_code(insn.code()).ok_or_else(unsupported)?;
     let mut cpu = Cpu { insn: &insn, m };
-    cpu.execute(op)?;
+    if let Some(op) = sse::Op::for_code(insn.code()) {
+        cpu.execute_sse(op)?;
+    } else if let Some(op) = general::Op::for_code(insn.code()) {
+        cpu.execute_general(op)?;
+    } else {
+        return Err(unsupported());
+    }
     Ok(insn.next_ip())
-}
-
-/// What an instruction does, independent of its operand forms.
-#[derive(Debug, Clone, Copy)]
-enum Op {
-    /// 128-bit copy (movdqa, movups, ...), either direction.
-    Mov128,
-    /// movd and movq, all forms: the low `width` bytes of the source, zero-extended to the
-    /// destination (an XMM register's upper bytes are zeroed, a 32-bit GPR write zero-extends).
-    MovLow(usize),
-    /// dest = f(dest, src), lane-wise over `width`-byte lanes.
-    Lanes(usize, fn(u64, u64, usize) -> u64),
-    /// dest = f(dest, src) over the whole register.
-    Whole(fn(&Xmm, &Xmm) -> Xmm),
-    /// Shift by a count (imm8 or the low qword of xmm/m128) of `width`-byte lanes.
-    Shift(usize, ShiftKind),
-    /// Byte shift of the whole register by imm8 (psrldq, pslldq); `true` = left.
-    ByteShift(bool),
-    /// pshufd, pshuflw, pshufhw: dest = f(src, imm8).
-    Shuffle(fn(&Xmm, u8) -> Xmm),
-    Pinsrw,
-    Pextrw,
-    Pmovmskb,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum ShiftKind {
-    Left,
-    Right,
-    Arithmetic,
-}
-
-impl Op {
-    fn for_code(code: Code) -> Option<Op> {
-        use Code::*;
-        use Op::*;
-        Some(match code {
-            Movdqa_xmm_xmmm128 | Movdqa_xmmm128_xmm | Movdqu_xmm_xmmm128 | Movdqu_xmmm128_xmm | Movaps_xmm_xmmm128
-            | Movaps_xmmm128_xmm | Movups_xmm_xmmm128 | Movups_xmmm128_xmm | Movapd_xmm_xmmm128
-            | Movapd_xmmm128_xmm | Movupd_xmm_xmmm128 | Movupd_xmmm128_xmm => Mov128,
-            Movd_xmm_rm32 | Movd_rm32_xmm => MovLow(4),
-            Movq_xmm_rm64 | Movq_rm64_xmm | Movq_xmm_xmmm64 | Movq_xmmm64_xmm => MovLow(8),
-
-            Paddb_xmm_xmmm128 => Lanes(1, |a, b, _| a.wrapping_add(b)),
-            Paddw_xmm_xmmm128 => Lanes(2, |a, b, _| a.wrapping_add(b)),
-            Paddd_xmm_xmmm128 => Lanes(4, |a, b, _| a.wrapping_add(b)),
-            Paddq_xmm_xmmm128 => Lanes(8, |a, b, _| a.wrapping_add(b)),
-            Psubb_xmm_xmmm128 => Lanes(1, |a, b, _| a.wrapping_sub(b)),
-            Psubw_xmm_xmmm128 => Lanes(2, |a, b, _| a.wrapping_sub(b)),
-            Psubd_xmm_xmmm128 => Lanes(4, |a, b, _| a.wrapping_sub(b)),
-            Psubq_xmm_xmmm128 => Lanes(8, |a, b, _| a.wrapping_sub(b)),
-            Pand_xmm_xmmm128 => Lanes(8, |a, b, _| a & b),
-            Pandn_xmm_xmmm128 => Lanes(8, |a, b, _| !a & b),
-            Por_xmm_xmmm128 => Lanes(8, |a, b, _| a | b),
-            Pxor_xmm_xmmm128 => Lanes(8, |a, b, _| a ^ b),
-            Pcmpeqb_xmm_xmmm128 => Lanes(1, cmpeq),
-            Pcmpeqw_xmm_xmmm128 => Lanes(2, cmpeq),
-            Pcmpeqd_xmm_xmmm128 => Lanes(4, cmpeq),
-            Pcmpgtb_xmm_xmmm128 => Lanes(1, cmpgt),
-            Pcmpgtw_xmm_xmmm128 => Lanes(2, cmpgt),
-            Pcmpgtd_xmm_xmmm128 => Lanes(4, cmpgt),
-            // The low 16 bits of the product are the same signed or unsigned.
-            Pmullw_xmm_xmmm128 => Lanes(2, |a, b, _| a.wrapping_mul(b)),
-            Pmulhuw_xmm_xmmm128 => Lanes(2, |a, b, _| (a * b) >> 16),
-            // Each qword lane: the product of the low (even) dwords.
-            Pmuludq_xmm_xmmm128 => Lanes(8, |a, b, _| (a & 0xFFFF_FFFF) * (b & 0xFFFF_FFFF)),
-            Pavgb_xmm_xmmm128 => Lanes(1, |a, b, _| (a + b + 1) >> 1),
-            Pminub_xmm_xmmm128 => Lanes(1, |a, b, _| a.min(b)),
-            Pmaxub_xmm_xmmm128 => Lanes(1, |a, b, _| a.max(b)),
-            Psadbw_xmm_xmmm128 => Whole(psadbw),
-            Punpcklbw_xmm_xmmm128 => Whole(|a, b| unpack(a, b, 1, false)),
-            Punpcklwd_xmm_xmmm128 => Whole(|a, b| unpack(a, b, 2, false)),
-            Punpckldq_xmm_xmmm128 => Whole(|a, b| unpack(a, b, 4, false)),
-            Punpcklqdq_xmm_xmmm128 => Whole(|a, b| unpack(a, b, 8, false)),
-            Punpckhbw_xmm_xmmm128 => Whole(|a, b| unpack(a, b, 1, true)),
-            Punpckhwd_xmm_xmmm128 => Whole(|a, b| unpack(a, b, 2, true)),
-            Punpckhdq_xmm_xmmm128 => Whole(|a, b| unpack(a, b, 4, true)),
-            Punpckhqdq_xmm_xmmm128 => Whole(|a, b| unpack(a, b, 8, true)),
-            Packsswb_xmm_xmmm128 => Whole(|a, b| pack(a, b, 2, -0x80, 0x7F)),
-            Packuswb_xmm_xmmm128 => Whole(|a, b| pack(a, b, 2, 0, 0xFF)),
-            Packssdw_xmm_xmmm128 => Whole(|a, b| pack(a, b, 4, -0x8000, 0x7FFF)),
-
-            Psrlw_xmm_imm8 | Psrlw_xmm_xmmm128 => Shift(2, ShiftKind::Right),
-            Psrld_xmm_imm8 | Psrld_xmm_xmmm128 => Shift(4, ShiftKind::Right),
-            Psrlq_xmm_imm8 | Psrlq_xmm_xmmm128 => Shift(8, ShiftKind::Right),
-            Psllw_xmm_imm8 | Psllw_xmm_xmmm128 => Shift(2, ShiftKind::Left),
-            Pslld_xmm_imm8 | Pslld_xmm_xmmm128 => Shift(4, ShiftKind::Left),
-            Psllq_xmm_imm8 | Psllq_xmm_xmmm128 => Shift(8, ShiftKind::Left),
-            Psraw_xmm_imm8 | Psraw_xmm_xmmm128 => Shift(2, ShiftKind::Arithmetic),
-            Psrad_xmm_imm8 | Psrad_xmm_xmmm128 => Shift(4, ShiftKind::Arithmetic),
-            Psrldq_xmm_imm8 => ByteShift(false),
-            Pslldq_xmm_imm8 => ByteShift(true),
-
-            Pshufd_xmm_xmmm128_imm8 => Shuffle(pshufd),
-            Pshuflw_xmm_xmmm128_imm8 => Shuffle(|s, imm| pshufw4(s, imm, 0)),
-            Pshufhw_xmm_xmmm128_imm8 => Shuffle(|s, imm| pshufw4(s, imm, 4)),
-            Pinsrw_xmm_r32m16_imm8 | Pinsrw_xmm_r64m16_imm8 => Pinsrw,
-            Pextrw_r32_xmm_imm8 | Pextrw_r64_xmm_imm8 | Pextrw_r32m16_xmm_imm8 | Pextrw_r64m16_xmm_imm8 => Pextrw,
-            Pmovmskb_r32_xmm | Pmovmskb_r64_xmm => Pmovmskb,
-            _ => return None,
-        })
-    }
-}
-
-/// Lane `i` of `width` bytes, zero-extended.
-fn lane(v: &Xmm, width: usize, i: usize) -> u64 {
-    let mut b = [0u8; 8];
-    b[..width].copy_from_slice(&v[i * width..(i + 1) * width]);
-    u64::from_le_bytes(b)
-}
-
-/// Sets lane `i` of `width` bytes to the low bytes of `x`.
-fn set_lane(v: &mut Xmm, width: usize, i: usize, x: u64) {
-    v[i * width..(i + 1) * width].copy_from_slice(&x.to_le_bytes()[..width]);
-}
-
-/// A `width`-byte lane value, sign-extended.
-fn signed(x: u64, width: usize) -> i64 {
-    let unused = 64 - 8 * width as u32;
-    ((x << unused) as i64) >> unused
-}
-
-fn cmpeq(a: u64, b: u64, _width: usize) -> u64 {
-    if a == b {
-        u64::MAX
-    } else {
-        0
-    }
-}
-
-fn cmpgt(a: u64, b: u64, width: usize) -> u64 {
-    if signed(a, width) > signed(b, width) {
-        u64::MAX
-    } else {
-        0
-    }
-}
-
-fn psadbw(a: &Xmm, b: &Xmm) -> Xmm {
-    let mut out = [0u8; 16];
-    for half in 0..2 {
-        let sum: u64 = (0..8).map(|i| a[half * 8 + i].abs_diff(b[half * 8 + i]) as u64).sum();
-        set_lane(&mut out, 8, half, sum);
-    }
-    out
-}
-
-/// punpckl*/punpckh*: interleaves the low (or high) halves' `width`-byte lanes, dest first.
-fn unpack(a: &Xmm, b: &Xmm, width: usize, high: bool) -> Xmm {
-    let n = 16 / width / 2;
-    let first = if high { n } else { 0 };
-    let mut out = [0u8; 16];
-    for i in 0..n {
-        set_lane(&mut out, width, 2 * i, lane(a, width, first + i));
-        set_lane(&mut out, width, 2 * i + 1, lane(b, width, first + i));
-    }
-    out
-}
-
-/// pack*: the signed `width`-byte lanes of dest then src, saturated to [lo, hi], in lanes half as wide.
-fn pack(a: &Xmm, b: &Xmm, width: usize, lo: i64, hi: i64) -> Xmm {
-    let n = 16 / width;
-    let mut out = [0u8; 16];
-    for (k, src) in [a, b].into_iter().enumerate() {
-        for i in 0..n {
-            let x = signed(lane(src, width, i), width).clamp(lo, hi);
-            set_lane(&mut out, width / 2, k * n + i, x as u64);
-        }
-    }
-    out
-}
-
-fn pshufd(s: &Xmm, imm: u8) -> Xmm {
-    let mut out = [0u8; 16];
-    for i in 0..4 {
-        set_lane(&mut out, 4, i, lane(s, 4, (imm as usize >> (2 * i)) & 3));
-    }
-    out
-}
-
-/// pshuflw (`base` 0) and pshufhw (`base` 4): shuffles the four words from `base`; the other
-/// qword is copied from the source.
-fn pshufw4(s: &Xmm, imm: u8, base: usize) -> Xmm {
-    let mut out = *s;
-    for i in 0..4 {
-        set_lane(&mut out, 2, base + i, lane(s, 2, base + ((imm as usize >> (2 * i)) & 3)));
-    }
-    out
-}
-
-fn shift(v: &Xmm, width: usize, kind: ShiftKind, count: u64) -> Xmm {
-    let bits = 8 * width as u64;
-    let mut out = [0u8; 16];
-    for i in 0..16 / width {
-        let x = lane(v, width, i);
-        let r = match kind {
-            _ if count >= bits && kind != ShiftKind::Arithmetic => 0,
-            ShiftKind::Left => x << count,
-            ShiftKind::Right => x >> count,
-            ShiftKind::Arithmetic => (signed(x, width) >> count.min(bits - 1)) as u64,
-        };
-        set_lane(&mut out, width, i, r);
-    }
-    out
-}
-
-/// `x` in the low qword, the rest zero.
-fn scalar(x: u64) -> Xmm {
-    let mut out = [0u8; 16];
-    set_lane(&mut out, 8, 0, x);
-    out
-}
-
-fn byte_shift(v: &Xmm, left: bool, count: u8) -> Xmm {
-    let n = count.min(16) as usize;
-    let mut out = [0u8; 16];
-    if left {
-        out[n..].copy_from_slice(&v[..16 - n]);
-    } else {
-        out[..16 - n].copy_from_slice(&v[n..]);
-    }
-    out
 }
 
 /// An instruction being executed on a machine.
@@ -315,62 +114,6 @@ struct Cpu<'a, M: Machine> {
 }
 
 impl<M: Machine> Cpu<'_, M> {
-    fn execute(&mut self, op: Op) -> Result<(), EmuError> {
-        match op {
-            Op::Mov128 => {
-                let v = self.load(1)?;
-                self.store(0, &v)
-            }
-            Op::MovLow(width) => {
-                let v = self.load(1)?;
-                self.store(0, &scalar(lane(&v, width, 0)))
-            }
-            Op::Lanes(width, f) => {
-                let (a, b) = (self.load(0)?, self.load(1)?);
-                let mut out = [0u8; 16];
-                for i in 0..16 / width {
-                    set_lane(&mut out, width, i, f(lane(&a, width, i), lane(&b, width, i), width));
-                }
-                self.store(0, &out)
-            }
-            Op::Whole(f) => {
-                let (a, b) = (self.load(0)?, self.load(1)?);
-                self.store(0, &f(&a, &b))
-            }
-            Op::Shift(width, kind) => {
-                let count = match self.insn.op1_kind() {
-                    OpKind::Immediate8 => self.insn.immediate8() as u64,
-                    _ => lane(&self.load(1)?, 8, 0),
-                };
-                let v = shift(&self.load(0)?, width, kind, count);
-                self.store(0, &v)
-            }
-            Op::ByteShift(left) => {
-                let v = byte_shift(&self.load(0)?, left, self.insn.immediate8());
-                self.store(0, &v)
-            }
-            Op::Shuffle(f) => {
-                let v = f(&self.load(1)?, self.insn.immediate8());
-                self.store(0, &v)
-            }
-            Op::Pinsrw => {
-                let mut v = self.load(0)?;
-                let w = lane(&self.load(1)?, 2, 0);
-                set_lane(&mut v, 2, (self.insn.immediate8() & 7) as usize, w);
-                self.store(0, &v)
-            }
-            Op::Pextrw => {
-                let w = lane(&self.load(1)?, 2, (self.insn.immediate8() & 7) as usize);
-                self.store(0, &scalar(w))
-            }
-            Op::Pmovmskb => {
-                let v = self.load(1)?;
-                let mask = v.iter().enumerate().fold(0u64, |acc, (i, b)| acc | ((*b as u64 >> 7) << i));
-                self.store(0, &scalar(mask))
-            }
-        }
-    }
-
     /// The linear address of memory operand `op`.
     fn address(&self, op: u32) -> u64 {
         let m = &*self.m;
@@ -515,10 +258,20 @@ impl Machine for VcpuMachine<'_> {
         }
         Ok(())
     }
+    fn rflags(&self) -> u64 {
+        self.regs.rflags
+    }
+    fn set_rflags(&mut self, value: u64) {
+        self.regs.rflags = value;
+    }
+    fn cpl(&self) -> u8 {
+        self.mode.cpl
+    }
 }
 
 #[cfg(test)]
 mod tests {
+    use super::sse::set_lane;
     use super::*;
 
     const RIP: u64 = 0x1000;
@@ -529,12 +282,20 @@ mod tests {
         gprs: [u64; 16],
         xmms: [Xmm; 16],
         mem: Vec<u8>,
+        rflags: u64,
+        cpl: u8,
     }
 
     impl TestMachine {
         fn new() -> TestMachine {
             // Recognizable garbage everywhere, so zero-extension and partial writes show.
-            TestMachine { gprs: [0x5A5A_5A5A_5A5A_5A5A; 16], xmms: [[0xA5; 16]; 16], mem: vec![0xEE; MEM] }
+            TestMachine {
+                gprs: [0x5A5A_5A5A_5A5A_5A5A; 16],
+                xmms: [[0xA5; 16]; 16],
+                mem: vec![0xEE; MEM],
+                rflags: 0x2,
+                cpl: 0,
+            }
         }
         fn mem(&self, at: usize, n: usize) -> &[u8] {
             &self.mem[at..at + n]
@@ -568,6 +329,15 @@ mod tests {
             let at = usize::try_from(linear).ok().filter(|a| a + buf.len() <= MEM).ok_or(EmuError::Memory(linear))?;
             self.mem[at..at + buf.len()].copy_from_slice(buf);
             Ok(())
+        }
+        fn rflags(&self) -> u64 {
+            self.rflags
+        }
+        fn set_rflags(&mut self, value: u64) {
+            self.rflags = value;
+        }
+        fn cpl(&self) -> u8 {
+            self.cpl
         }
     }
 
@@ -1072,6 +842,50 @@ mod tests {
         m.gprs[0] = 0x2010;
         exec(&mut m, &[0x3E, 0x66, 0x0F, 0x6F, 0x18], "movdqa xmm3,[rax]");
         assert_eq!(m.xmms[3], x32([10, 20, 30, 40]));
+    }
+
+    /// RFLAGS with every arithmetic flag set (CF PF AF ZF SF OF), bit 1 and IF.
+    const ALL_ARITH: u64 = 0x2 | 0x1 | 0x4 | 0x10 | 0x40 | 0x80 | 0x800 | 0x200;
+
+    #[test]
+    fn popcnt_counts_bits_and_sets_only_zf() {
+        let mut m = TestMachine::new();
+        m.gprs[1] = 0xF0F0_0000_0000_0001;
+        m.rflags = ALL_ARITH;
+        exec(&mut m, &[0xF3, 0x48, 0x0F, 0xB8, 0xC1], "popcnt rax,rcx");
+        assert_eq!(m.gprs[0], 9);
+        assert_eq!(m.rflags, 0x2 | 0x200, "OF SF ZF AF CF PF cleared, the rest kept");
+        exec(&mut m, &[0xF3, 0x0F, 0xB8, 0xC1], "popcnt eax,ecx");
+        assert_eq!(m.gprs[0], 1, "the low 32 bits of RCX; the upper half of RAX zeroed");
+        m.gprs[2] = 0x5A5A_5A5A_5A5A_0000;
+        m.gprs[3] = 0x1234_5678_9ABC_0000;
+        exec(&mut m, &[0x66, 0xF3, 0x0F, 0xB8, 0xDA], "popcnt bx,dx");
+        assert_eq!(m.gprs[3], 0x1234_5678_9ABC_0000, "a 16-bit destination keeps the other 48 bits");
+        assert_eq!(m.rflags & 0x40, 0x40, "ZF: the 16-bit source is 0");
+        m.gprs[0] = 0x3000;
+        m.poke(0x3000, &0x8000_0000_0000_0003u64.to_le_bytes());
+        exec(&mut m, &[0xF3, 0x4C, 0x0F, 0xB8, 0x00], "popcnt r8,[rax]");
+        assert_eq!(m.gprs[8], 3);
+        assert_eq!(m.rflags & 0x40, 0, "ZF clear for a non-zero source");
+    }
+
+    #[test]
+    fn clac_and_stac_set_rflags_ac_at_cpl0_only() {
+        let mut m = TestMachine::new();
+        exec(&mut m, &[0x0F, 0x01, 0xCB], "stac");
+        assert_eq!(m.rflags, 0x2 | general::AC);
+        exec(&mut m, &[0x0F, 0x01, 0xCA], "clac");
+        assert_eq!(m.rflags, 0x2);
+        m.cpl = 3;
+        assert_eq!(emulate(&[0x0F, 0x01, 0xCB], RIP, &mut m), Err(EmuError::Cpl(3)));
+        assert_eq!(m.rflags, 0x2, "nothing written when it faults");
+    }
+
+    #[test]
+    fn locked_instructions_are_never_emulated() {
+        let mut m = TestMachine::new();
+        let got = emulate(&[0xF0, 0x48, 0x0F, 0xC7, 0x0F], RIP, &mut m);
+        assert_eq!(got, Err(EmuError::Unsupported("lock cmpxchg16b [rdi]".into())));
     }
 
     #[test]
