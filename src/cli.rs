@@ -380,6 +380,18 @@ fn show_cpuid(args: &ProfileArgs) -> Result<ExitCode, CliError> {
         );
     }
     println!();
+    let overrides = vmm::cpuid_probe::probe(&kvm, &cpuid)?;
+    if overrides.is_empty() {
+        println!("A probe VM on this host reads exactly this table through CPUID.");
+    } else {
+        println!(
+            "This host overrides the table: a probe VM reads, through CPUID at CPL0 (README, \"CPUID fidelity\"):"
+        );
+        for o in &overrides {
+            println!("  {}", o.describe());
+        }
+    }
+    println!();
     println!("leaf 0x0A decoded:");
     for line in crate::profile::describe_leaf_0a(&profile.pmu) {
         println!("  {line}");

@@ -72,6 +72,9 @@ pub enum KvmReport {
         error: Option<String>,
         /// Whether a VMM can set the guest's TSC here (README, "Guest time"), or why not known.
         guest_tsc: Result<bool, String>,
+        /// Per shipped profile, where a guest's CPUID differs from the table emon sets (README,
+        /// "CPUID fidelity"), or why the probe failed.
+        cpuid: Vec<(&'static str, Result<Vec<vmm::cpuid_probe::Override>, String>)>,
     },
 }
 
@@ -169,7 +172,18 @@ impl KvmReport {
                 CapState { name, required: false, value, why, show_value: cap.is_none() }
             });
         let guest_tsc = crate::backend::kvm::guest_tsc_settable(&kvm).map_err(|e| e.to_string());
+        let cpuid = crate::profile::Profile::builtin_names()
+            .into_iter()
+            .map(|name| {
+                let probed = crate::profile::Profile::load(name)
+                    .map_err(|e| e.to_string())
+                    .and_then(|p| vmm::guest_cpuid(&kvm, &p).map_err(|e| e.to_string()))
+                    .and_then(|table| vmm::cpuid_probe::probe(&kvm, &table).map_err(|e| e.to_string()));
+                (name, probed)
+            })
+            .collect();
         KvmReport::Open {
+            cpuid,
             api_version: kvm.get_api_version(),
             caps: required.chain(optional).collect(),
             error,
@@ -302,7 +316,7 @@ impl fmt::Display for HostReport {
         writeln!(f, "{h_kvm}")?;
         match &self.kvm {
             KvmReport::Unavailable(msg) => writeln!(f, "  unavailable: {msg}")?,
-            KvmReport::Open { api_version, caps, error, guest_tsc, .. } => {
+            KvmReport::Open { api_version, caps, error, guest_tsc, cpuid, .. } => {
                 writeln!(f, "  API version {api_version}")?;
                 if let Some(e) = error {
                     writeln!(f, "  emon run cannot use it: {e}")?;
@@ -322,6 +336,7 @@ impl fmt::Display for HostReport {
                     Err(e) => format!("unknown ({e})"),
                 };
                 writeln!(f, "  guest TSC: {tsc} (README, \"Guest time\")")?;
+                write_cpuid_fidelity(f, cpuid)?;
             }
         }
         writeln!(f)?;
@@ -422,6 +437,40 @@ impl fmt::Display for HostReport {
 
 /// `emon host`: prints the report and exits 0 (KVM's absence is part of the report); 2
 /// ([`crate::status::ERROR`]) only if stdout cannot be written (a closed pipe is fine).
+/// The CPUID probe's findings: whether each profile's PMU reaches the guest as set, and every
+/// register the host overrides under the default profile.
+fn write_cpuid_fidelity(
+    f: &mut fmt::Formatter,
+    cpuid: &[(&str, Result<Vec<vmm::cpuid_probe::Override>, String>)],
+) -> fmt::Result {
+    for (name, probed) in cpuid {
+        match probed {
+            Err(e) => writeln!(f, "  guest CPUID under {name}: not probed ({e})")?,
+            Ok(o) if o.is_empty() => writeln!(f, "  guest CPUID under {name}: exactly the table")?,
+            Ok(o) => {
+                let profiled = o.iter().filter(|o| o.touches_the_profile()).count();
+                let bits: u32 = o.iter().map(|o| (o.table ^ o.guest).count_ones()).sum();
+                let pmu = if profiled == 0 {
+                    "the vendor, signature, caches, PDCM, leaf 0x0A and leaf 0x15 follow it".to_string()
+                } else {
+                    format!("{profiled} of them in what the profile sets: emon cannot present this profile here")
+                };
+                writeln!(
+                    f,
+                    "  guest CPUID under {name}: {bits} bits in {} registers differ from the table; {pmu}",
+                    o.len()
+                )?;
+            }
+        }
+    }
+    if let Some((name, Ok(o))) = cpuid.iter().find(|(n, _)| *n == crate::profile::Profile::DEFAULT) {
+        for o in o {
+            writeln!(f, "    {name}: {}", o.describe())?;
+        }
+    }
+    Ok(())
+}
+
 pub fn run() -> ExitCode {
     use std::io::Write;
     let report = HostReport::gather().to_string();

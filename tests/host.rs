@@ -195,3 +195,65 @@ fn setting_the_guest_tsc_near_its_value_tells_the_truth() {
         assert!(after >= value, "reported set, but the guest's TSC reads {after} < {value}");
     }
 }
+
+/// The registers of `leaf`.`subleaf` in `emon cpuid`'s table.
+fn table_row(cpuid: &str, leaf: u32, subleaf: u32) -> [u32; 4] {
+    let hex = |s: &str| u32::from_str_radix(s.trim_start_matches("0x"), 16).unwrap();
+    cpuid
+        .lines()
+        .map(|l| l.split_whitespace().collect::<Vec<_>>())
+        .find(|w| w.len() == 6 && w[0].starts_with("0x") && hex(w[0]) == leaf && w[1] == subleaf.to_string())
+        .map(|w| [hex(w[2]), hex(w[3]), hex(w[4]), hex(w[5])])
+        .unwrap_or_else(|| panic!("no row for leaf {leaf:#x}.{subleaf}:\n{cpuid}"))
+}
+
+/// A guest's `CPUID.01H: eax=... ebx=... ecx=... edx=...` line.
+fn guest_row(stdout: &str, prefix: &str) -> [u32; 4] {
+    let line = stdout.lines().find(|l| l.starts_with(prefix)).unwrap_or_else(|| panic!("no {prefix}\n{stdout}"));
+    let v: Vec<u32> = line
+        .split_whitespace()
+        .skip(1)
+        .map(|kv| u32::from_str_radix(kv.split_once("=0x").unwrap().1, 16).unwrap())
+        .collect();
+    [v[0], v[1], v[2], v[3]]
+}
+
+/// What `emon cpuid` and the run report say a guest reads through CPUID (the table, except where
+/// the probe VM found the host overriding it) is what a guest prints, register for register,
+/// under every shipped profile; the run summary mentions the overrides exactly when there are
+/// some (README, "CPUID fidelity").
+#[test]
+fn the_cpuid_probe_says_what_a_guest_reads() {
+    if !kvm_available() {
+        return;
+    }
+    // Bits the vCPU's own state decides: the APIC ID, OSXSAVE, the APIC's presence, OSPKE.
+    let per_vcpu = |leaf: u32, reg: usize| match (leaf, reg) {
+        (1, 1) => 0xFF00_0000u32,
+        (1, 2) => 1 << 27,
+        (1, 3) => 1 << 9,
+        (7, 2) => 1 << 4,
+        _ => 0,
+    };
+    for name in emon::profile::Profile::builtin_names() {
+        let table = emon(&["cpuid", "--profile", name]);
+        assert_eq!(table.status, 0, "{}", table.stderr);
+        let (r, json) = emon_json(&format!("cpuid-{name}"), &["--profile", name, "guest:cpuid-report"]);
+        r.assert_status(0);
+        let overrides = json["cpuid_overrides"].as_array().expect("cpuid_overrides");
+        for (leaf, prefix) in [(1u32, "CPUID.01H: "), (7, "CPUID.07H.0: ")] {
+            let mut want = table_row(&table.stdout, leaf, 0);
+            for o in overrides.iter().filter(|o| o["leaf"] == leaf && o["subleaf"] == 0) {
+                let reg = ["EAX", "EBX", "ECX", "EDX"].iter().position(|r| o["register"] == *r).unwrap();
+                want[reg] = o["guest"].as_u64().unwrap() as u32;
+            }
+            let got = guest_row(&r.stdout, prefix);
+            for reg in 0..4 {
+                let mask = !per_vcpu(leaf, reg);
+                assert_eq!(got[reg] & mask, want[reg] & mask, "{name}: leaf {leaf:#x} register {reg}");
+            }
+        }
+        assert_eq!(r.stderr.contains("CPUID: this host overrides"), !overrides.is_empty(), "{name}: {}", r.stderr);
+        assert!(!r.stderr.contains("NOT AS PROFILED"), "{name}: the PMU's leaves follow the table here: {}", r.stderr);
+    }
+}

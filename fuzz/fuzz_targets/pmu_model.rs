@@ -308,6 +308,7 @@ impl ProfileChoice {
             family: 6,
             model: 0x5E,
             stepping: 3,
+            microcode: None,
             pmu,
             cache: Cache::default(),
             clock: Clock::default(),
@@ -459,7 +460,9 @@ impl Shape {
             return Some(false);
         }
         let v = self.version;
-        let counters = self.gp_bits() | self.fixed_bits();
+        // Bit 48, EN_PERF_METRICS / PERF_METRICS_OVF, with PERF_CAPABILITIES[15] (SDM 18.3.9.3).
+        let metrics = if v >= 2 && self.perf_capabilities & 1 << 15 != 0 { 1 << 48 } else { 0 };
+        let counters = self.gp_bits() | self.fixed_bits() | metrics;
         let fits = |valid: u64| Some(value & !valid == 0);
         match reg(msr)? {
             // Legacy writes take EAX sign-extended: any value; fixed counters drop high bits.

@@ -55,6 +55,7 @@ pub fn expand_cli(args: &TestArgs) -> Result<Vec<RunSpec>, RunnerError> {
         timeout: args.timeout,
         memory: None,
         initrd: None,
+        console: Default::default(),
         round: None,
     };
     check_profiles(&profiles, &args.pmu).map_err(|(_, e)| e)?;
@@ -88,6 +89,7 @@ pub fn expand_suite(suite: &suite::Suite, args: &TestArgs) -> Result<Vec<RunSpec
             timeout: e.timeout.unwrap_or(args.timeout),
             memory: e.memory,
             initrd: e.initrd.as_ref().map(|i| suite.dir.join(i).display().to_string()),
+            console: super::parse::Console { expect: e.expect.clone(), forbid: e.forbid.clone() },
             round: None,
         };
         runs.extend(cross(&kernels, &profiles, &template));

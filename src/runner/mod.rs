@@ -57,6 +57,8 @@ pub struct RunSpec {
     pub memory: Option<u64>,
     /// `--initrd` (a path), where the suite sets it.
     pub initrd: Option<String>,
+    /// Lines the console must and must not show, where the suite sets them.
+    pub console: parse::Console,
     /// With `--repeat N`: this run's round (1-based) and N.
     pub round: Option<(usize, usize)>,
 }
@@ -228,6 +230,7 @@ mod tests {
             timeout: 2.5,
             memory: None,
             initrd: None,
+            console: Default::default(),
             round: None,
         };
         assert_eq!(

@@ -100,13 +100,55 @@ impl Parsed {
     }
 }
 
+/// What a run's console must show (`expect`: whole lines) and must not (`forbid`: text in any
+/// line), as a suite sets it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Console {
+    pub expect: Vec<String>,
+    pub forbid: Vec<String>,
+}
+
+impl Console {
+    /// One case per rule, in the suite's order, after the guest's own.
+    pub fn check(&self, output: &str, parsed: &mut Parsed) {
+        let lines: Vec<&str> = output.lines().map(|l| console_line(l).trim_end()).collect();
+        for want in &self.expect {
+            let found = lines.iter().any(|l| l == want);
+            let case = Case {
+                name: format!("console shows \"{want}\""),
+                result: if found { CaseResult::Pass } else { CaseResult::Fail },
+                output: Vec::new(),
+            };
+            parsed.cases.push(case);
+        }
+        for bad in &self.forbid {
+            let hits: Vec<String> = lines.iter().filter(|l| l.contains(bad.as_str())).map(|l| l.to_string()).collect();
+            let result = if hits.is_empty() { CaseResult::Pass } else { CaseResult::Fail };
+            let output = hits.into_iter().take(MAX_DETAIL_LINES).collect();
+            parsed.cases.push(Case { name: format!("console never shows \"{bad}\""), result, output });
+        }
+    }
+}
+
+/// A console line without its CR and leading blanks, and without the kernel log timestamp Linux
+/// puts first (`[   13.356713] `).
+fn console_line(raw: &str) -> &str {
+    let line = raw.trim_end_matches('\r').trim_start();
+    let stamped = line.strip_prefix('[').and_then(|rest| rest.split_once("] ")).filter(|(stamp, _)| {
+        let stamp = stamp.trim_start();
+        !stamp.is_empty() && stamp.chars().all(|c| c.is_ascii_digit() || c == '.')
+    });
+    stamped.map_or(line, |(_, after)| after.trim_start())
+}
+
 /// Parses a guest's serial output. Lines that are not reports are ignored, so third-party kernels
-/// that print other things (boot banners, `INFO:` lines, CRLF line ends) parse too.
+/// that print other things (boot banners, `INFO:` lines, CRLF line ends, kernel log timestamps)
+/// parse too.
 pub fn parse(output: &str) -> Parsed {
     let mut parsed = Parsed::default();
     let mut since_last: Vec<&str> = Vec::new();
     for raw in output.lines() {
-        let line = raw.trim_end_matches('\r').trim_start();
+        let line = console_line(raw);
         if let Some(summary) = parse_summary(line) {
             parsed.summary = Some(summary);
             since_last.clear();
@@ -328,6 +370,40 @@ mod tests {
 
     fn parsed(out: &str) -> Parsed {
         parse(out)
+    }
+
+    #[test]
+    fn kernel_log_timestamps_are_not_part_of_a_line() {
+        let p = parsed("[    0.000000] Linux version 6.1\n[   13.356713] PASS: instructions (200085)\n[   13.4] SUMMARY: 1 tests, 0 unexpected failures\n");
+        assert_eq!(p.cases.len(), 1);
+        assert_eq!(p.cases[0].name, "instructions (200085)");
+        assert_eq!(p.summary.map(|s| s.tests), Some(1));
+        assert_eq!(console_line("[not a stamp] PASS: x"), "[not a stamp] PASS: x");
+        assert_eq!(console_line("[] x"), "[] x");
+    }
+
+    #[test]
+    fn console_rules_become_cases() {
+        let out = "[    1.3] Performance Events: Skylake events, Intel PMU driver.\r\n[    1.4] ... version:                4  \nPASS: a\n";
+        let mut p = parsed(out);
+        let rules = Console {
+            expect: vec!["... version:                4".into(), "... version:                5".into()],
+            forbid: vec!["Broken PMU hardware".into(), "Intel PMU".into()],
+        };
+        rules.check(out, &mut p);
+        let got: Vec<(&str, CaseResult)> = p.cases.iter().map(|c| (c.name.as_str(), c.result)).collect();
+        assert_eq!(
+            got,
+            [
+                ("a", CaseResult::Pass),
+                ("console shows \"... version:                4\"", CaseResult::Pass),
+                ("console shows \"... version:                5\"", CaseResult::Fail),
+                ("console never shows \"Broken PMU hardware\"", CaseResult::Pass),
+                ("console never shows \"Intel PMU\"", CaseResult::Fail),
+            ]
+        );
+        assert_eq!(p.cases[4].output, ["Performance Events: Skylake events, Intel PMU driver."]);
+        assert_eq!(judge(Exit::Code(0), &p, 1.0).status, Status::Fail);
     }
 
     #[test]

@@ -85,7 +85,8 @@ pub fn run_one(exe: &Path, spec: &RunSpec) -> RunResult {
         }
     };
     let duration = start.elapsed();
-    let parsed = parse::parse(&stdout);
+    let mut parsed = parse::parse(&stdout);
+    spec.console.check(&stdout, &mut parsed);
     let verdict = parse::judge(exit, &parsed, spec.timeout);
     RunResult { spec: spec.clone(), exit, duration, stdout, stderr, parsed, verdict }
 }

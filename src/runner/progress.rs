@@ -105,6 +105,7 @@ mod tests {
             timeout: DEFAULT_TIMEOUT_S,
             memory: None,
             initrd: None,
+            console: Default::default(),
             round: None,
         }
     }

@@ -446,6 +446,7 @@ mod tests {
             timeout: 5.0,
             memory: None,
             initrd: None,
+            console: Default::default(),
             round: None,
         };
         let parsed = parse::parse(out);

@@ -12,7 +12,13 @@
 //! timeout = 30                  # optional: seconds (default: `emon test --timeout`)
 //! memory = 128                  # optional: guest RAM in MiB (default: `emon run`'s)
 //! initrd = "initramfs.cpio"     # optional: a Linux kernel's initrd, as `emon run --initrd`
+//! expect = ["... version:                4"]   # optional: lines the console must show
+//! forbid = ["Broken PMU hardware detected"]    # optional: text no console line may contain
 //! ```
+//!
+//! `expect` and `forbid` become test cases of the run (`console shows "..."`, `console never
+//! shows "..."`): an expected line matches a console line exactly, after the line's kernel log
+//! timestamp (`[   1.234567] `) and trailing white space are taken off.
 //!
 //! Relative paths are relative to the suite file's directory. Unknown fields are errors, and every
 //! error is one line naming the file, the line and the field.
@@ -48,6 +54,9 @@ pub struct Entry {
     pub memory: Option<u64>,
     /// A Linux kernel's initrd, as written (relative to the suite's directory).
     pub initrd: Option<String>,
+    /// Lines the console must show, and text it must not.
+    pub expect: Vec<String>,
+    pub forbid: Vec<String>,
 }
 
 #[derive(Deserialize)]
@@ -68,6 +77,8 @@ struct EntryFile {
     timeout: Option<f64>,
     memory: Option<u64>,
     initrd: Option<String>,
+    expect: Option<Vec<String>>,
+    forbid: Option<Vec<String>>,
 }
 
 /// Reads and parses the suite file at `path`.
@@ -118,6 +129,11 @@ pub fn from_toml(origin: &str, dir: PathBuf, text: &str) -> Result<Suite, Runner
                 return Err(bad("timeout", &t, "must be a positive number of seconds"));
             }
         }
+        let (expect, forbid) = (e.expect.unwrap_or_default(), e.forbid.unwrap_or_default());
+        if let Some(x) = expect.iter().chain(&forbid).find(|x| x.trim().is_empty()) {
+            let field = if expect.contains(x) { "expect" } else { "forbid" };
+            return Err(bad(field, x, "an empty line matches nothing useful"));
+        }
         entries.push(Entry {
             line,
             kernels: e.kernels,
@@ -128,6 +144,8 @@ pub fn from_toml(origin: &str, dir: PathBuf, text: &str) -> Result<Suite, Runner
             timeout: e.timeout,
             memory: e.memory,
             initrd: e.initrd,
+            expect,
+            forbid,
         });
     }
     Ok(Suite { origin: origin.to_string(), dir, description: file.description, entries })
@@ -159,7 +177,7 @@ mod tests {
         let s = parse(
             "description = \"d\"\n\n[[run]]\nkernels = [\"guest:*\"]\n\n[[run]]\nkernels = [\"k.elf\"]\n\
              profiles = [\"nehalem*\", \"p.toml\"]\nargs = \"a b\"\npmu = \"version=2\"\nbackend = \"precise\"\ntimeout = 5\n\
-             initrd = \"initrd.img\"\n",
+             initrd = \"initrd.img\"\nexpect = [\"... version: 4\"]\nforbid = [\"Broken PMU\"]\n",
         )
         .unwrap();
         assert_eq!(s.description.as_deref(), Some("d"));
@@ -176,6 +194,17 @@ mod tests {
         assert_eq!(e.timeout, Some(5.0));
         assert_eq!(e.initrd.as_deref(), Some("initrd.img"));
         assert_eq!(s.entries[0].initrd, None);
+        assert_eq!(
+            (e.expect.as_slice(), e.forbid.as_slice()),
+            (&["... version: 4".to_string()][..], &["Broken PMU".to_string()][..])
+        );
+        assert!(s.entries[0].expect.is_empty() && s.entries[0].forbid.is_empty());
+    }
+
+    #[test]
+    fn an_empty_console_rule_is_an_error() {
+        let e = error("[[run]]\nkernels = [\"k\"]\nforbid = [\" \"]\n");
+        assert!(e.contains("forbid") && e.contains("line 1"), "{e}");
     }
 
     fn error(text: &str) -> String {

@@ -2,6 +2,7 @@
 //! PMU MSR filter, guest RAM, the vCPU with its CPUID table and local APIC, the kernel loaded and
 //! its entry state, the port-I/O bus (COM1, debug-exit, fw_cfg) and the `--trace` file. `build`
 //! does every step that can fail before the guest runs; `super::run` then only runs it.
+use super::cpuid_probe;
 use super::devices::{fw_cfg::FwCfg, serial, PioBus};
 use super::error::kvm_err;
 use super::loader::{self, Format};
@@ -29,6 +30,8 @@ pub struct BuiltVm {
     /// The VM and KVM itself, kept open for as long as the VM runs.
     pub vm: VmFd,
     pub kvm: Kvm,
+    /// Where the guest's CPUID differs from the table emon set (README, "CPUID fidelity").
+    pub cpuid_overrides: Vec<cpuid_probe::Override>,
 }
 
 /// Builds the VM `config` describes, up to the guest's first instruction.
@@ -37,7 +40,7 @@ pub fn build(config: VmConfig) -> Result<BuiltVm, VmmError> {
     let kvm = host::open()?;
     let vm = create_vm(&kvm)?;
     let mem = create_memory(&vm, ram)?;
-    let mut fd = create_vcpu(&kvm, &vm, &config)?;
+    let (mut fd, cpuid_overrides) = create_vcpu(&kvm, &vm, &config)?;
     let format = load_kernel(&fd, &mem, ram, &config)?;
     let bus = create_bus(&vm, ram, &config)?;
     let tracer = config.trace.as_deref().map(create_tracer).transpose()?;
@@ -58,7 +61,7 @@ pub fn build(config: VmConfig) -> Result<BuiltVm, VmmError> {
         debug: GuestDebug::new(super::rdpmc::block_irq(&kvm)),
         catch,
     };
-    Ok(BuiltVm { vcpu, format, vm, kvm })
+    Ok(BuiltVm { vcpu, format, vm, kvm, cpuid_overrides })
 }
 
 /// `--memory` in bytes, within what emon's memory layout allows.
@@ -100,12 +103,34 @@ fn create_memory(vm: &VmFd, ram: u64) -> Result<GuestMemoryMmap, VmmError> {
     Ok(mem)
 }
 
-/// vCPU 0 with the profile's CPUID table and its local APIC wired as firmware leaves it.
-fn create_vcpu(kvm: &Kvm, vm: &VmFd, config: &VmConfig) -> Result<VcpuFd, VmmError> {
+/// vCPU 0 with the profile's CPUID table and its local APIC wired as firmware leaves it; with
+/// what a probe VM with the same table reads differently.
+fn create_vcpu(kvm: &Kvm, vm: &VmFd, config: &VmConfig) -> Result<(VcpuFd, Vec<cpuid_probe::Override>), VmmError> {
     let fd = vm.create_vcpu(0).map_err(kvm_err("KVM_CREATE_VCPU"))?;
-    fd.set_cpuid2(&cpuid::guest_cpuid(kvm, &config.profile)?).map_err(kvm_err("KVM_SET_CPUID2"))?;
+    let table = cpuid::guest_cpuid(kvm, &config.profile)?;
+    fd.set_cpuid2(&table).map_err(kvm_err("KVM_SET_CPUID2"))?;
+    let overrides = cpuid_probe::probe(kvm, &table)?;
     setup_lapic(&fd)?;
-    Ok(fd)
+    if let Some(revision) = config.profile.microcode {
+        set_microcode_revision(&fd, revision)?;
+    }
+    Ok((fd, overrides))
+}
+
+/// IA32_BIOS_SIGN_ID (SDM Vol. 4, Table 2-2): the guest reads the microcode update revision in
+/// bits 63:32. KVM keeps it per vCPU and takes it from a host-initiated write only.
+const IA32_BIOS_SIGN_ID: u32 = 0x8B;
+
+fn set_microcode_revision(vcpu: &VcpuFd, revision: u32) -> Result<(), VmmError> {
+    let entry =
+        kvm_bindings::kvm_msr_entry { index: IA32_BIOS_SIGN_ID, data: u64::from(revision) << 32, ..Default::default() };
+    let msrs = kvm_bindings::Msrs::from_entries(&[entry]).expect("one entry fits");
+    match vcpu.set_msrs(&msrs).map_err(kvm_err("KVM_SET_MSRS(IA32_BIOS_SIGN_ID)"))? {
+        1 => Ok(()),
+        _ => Err(VmmError::Guest(
+            "this KVM does not let the VMM set IA32_BIOS_SIGN_ID (the profile's microcode revision)".into(),
+        )),
+    }
 }
 
 /// Wires LINT0 as ExtINT and LINT1 as NMI, as firmware leaves them for the boot CPU.

@@ -8,6 +8,7 @@
 pub mod boot;
 pub mod builder;
 pub mod cpuid;
+pub mod cpuid_probe;
 pub mod devices;
 pub mod error;
 pub mod host;
@@ -66,7 +67,7 @@ pub struct VmConfig {
 pub fn run(config: VmConfig) -> Result<RunReport, VmmError> {
     let timeout = config.timeout;
     // `_vm` and `_kvm` stay open until the run is over.
-    let builder::BuiltVm { mut vcpu, format, vm: _vm, kvm: _kvm } = builder::build(config)?;
+    let builder::BuiltVm { mut vcpu, format, vm: _vm, kvm: _kvm, cpuid_overrides } = builder::build(config)?;
     kick::install_handler()?;
     let stop = vcpu.stop.clone();
     let done = EventFd::new(libc::EFD_NONBLOCK).map_err(VmmError::EventFd)?;
@@ -86,5 +87,7 @@ pub fn run(config: VmConfig) -> Result<RunReport, VmmError> {
         supervision.run(thread.as_pthread_t())?;
     }
     let (stop, vcpu) = thread.join().map_err(VmmError::vcpu_panicked)??;
-    Ok(RunReport::collect(stop, format, started.elapsed(), vcpu))
+    let mut report = RunReport::collect(stop, format, started.elapsed(), vcpu);
+    report.cpuid_overrides = cpuid_overrides;
+    Ok(report)
 }

@@ -30,6 +30,8 @@ pub struct RunReport {
     pub backend_notes: Vec<String>,
     /// RDPMC outside counted code, completed at the guest's #GP handler.
     pub rdpmc: CatchStats,
+    /// Where the guest's CPUID differs from the profile's table (README, "CPUID fidelity").
+    pub cpuid_overrides: Vec<super::cpuid_probe::Override>,
     /// Events written to the `--trace` file, and the error writing it, if any.
     pub trace_events: u64,
     pub trace_error: Option<String>,
@@ -55,6 +57,7 @@ impl RunReport {
             backend_name: vcpu.backend.name(),
             backend_notes: vcpu.backend.notes(),
             rdpmc: vcpu.catch.stats,
+            cpuid_overrides: Vec::new(),
             trace_events: vcpu.tracer.as_ref().map_or(0, |t| t.events),
             trace_error: vcpu.tracer.as_ref().and_then(|t| t.error.clone()),
             peak_memory_kib: peak_memory_kib(),
@@ -86,14 +89,35 @@ impl RunReport {
             backend += &format!("; {n}");
         }
         let rdpmc = self.rdpmc.summary().map(|s| format!(", {s}")).unwrap_or_default();
+        let cpuid = self.cpuid_note().map(|n| format!("; {n}")).unwrap_or_default();
         format!(
-            "emon: {why} after {:.2} s, {} exits, {} PMU MSR accesses, {} #GP injected{rdpmc}, backend {backend} (status {})",
+            "emon: {why} after {:.2} s, {} exits, {} PMU MSR accesses, {} #GP injected{rdpmc}, backend {backend}{cpuid} (status {})",
             self.elapsed.as_secs_f64(),
             self.exits.total,
             self.msr.pmu_reads + self.msr.pmu_writes,
             self.msr.gp_injected,
             self.exit_status()
         )
+    }
+
+    /// What the run summary says when the host showed the guest CPUID bits other than the
+    /// profile's table: how many, and the first few feature names.
+    pub fn cpuid_note(&self) -> Option<String> {
+        if self.cpuid_overrides.is_empty() {
+            return None;
+        }
+        if let Some(o) = self.cpuid_overrides.iter().find(|o| o.touches_the_profile()) {
+            return Some(format!(
+                "NOT AS PROFILED: this host shows the guest CPUID other than the profile's, {} (emon cpuid; README, \"CPUID fidelity\")",
+                o.describe()
+            ));
+        }
+        let bits: u32 = self.cpuid_overrides.iter().map(|o| (o.table ^ o.guest).count_ones()).sum();
+        let names: Vec<&str> = self.cpuid_overrides.iter().flat_map(|o| o.named_bits()).collect();
+        let some = if names.is_empty() { String::new() } else { format!(", among them {}", names.join(" ")) };
+        Some(format!(
+            "CPUID: this host overrides {bits} bits of the profile's table{some} (emon cpuid --profile ...; README, \"CPUID fidelity\")"
+        ))
     }
 
     /// The machine-readable report (`emon run --json`).
@@ -146,6 +170,18 @@ impl RunReport {
                 .collect(),
             trace: JsonTrace { events: self.trace_events, error: self.trace_error.as_deref() },
             serial_error: self.serial_error.as_deref(),
+            cpuid_overrides: self
+                .cpuid_overrides
+                .iter()
+                .map(|o| JsonCpuidOverride {
+                    leaf: o.leaf,
+                    subleaf: o.subleaf,
+                    register: super::cpuid_probe::REGISTERS[o.register],
+                    table: o.table,
+                    guest: o.guest,
+                    description: o.describe(),
+                })
+                .collect(),
         }
     }
 }
@@ -183,6 +219,20 @@ pub struct JsonReport<'a> {
     pub trace: JsonTrace<'a>,
     /// Writing the guest's serial output failed with this error.
     pub serial_error: Option<&'a str>,
+    /// Every CPUID register the guest reads differently from the profile's table.
+    pub cpuid_overrides: Vec<JsonCpuidOverride>,
+}
+
+/// One register of [`JsonReport::cpuid_overrides`].
+#[derive(Debug, Serialize)]
+pub struct JsonCpuidOverride {
+    pub leaf: u32,
+    pub subleaf: u32,
+    /// EAX, EBX, ECX or EDX.
+    pub register: &'static str,
+    pub table: u32,
+    pub guest: u32,
+    pub description: String,
 }
 
 /// How the run ended: `{"kind": "debug-exit", "code": N}`, `{"kind": "shutdown", "reason": ...,

@@ -133,6 +133,16 @@ impl Vcpu for KvmVcpu<'_> {
         }
     }
 
+    fn set_msr(&mut self, index: u32, value: u64) -> Result<(), VcpuError> {
+        let failed = || VcpuError { op: "KVM_SET_MSRS", source: vmm_sys_util::errno::Error::new(libc::EINVAL) };
+        let msrs =
+            Msrs::from_entries(&[kvm_msr_entry { index, data: value, ..Default::default() }]).map_err(|_| failed())?;
+        match self.fd.set_msrs(&msrs).map_err(VcpuError::op("KVM_SET_MSRS"))? {
+            1 => Ok(()),
+            _ => Err(failed()),
+        }
+    }
+
     fn set_guest_tsc(&mut self, value: u64) -> Result<bool, VcpuError> {
         // Some hosts accept KVM_VCPU_TSC_OFFSET and ignore it (kvm_pvm): believe only the guest's
         // TSC. Near the TSC the guest has, an ignored offset looks like one that took, so the

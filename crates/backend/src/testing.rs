@@ -17,6 +17,8 @@ pub struct Script {
     /// `set_guest_tsc` may change it, as on a host with KVM_VCPU_TSC_OFFSET).
     pub tsc: u64,
     pub tsc_settable: bool,
+    /// IA32_TSC_DEADLINE as KVM holds it (on KVM's side of the guest's time).
+    pub tsc_deadline: u64,
 }
 
 impl Vcpu for Script {
@@ -55,7 +57,16 @@ impl Vcpu for Script {
         &self.mem
     }
     fn get_msr(&mut self, index: u32) -> Result<u64, VcpuError> {
-        Ok(if index == crate::vcpu::IA32_TSC { self.tsc } else { 0 })
+        Ok(match index {
+            crate::vcpu::IA32_TSC => self.tsc,
+            crate::vcpu::IA32_TSC_DEADLINE => self.tsc_deadline,
+            _ => 0,
+        })
+    }
+    fn set_msr(&mut self, index: u32, value: u64) -> Result<(), VcpuError> {
+        assert_eq!(index, crate::vcpu::IA32_TSC_DEADLINE, "the backends set no other MSR");
+        self.tsc_deadline = value;
+        Ok(())
     }
     fn set_guest_tsc(&mut self, value: u64) -> Result<bool, VcpuError> {
         if self.tsc_settable {
@@ -80,6 +91,7 @@ impl Script {
             halted: false,
             injected: Vec::new(),
             tsc: 0,
+            tsc_deadline: 0,
             tsc_settable: true,
         }
     }

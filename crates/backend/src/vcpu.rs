@@ -23,6 +23,8 @@ impl VcpuError {
 
 /// IA32_TSC (SDM Vol. 4, Table 2-2).
 pub const IA32_TSC: u32 = 0x10;
+/// IA32_TSC_DEADLINE: the local APIC timer fires when the TSC reaches it (SDM Vol. 3A 10.5.4.1).
+pub const IA32_TSC_DEADLINE: u32 = 0x6E0;
 
 /// What a counting backend needs of one vCPU, at an exit (the vCPU is not running).
 pub trait Vcpu {
@@ -52,6 +54,8 @@ pub trait Vcpu {
     fn memory(&self) -> &GuestMemoryMmap;
     /// The guest's MSR `index`, as the guest would read it where KVM answers it (IA32_TSC_AUX).
     fn get_msr(&mut self, index: u32) -> Result<u64, VcpuError>;
+    /// Sets the guest's MSR `index` as the VMM (a host-initiated write: IA32_TSC_DEADLINE).
+    fn set_msr(&mut self, index: u32, value: u64) -> Result<(), VcpuError>;
     /// The guest's time-stamp counter now: what RDTSC would return.
     fn guest_tsc(&mut self) -> Result<u64, VcpuError> {
         self.get_msr(IA32_TSC)

@@ -30,6 +30,9 @@ pub enum Special {
     Rdtsc,
     Rdtscp,
     Rdmsr,
+    /// WRMSR of IA32_TSC_DEADLINE takes a deadline on the guest's TSC, which the model may
+    /// hold apart from KVM's: emon translates it (README, "Guest time").
+    Wrmsr,
     /// LFENCE, MFENCE and SFENCE order memory for other processors and devices, which a lone
     /// vCPU's counted code cannot observe: emon retires them itself, because some hosts lose the
     /// single-step trap after them (kvm_pvm), and with it the RDTSC that usually follows.
@@ -109,6 +112,7 @@ pub fn of(i: &Instruction) -> Insn {
         Rdtsc => Special::Rdtsc,
         Rdtscp => Special::Rdtscp,
         Rdmsr => Special::Rdmsr,
+        Wrmsr => Special::Wrmsr,
         Lfence | Mfence | Sfence => Special::Fence,
         _ => Special::None,
     };

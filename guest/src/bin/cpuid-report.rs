@@ -32,6 +32,12 @@ fn main(_boot: &emon_guest::BootInfo) -> i32 {
         sig.eax & 0xF,
         sig.eax
     );
+    // The feature leaves as this guest reads them (README, "CPUID fidelity").
+    println!("CPUID.01H: eax={:#010x} ebx={:#010x} ecx={:#010x} edx={:#010x}", sig.eax, sig.ebx, sig.ecx, sig.edx);
+    if max_leaf() >= 7 {
+        let l7 = cpuid(7, 0);
+        println!("CPUID.07H.0: eax={:#010x} ebx={:#010x} ecx={:#010x} edx={:#010x}", l7.eax, l7.ebx, l7.ecx, l7.edx);
+    }
     let pdcm = sig.ecx & (1 << 15) != 0;
     println!("CPUID.01H:ECX.PDCM = {}", u32::from(pdcm));
     if max_leaf() < 0xA {

@@ -87,6 +87,7 @@ const DEBUGCTL_FREEZE_PERFMON_ON_PMI: u32 = 12;
 const DEBUGCTL_FREEZE_WHILE_SMM: u32 = 14;
 const PERF_CAPABILITIES_SMM_FRZ: u64 = 1 << 12;
 const PERF_CAPABILITIES_FW_WRITE: u64 = 1 << 13;
+const PERF_CAPABILITIES_PERF_METRICS: u64 = 1 << 15;
 
 // ---- IA32_MISC_ENABLE (SDM Vol. 4 Table 2-2) ----
 const MISC_FAST_STRINGS: u64 = 1 << 0;
@@ -187,6 +188,16 @@ impl Pmu {
         }
     }
 
+    /// IA32_PERF_GLOBAL_CTRL/STATUS bit 48 (EN_PERF_METRICS / PERF_METRICS_OVF), with
+    /// IA32_PERF_CAPABILITIES.PERF_METRICS_AVAILABLE[15] (SDM 18.3.9.3).
+    fn perf_metrics_bit(&self) -> u64 {
+        if self.version >= 2 && self.perf_capabilities & PERF_CAPABILITIES_PERF_METRICS != 0 {
+            1 << 48
+        } else {
+            0
+        }
+    }
+
     /// IA32_A_PMCx exist (IA32_PERF_CAPABILITIES.FW_WRITE, SDM 18.2.5).
     fn fw_write(&self) -> bool {
         self.perf_capabilities & PERF_CAPABILITIES_FW_WRITE != 0
@@ -248,7 +259,7 @@ impl Pmu {
 
     /// Bits IA32_PERF_GLOBAL_OVF_CTRL / STATUS_RESET may clear (SDM Figures 18-5, 18-11).
     fn ovf_ctrl_valid(&self) -> u64 {
-        let mut v = self.counter_bits() | 1 << STATUS_OVF_BUFFER | 1 << STATUS_COND_CHGD;
+        let mut v = self.counter_bits() | self.perf_metrics_bit() | 1 << STATUS_OVF_BUFFER | 1 << STATUS_COND_CHGD;
         if self.version >= 3 {
             v |= 1 << STATUS_OVF_UNCORE;
         }
@@ -262,6 +273,7 @@ impl Pmu {
     /// not ASCI (60, SGX only). OvfUncore (61) is settable per the SDM.
     fn status_set_valid(&self) -> u64 {
         self.counter_bits()
+            | self.perf_metrics_bit()
             | 1 << STATUS_TRACE_TOPA_PMI
             | 1 << STATUS_LBR_FRZ
             | 1 << STATUS_CTR_FRZ
@@ -423,6 +435,7 @@ impl fmt::Display for StatusBit {
     fn fmt(&self, f: &mut fmt::Formatter) -> fmt::Result {
         match self.0 {
             b @ 0..=31 => write!(f, "Ovf_PMC{}", b),
+            48 => f.write_str("PERF_METRICS_OVF"),
             b @ 32..=54 => write!(f, "Ovf_FixedCtr{}", b - 32),
             STATUS_TRACE_TOPA_PMI => f.write_str("Trace_ToPA_PMI"),
             STATUS_LBR_FRZ => f.write_str("LBR_Frz"),
@@ -800,7 +813,7 @@ fn check_global_ctrl(p: &Pmu) {
         return;
     }
     let msr = IA32_PERF_GLOBAL_CTRL;
-    let valid = p.counter_bits();
+    let valid = p.counter_bits() | p.perf_metrics_bit();
     write_reads(
         format_args!("IA32_PERF_GLOBAL_CTRL enables of every counter accepted ({:#x})", valid),
         msr,

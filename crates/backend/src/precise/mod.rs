@@ -14,6 +14,7 @@ pub mod tcg;
 #[cfg(test)]
 mod tests;
 
+use crate::vcpu::IA32_TSC_DEADLINE;
 use crate::{marked, Backend, BackendError, Cx, Next};
 use cache::{CacheEvents, CacheModel};
 use emon_pmu::pmu::{CounterId, Reprogram};
@@ -118,6 +119,8 @@ pub struct Stats {
     /// TCG engine runs, and the instructions they retired.
     pub engine_runs: u64,
     pub engine_retired: u64,
+    /// RDMSR/WRMSR of IA32_TSC_DEADLINE translated between the model's and KVM's guest TSC.
+    tsc_deadlines: u64,
     /// RDTSC, RDTSCP and RDMSR(IA32_TSC) answered from the modelled guest time.
     pub tsc_reads: u64,
     /// RDTSC, RDTSCP or RDMSR that retired in counted code without their own single-step trap,
@@ -139,6 +142,8 @@ struct GuestTime {
     halted_at: Option<u64>,
     /// This host has shown that it cannot set the guest's TSC.
     unsettable: bool,
+    /// The last IA32_TSC_DEADLINE emon translated: as the guest wrote it, and as KVM holds it.
+    deadline: Option<(u64, u64)>,
     /// On a host that cannot: the stretches after which the guest's TSC jumped forward to real
     /// time, the ticks it jumped in all, and the ticks real time never caught up (backwards).
     jumps: u64,
@@ -717,6 +722,35 @@ impl Precise {
         self.complete(cx, &p, i, regs)
     }
 
+    /// RDMSR and WRMSR of IA32_TSC_DEADLINE while the guest's TSC follows the model: KVM's
+    /// timer fires on KVM's guest TSC, so a deadline the guest computed from the model's TSC
+    /// moves by the difference between the two (both ways), and the timer fires as far ahead
+    /// as the guest asked. Without this, a guest that counts with the deadline timer armed sets
+    /// deadlines already past on KVM's side: an interrupt storm. 0 disarms it either way.
+    fn emulate_tsc_deadline(&mut self, cx: &mut Cx, p: Pending, i: &Insn) -> Result<Next, BackendError> {
+        let virtual_now = self.virtual_tsc().expect("checked by the caller");
+        let kvm_ahead = cx.vcpu.guest_tsc()?.wrapping_sub(virtual_now);
+        let mut regs = cx.vcpu.regs()?;
+        if i.special == Special::Wrmsr {
+            let deadline = (regs.rdx << 32) | (regs.rax & 0xFFFF_FFFF);
+            let on_kvm = if deadline == 0 { 0 } else { deadline.wrapping_add(kvm_ahead) };
+            cx.vcpu.set_msr(IA32_TSC_DEADLINE, on_kvm)?;
+            self.time.deadline = Some((deadline, on_kvm));
+        } else {
+            // The value written reads back until the timer fires (then 0), SDM Vol. 3A 10.5.4.1.
+            let on_kvm = cx.vcpu.get_msr(IA32_TSC_DEADLINE)?;
+            let deadline = match self.time.deadline {
+                _ if on_kvm == 0 => 0,
+                Some((written, set)) if set == on_kvm => written,
+                _ => on_kvm.wrapping_sub(kvm_ahead),
+            };
+            regs.rax = deadline & 0xFFFF_FFFF;
+            regs.rdx = deadline >> 32;
+        }
+        self.stats.tsc_deadlines += 1;
+        self.complete(cx, &p, i, regs)
+    }
+
     fn emulate_rdpmc(&mut self, cx: &mut Cx, p: Pending, i: &Insn, mode: &CpuMode) -> Result<Next, BackendError> {
         self.stats.rdpmc += 1;
         let mut regs = cx.vcpu.regs()?;
@@ -861,6 +895,15 @@ impl Precise {
                         && cx.vcpu.regs()?.rcx & 0xFFFF_FFFF == IA32_TSC =>
                 {
                     return self.emulate_tsc_read(cx, p, &i, &mode)
+                }
+                // The deadline timer's MSR, on the model's side of the guest's time.
+                Some(i)
+                    if matches!(i.special, Special::Rdmsr | Special::Wrmsr)
+                        && p.cpl == 0
+                        && self.virtual_tsc().is_some()
+                        && cx.vcpu.regs()?.rcx & 0xFFFF_FFFF == u64::from(IA32_TSC_DEADLINE) =>
+                {
+                    return self.emulate_tsc_deadline(cx, p, &i)
                 }
                 Some(i) if i.special == Special::Iret => {
                     let target = self.iret_target(cx, &mode)?;
@@ -1014,8 +1057,8 @@ impl Backend for Precise {
             (Engine::Step, None) => "single-stepped (--precise-engine step)".into(),
         };
         format!(
-            "precise backend: {} instructions counted ({engine}; {} without their own single-step trap), {} interrupts/exceptions seen while stepping, {} HLT, {} RDPMC and {} TSC reads emulated, stepping switched {} times, {} counters reprogrammed",
-            s.retired, s.lost_traps, s.events, s.hlt, s.rdpmc, s.tsc_reads, s.arm_changes, s.reprogrammed
+            "precise backend: {} instructions counted ({engine}; {} without their own single-step trap), {} interrupts/exceptions seen while stepping, {} HLT, {} RDPMC and {} TSC reads emulated, {} TSC deadline accesses translated, stepping switched {} times, {} counters reprogrammed",
+            s.retired, s.lost_traps, s.events, s.hlt, s.rdpmc, s.tsc_reads, s.tsc_deadlines, s.arm_changes, s.reprogrammed
         )
     }
 

@@ -456,3 +456,35 @@ fn a_tsc_read_without_its_own_trap_is_reported() {
     assert_eq!(r.precise.stats.tsc_unseen, 1);
     assert!(r.precise.notes().join("").contains("NOT EXACT: guest time"), "{:?}", r.precise.notes());
 }
+
+/// `nop; wrmsr; rdmsr` with ECX = IA32_TSC_DEADLINE, counted from a guest TSC of 1000 while
+/// KVM's guest TSC has run on to 50,000 (a host that cannot set it).
+#[test]
+fn the_tsc_deadline_moves_between_the_models_time_and_kvms() {
+    let mut r = Rig::new(&[NOP, 0x0F, 0x30, 0x0F, 0x32, NOP]);
+    r.vcpu.tsc = 1000;
+    r.count();
+    r.step(CODE + 1);
+    r.vcpu.tsc = 50_000;
+    // The guest asks for the timer 500 ticks after its TSC (1001: one NOP retired).
+    r.vcpu.regs.rcx = 0x6E0;
+    (r.vcpu.regs.rax, r.vcpu.regs.rdx) = (1501, 0);
+    assert_eq!(r.before(true), Next::Retired, "WRMSR of the deadline is emulated");
+    assert_eq!(r.vcpu.tsc_deadline, 50_000 + 500, "500 ticks after KVM's guest TSC");
+    assert_eq!(r.vcpu.regs.rip, CODE + 3);
+    // Read back on the model's side, 1 + 101 cycles later (the NOP, the WRMSR).
+    r.vcpu.tsc = 50_000 + 102;
+    (r.vcpu.regs.rax, r.vcpu.regs.rdx) = (0, 0);
+    assert_eq!(r.before(true), Next::Retired, "RDMSR of the deadline is emulated");
+    assert_eq!((r.vcpu.regs.rax, r.vcpu.regs.rdx), (1501, 0), "the deadline as the guest wrote it");
+    assert_eq!(r.pmc(0), 3, "NOP, WRMSR and RDMSR retire");
+    assert_eq!(r.precise.stats.tsc_deadlines, 2);
+    // 0 disarms the timer on either side.
+    let mut r = Rig::new(&[NOP, 0x0F, 0x30, NOP]);
+    (r.vcpu.tsc, r.vcpu.tsc_deadline) = (1000, 77);
+    r.count();
+    r.step(CODE + 1);
+    (r.vcpu.regs.rcx, r.vcpu.regs.rax, r.vcpu.regs.rdx) = (0x6E0, 0, 0);
+    assert_eq!(r.before(true), Next::Retired);
+    assert_eq!(r.vcpu.tsc_deadline, 0);
+}

@@ -172,8 +172,15 @@ impl Layout {
             .fold(0u64, |m, (i, _)| m | field << (u32::from(i) * FIXED_CTR_CTRL_FIELD_BITS));
 
         let counters = gp_bits | fixed_bits;
+        // With PERF_METRICS, bit 48 of GLOBAL_CTRL, OVF_CTRL/STATUS_RESET and STATUS_SET is the
+        // metrics' (SDM 18.3.9.3). emon does not count the metrics: they never overflow.
+        let metrics = if version >= 2 && p.perf_capabilities & PERF_CAPABILITIES_PERF_METRICS != 0 {
+            GLOBAL_PERF_METRICS
+        } else {
+            0
+        };
         // OVF_CTRL (v2/v3) / STATUS_RESET (v4+): SDM Figures 18-5, 18-11.
-        let mut ovf_ctrl_valid = counters | GLOBAL_STATUS_OVF_BUFFER | GLOBAL_STATUS_COND_CHGD;
+        let mut ovf_ctrl_valid = counters | metrics | GLOBAL_STATUS_OVF_BUFFER | GLOBAL_STATUS_COND_CHGD;
         if version >= 3 {
             ovf_ctrl_valid |= GLOBAL_STATUS_OVF_UNCORE;
         }
@@ -183,6 +190,7 @@ impl Layout {
         // STATUS_SET (v4+): SDM Figure 18-12 / Table 2-2 (CondChgd cannot be set; ASCI needs SGX).
         let status_set_valid = if version >= 4 {
             counters
+                | metrics
                 | GLOBAL_STATUS_TRACE_TOPA_PMI
                 | GLOBAL_STATUS_LBR_FRZ
                 | GLOBAL_STATUS_CTR_FRZ
@@ -212,7 +220,7 @@ impl Layout {
             fixed_bits,
             perfevtsel_valid,
             fixed_ctr_ctrl_valid,
-            global_ctrl_valid: if version >= 2 { counters } else { 0 },
+            global_ctrl_valid: if version >= 2 { counters | metrics } else { 0 },
             ovf_ctrl_valid: if version >= 2 { ovf_ctrl_valid } else { 0 },
             status_set_valid,
             debugctl_valid,

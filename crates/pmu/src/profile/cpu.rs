@@ -19,6 +19,10 @@ pub struct Profile {
     pub model: u8,
     /// Stepping ID, CPUID.01H:EAX[3:0].
     pub stepping: u8,
+    /// The microcode update revision the real CPU reported in IA32_BIOS_SIGN_ID (MSR 0x8B,
+    /// bits 63:32), where a guest's behaviour depends on it (Linux turns PEBS off on Sandy
+    /// Bridge below revision 0x28); `None` leaves the hypervisor's value.
+    pub microcode: Option<u32>,
     /// CPUID leaf 0x0A and the PMU MSR capabilities.
     pub pmu: PmuProfile,
     /// The data-cache hierarchy (CPUID leaf 04H; the precise backend's cache model).

@@ -290,3 +290,23 @@ fn ds_area_must_be_canonical() {
         assert_wr_gp(&mut pmu, msr::IA32_DS_AREA, v);
     }
 }
+
+/// Bit 48 of GLOBAL_CTRL, STATUS_RESET and STATUS_SET belongs to the topdown metrics where
+/// IA32_PERF_CAPABILITIES.PERF_METRICS is set (Ice Lake, SDM 18.3.9.3), and is reserved elsewhere.
+#[test]
+fn perf_metrics_bit_48_exists_only_with_perf_metrics() {
+    let mut metrics = icelake();
+    metrics.perf_capabilities |= msr::PERF_CAPABILITIES_PERF_METRICS;
+    let mut pmu = Pmu::new(&metrics);
+    wr(&mut pmu, msr::IA32_PERF_GLOBAL_CTRL, msr::GLOBAL_PERF_METRICS | 0xFF);
+    assert_eq!(rd(&pmu, msr::IA32_PERF_GLOBAL_CTRL), msr::GLOBAL_PERF_METRICS | 0xFF);
+    wr(&mut pmu, msr::IA32_PERF_GLOBAL_STATUS_SET, msr::GLOBAL_PERF_METRICS);
+    assert_eq!(rd(&pmu, msr::IA32_PERF_GLOBAL_STATUS), msr::GLOBAL_PERF_METRICS);
+    wr(&mut pmu, msr::IA32_PERF_GLOBAL_STATUS_RESET, msr::GLOBAL_PERF_METRICS);
+    assert_eq!(rd(&pmu, msr::IA32_PERF_GLOBAL_STATUS), 0);
+    for p in [skylake(), nehalem(), icelake()] {
+        let mut pmu = Pmu::new(&p);
+        assert_wr_gp(&mut pmu, msr::IA32_PERF_GLOBAL_CTRL, msr::GLOBAL_PERF_METRICS);
+        assert_wr_gp(&mut pmu, msr::IA32_PERF_GLOBAL_OVF_CTRL, msr::GLOBAL_PERF_METRICS);
+    }
+}
