@@ -5,6 +5,7 @@
 //! | the guest wrote `code` to the debug-exit port 0xF4 | `code` (unlike QEMU's `(code << 1) \| 1`) |
 //! | triple fault or shutdown; the vCPU registers are printed | 3 ([`SHUTDOWN`]) |
 //! | `--timeout` | 4 ([`TIMEOUT`]) |
+//! | the guest kernel printed `Kernel panic - not syncing:` and then stopped (a reset, a triple fault, the timeout) | 5 ([`PANIC`]) |
 //! | Ctrl-C | 130 ([`INTERRUPTED`]) |
 //! | an error in emon's input or set-up (profile, kernel, options, no KVM) | 2 ([`ERROR`]), with a one-line message |
 //!
@@ -16,6 +17,8 @@ pub const ERROR: u8 = 2;
 pub const SHUTDOWN: u8 = 3;
 /// `--timeout` stopped the guest.
 pub const TIMEOUT: u8 = 4;
+/// The guest kernel panicked (its console said so), whatever stopped it after that.
+pub const PANIC: u8 = 5;
 /// Ctrl-C stopped the guest (128 + SIGINT, as a shell reports it).
 pub const INTERRUPTED: u8 = 130;
 /// `emon test`: at least one run failed.

@@ -10,6 +10,14 @@ use std::path::Path;
 
 const SUITE: &str = "resources/suites/linux.toml";
 
+/// Builds emon's Linux test kernel, or finds it cached: scripts/linux-kernel links it at
+/// target/emon-linux/.
+fn build_the_kernel() {
+    let built =
+        std::process::Command::new("bash").arg("scripts/linux-kernel").output().expect("run scripts/linux-kernel");
+    assert!(built.status.success(), "scripts/linux-kernel failed:\n{}", String::from_utf8_lossy(&built.stderr));
+}
+
 /// Text no console line of a Linux run may contain: the perf driver's complaints about the PMU
 /// it was given (arch/x86/events/core.c `check_hw_exists`), an MSR access that faulted where Linux
 /// did not expect it (arch/x86/mm/extable.c), and any oops or warning.
@@ -173,9 +181,7 @@ fn linux_boots_under_every_profile_with_the_lines_its_source_predicts() {
     if !kvm_available() {
         return;
     }
-    let built =
-        std::process::Command::new("bash").arg("scripts/linux-kernel").output().expect("run scripts/linux-kernel");
-    assert!(built.status.success(), "scripts/linux-kernel failed:\n{}", String::from_utf8_lossy(&built.stderr));
+    build_the_kernel();
     let json = tmp_dir("linux-suite").join("linux.json");
     let r = emon(&["test", "--suite", SUITE, "--jobs", "2", "--json", json.to_str().unwrap()]);
     assert_eq!(r.status, 0, "{}\n{}", r.stdout, r.stderr);
@@ -185,4 +191,29 @@ fn linux_boots_under_every_profile_with_the_lines_its_source_predicts() {
     for run in runs {
         assert_eq!(run["status"], "pass", "{run}");
     }
+}
+
+/// With the self-test's exit turned off, the boot goes on to the panic of a kernel without an
+/// init; Linux reboots through the i8042 and the run ends at once with status 5 and the panic
+/// line in the summary, not at the timeout.
+#[test]
+fn a_linux_panic_ends_the_run_with_its_line() {
+    if !kvm_available() {
+        return;
+    }
+    build_the_kernel();
+    let r = emon(&[
+        "run",
+        "--timeout",
+        "280",
+        "target/emon-linux/vmlinux",
+        "--",
+        "console=ttyS0",
+        "noxsave",
+        "emon_perf_test.exit=0",
+    ]);
+    assert_eq!(r.status, 5, "{}", r.stderr);
+    let summary = r.stderr.lines().last().unwrap_or_default();
+    assert!(summary.contains("guest kernel panic, \"Kernel panic - not syncing: No working init found."), "{summary}");
+    assert!(summary.contains("reset through the i8042 keyboard controller"), "{summary}");
 }

@@ -246,6 +246,7 @@ pub fn judge(exit: Exit, parsed: &Parsed, timeout_s: f64) -> Verdict {
         Exit::Code(0) => {}
         Exit::Code(4) => errors.push(format!("timed out after {timeout_s} s (emon exit status 4)")),
         Exit::Code(3) => errors.push("crashed: triple fault or shutdown (emon exit status 3)".into()),
+        Exit::Code(5) => errors.push("the guest kernel panicked (emon exit status 5)".into()),
         Exit::Code(2) => errors.push("emon could not run it (exit status 2)".into()),
         Exit::Code(130) => errors.push("interrupted (exit status 130)".into()),
         Exit::Code(n)
@@ -431,6 +432,8 @@ mod tests {
         // A FAIL line fails the run even when the exit status is 0.
         assert_eq!(judge(Exit::Code(0), &failing, 120.0).status, Status::Fail);
 
+        let panicked = judge(Exit::Code(5), &parsed("PASS: a\n"), 2.0);
+        assert_eq!(panicked.reason.as_deref(), Some("the guest kernel panicked (emon exit status 5)"));
         let v = judge(Exit::Code(4), &parsed("PASS: a\n"), 2.0);
         assert_eq!(v.status, Status::Fail);
         assert!(v.run_error);
@@ -460,7 +463,7 @@ mod tests {
         let v = judge(Exit::Code(77), &parsed(""), 1.0);
         assert_eq!(v.reason.as_deref(), Some("guest exited with status 77, no SUMMARY line"));
         assert_eq!(v.status, Status::Fail);
-        let v = judge(Exit::Code(5), &parsed("PASS: a\n"), 1.0);
-        assert_eq!(v.reason.as_deref(), Some("guest exited with status 5, no SUMMARY line"));
+        let v = judge(Exit::Code(6), &parsed("PASS: a\n"), 1.0);
+        assert_eq!(v.reason.as_deref(), Some("guest exited with status 6, no SUMMARY line"));
     }
 }

@@ -32,6 +32,8 @@ pub struct RunReport {
     pub rdpmc: CatchStats,
     /// Where the guest's CPUID differs from the profile's table (README, "CPUID fidelity").
     pub cpuid_overrides: Vec<super::cpuid_probe::Override>,
+    /// The guest kernel's `Kernel panic - not syncing:` line, if its console printed one.
+    pub guest_panic: Option<String>,
     /// Events written to the `--trace` file, and the error writing it, if any.
     pub trace_events: u64,
     pub trace_error: Option<String>,
@@ -43,6 +45,7 @@ pub struct RunReport {
 impl RunReport {
     /// The report of a run that ended with `stop` after `elapsed`, from the vCPU's state.
     pub(super) fn collect(stop: VcpuStop, format: Format, elapsed: Duration, vcpu: Vcpu) -> RunReport {
+        let guest_panic = vcpu.bus.serial.panic_line().map(str::to_owned);
         RunReport {
             stop,
             format,
@@ -58,6 +61,7 @@ impl RunReport {
             backend_notes: vcpu.backend.notes(),
             rdpmc: vcpu.catch.stats,
             cpuid_overrides: Vec::new(),
+            guest_panic,
             trace_events: vcpu.tracer.as_ref().map_or(0, |t| t.events),
             trace_error: vcpu.tracer.as_ref().and_then(|t| t.error.clone()),
             peak_memory_kib: peak_memory_kib(),
@@ -68,6 +72,7 @@ impl RunReport {
     pub fn exit_status(&self) -> i32 {
         match &self.stop {
             VcpuStop::DebugExit(code) => *code as i32,
+            _ if self.guest_panic.is_some() => status::PANIC.into(),
             VcpuStop::Shutdown { .. } => status::SHUTDOWN.into(),
             VcpuStop::Stopped(StopReason::Timeout) => status::TIMEOUT.into(),
             VcpuStop::Stopped(StopReason::Interrupted) => status::INTERRUPTED.into(),
@@ -83,6 +88,12 @@ impl RunReport {
             VcpuStop::Shutdown { why, .. } => format!("guest shut down: {why}"),
             VcpuStop::Stopped(StopReason::Timeout) => "timeout: the guest was stopped".into(),
             VcpuStop::Stopped(StopReason::Interrupted) => "interrupted (Ctrl-C)".into(),
+        };
+        let why = match (&self.guest_panic, &self.stop) {
+            (Some(line), stop) if !matches!(stop, VcpuStop::DebugExit(_)) => {
+                format!("guest kernel panic, \"{line}\"; then {why}")
+            }
+            _ => why,
         };
         let mut backend = self.backend_name.to_owned();
         for n in self.backend_notes.iter().chain(&self.rdpmc.notes()) {
@@ -170,6 +181,7 @@ impl RunReport {
                 .collect(),
             trace: JsonTrace { events: self.trace_events, error: self.trace_error.as_deref() },
             serial_error: self.serial_error.as_deref(),
+            guest_panic: self.guest_panic.as_deref(),
             cpuid_overrides: self
                 .cpuid_overrides
                 .iter()
@@ -221,6 +233,8 @@ pub struct JsonReport<'a> {
     pub serial_error: Option<&'a str>,
     /// Every CPUID register the guest reads differently from the profile's table.
     pub cpuid_overrides: Vec<JsonCpuidOverride>,
+    /// The guest kernel's panic line, if its console printed one.
+    pub guest_panic: Option<&'a str>,
 }
 
 /// One register of [`JsonReport::cpuid_overrides`].

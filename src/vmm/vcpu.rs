@@ -236,6 +236,9 @@ impl Vcpu {
                 match self.bus.write(port, data) {
                     PioAction::Continue => ExitAction::Continue,
                     PioAction::Exit(code) => ExitAction::Stop(VcpuStop::DebugExit(code)),
+                    PioAction::Reset => {
+                        ExitAction::Shutdown("reset through the i8042 keyboard controller (0xFE to port 0x64)".into())
+                    }
                 }
             }
             VcpuExit::IoIn(port, data) => {

@@ -11,19 +11,39 @@ pub enum PioAction {
     Continue,
     /// The guest wrote its exit code to the debug-exit port.
     Exit(u32),
+    /// The guest reset the machine through the i8042 keyboard controller.
+    Reset,
 }
 
-/// Routes port I/O: COM1, the debug-exit port, fw_cfg; everything else reads as all-ones and
-/// ignores writes, counted per port for `--verbose`.
+/// The i8042's reset line (vm-superio raises it for command 0xFE).
+#[derive(Debug, Default)]
+pub struct ResetLine(std::cell::Cell<bool>);
+
+impl vm_superio::Trigger for ResetLine {
+    type E = std::convert::Infallible;
+    fn trigger(&self) -> Result<(), Self::E> {
+        self.0.set(true);
+        Ok(())
+    }
+}
+
+/// The i8042 keyboard controller's data and command/status ports.
+pub const I8042_DATA: u16 = 0x60;
+pub const I8042_COMMAND: u16 = 0x64;
+
+/// Routes port I/O: COM1, the debug-exit port, fw_cfg, the i8042 (its reset command; it has no
+/// keyboard: status and data read 0); everything else reads as all-ones and ignores writes,
+/// counted per port for `--verbose`.
 pub struct PioBus {
     pub serial: serial::SerialPort,
     pub fw_cfg: fw_cfg::FwCfg,
+    i8042: vm_superio::I8042Device<ResetLine>,
     pub unhandled: BTreeMap<u16, u64>,
 }
 
 impl PioBus {
     pub fn new(serial: serial::SerialPort, fw_cfg: fw_cfg::FwCfg) -> Self {
-        PioBus { serial, fw_cfg, unhandled: BTreeMap::new() }
+        PioBus { serial, fw_cfg, i8042: vm_superio::I8042Device::new(ResetLine::default()), unhandled: BTreeMap::new() }
     }
 
     pub fn write(&mut self, port: u16, data: &[u8]) -> PioAction {
@@ -31,6 +51,12 @@ impl PioBus {
             serial::COM1..=serial::COM1_END => self.serial.write(port - serial::COM1, data),
             debug_exit::PORT => return PioAction::Exit(debug_exit::code(data)),
             fw_cfg::SELECTOR_PORT | fw_cfg::DATA_PORT => self.fw_cfg.write(port, data),
+            I8042_DATA | I8042_COMMAND => {
+                let Ok(()) = self.i8042.write((port - I8042_DATA) as u8, data.first().copied().unwrap_or(0));
+                if self.i8042.reset_evt().0.get() {
+                    return PioAction::Reset;
+                }
+            }
             _ => *self.unhandled.entry(port).or_default() += 1,
         }
         PioAction::Continue
@@ -40,6 +66,7 @@ impl PioBus {
         match port {
             serial::COM1..=serial::COM1_END => self.serial.read(port - serial::COM1, data),
             fw_cfg::SELECTOR_PORT | fw_cfg::DATA_PORT => self.fw_cfg.read(port, data),
+            I8042_DATA | I8042_COMMAND => data.fill(self.i8042.read((port - I8042_DATA) as u8)),
             _ => {
                 data.fill(0xFF);
                 *self.unhandled.entry(port).or_default() += 1;
