@@ -1,7 +1,7 @@
 //! Instructions at CPL0 that a host KVM may be unable to emulate although the guest sees their
 //! features (README, "Linux guests"), each as the SDM defines it: INT3 delivers #BP with the
 //! address after it on the stack, POPCNT counts bits and sets only ZF, CLAC and STAC clear and
-//! set RFLAGS.AC. On kvm_pvm emon completes each one; elsewhere the CPU runs them.
+//! set RFLAGS.AC, LOCK CMPXCHG16B compares and swaps 128 bits. On kvm_pvm emon completes each one; elsewhere the CPU runs them.
 #![no_std]
 #![no_main]
 
@@ -116,6 +116,47 @@ fn popcnt() {
     check_eq!(dm, 5, "POPCNT r64, m64");
 }
 
+#[repr(C, align(16))]
+struct Pair([u64; 2]);
+
+/// LOCK CMPXCHG16B of `m` with RDX:RAX = `expect`, RCX:RBX = `new`: (RDX:RAX after, ZF).
+fn cmpxchg16b(m: &mut Pair, expect: [u64; 2], new: [u64; 2]) -> ([u64; 2], bool) {
+    let (lo, hi, flags): (u64, u64, u64);
+    // SAFETY: `m` is 16-byte aligned and ours; RBX is saved around the instruction (LLVM reserves
+    // it).
+    unsafe {
+        asm!(
+            "xchg {b}, rbx",
+            "lock cmpxchg16b [{m}]",
+            "xchg {b}, rbx",
+            "pushfq",
+            "pop {f}",
+            m = in(reg) m as *mut Pair,
+            b = inout(reg) new[0] => _,
+            f = out(reg) flags,
+            inout("rax") expect[0] => lo,
+            inout("rdx") expect[1] => hi,
+            in("rcx") new[1],
+        );
+    }
+    ([lo, hi], flags & ZF != 0)
+}
+
+fn cmpxchg16b_checks() {
+    if cpuid(1, 0).ecx & (1 << 13) == 0 {
+        skip!("CMPXCHG16B: CPUID.01H:ECX.CX16[bit 13] is clear");
+        return;
+    }
+    let mut m = Pair([1, 2]);
+    let (old, zf) = cmpxchg16b(&mut m, [1, 2], [0xB, 0xC]);
+    check!(zf && m.0 == [0xB, 0xC] && old == [1, 2], "LOCK CMPXCHG16B: equal, so it swaps and sets ZF");
+    let (old, zf) = cmpxchg16b(&mut m, [1, 2], [7, 7]);
+    check!(
+        !zf && m.0 == [0xB, 0xC] && old == [0xB, 0xC],
+        "LOCK CMPXCHG16B: not equal, so it loads RDX:RAX and clears ZF"
+    );
+}
+
 fn rflags() -> u64 {
     let f: u64;
     // SAFETY: reads RFLAGS through the stack.
@@ -143,5 +184,6 @@ fn main(_boot: &emon_guest::BootInfo) -> i32 {
     int3();
     popcnt();
     clac_stac();
+    cmpxchg16b_checks();
     emon_guest::summary()
 }

@@ -2,7 +2,7 @@
 //! CPUID shows their features to the guest (README, "Linux guests"): POPCNT, and SMAP's CLAC and
 //! STAC.
 use super::{Cpu, EmuError, Machine};
-use iced_x86::Code;
+use iced_x86::{Code, Register};
 
 /// RFLAGS bits (SDM Vol. 1, 3.4.3 "EFLAGS Register").
 const CF: u64 = 1 << 0;
@@ -20,6 +20,8 @@ pub(super) enum Op {
     Popcnt,
     /// CLAC (false) and STAC (true): RFLAGS.AC.
     SetAc(bool),
+    /// (LOCK) CMPXCHG16B m128: one vCPU, so emon's read-compare-write is atomic.
+    Cmpxchg16b,
 }
 
 impl Op {
@@ -28,6 +30,7 @@ impl Op {
             Code::Popcnt_r16_rm16 | Code::Popcnt_r32_rm32 | Code::Popcnt_r64_rm64 => Op::Popcnt,
             Code::Clac => Op::SetAc(false),
             Code::Stac => Op::SetAc(true),
+            Code::Cmpxchg16b_m128 => Op::Cmpxchg16b,
             _ => return None,
         })
     }
@@ -50,6 +53,34 @@ impl<M: Machine> Cpu<'_, M> {
                 self.m.set_gpr(full, value);
                 let flags = self.m.rflags() & !(OF | SF | ZF | AF | CF | PF);
                 self.m.set_rflags(if src == 0 { flags | ZF } else { flags });
+                Ok(())
+            }
+            // SDM Vol. 2A, CMPXCHG8B/CMPXCHG16B: RDX:RAX against m128; equal: ZF = 1 and m128 =
+            // RCX:RBX; else ZF = 0 and RDX:RAX = m128. A misaligned operand raises #GP.
+            Op::Cmpxchg16b => {
+                let la = self.address(0);
+                if la % 16 != 0 {
+                    return Err(EmuError::Misaligned(la));
+                }
+                let mut m = [0u8; 16];
+                self.m.read_mem(la, &mut m)?;
+                let (lo, hi) = (
+                    u64::from_le_bytes(m[..8].try_into().expect("8")),
+                    u64::from_le_bytes(m[8..].try_into().expect("8")),
+                );
+                let (rax, rdx) = (self.m.gpr(Register::RAX), self.m.gpr(Register::RDX));
+                let flags = self.m.rflags() & !ZF;
+                if (lo, hi) == (rax, rdx) {
+                    let mut new = [0u8; 16];
+                    new[..8].copy_from_slice(&self.m.gpr(Register::RBX).to_le_bytes());
+                    new[8..].copy_from_slice(&self.m.gpr(Register::RCX).to_le_bytes());
+                    self.m.write_mem(la, &new)?;
+                    self.m.set_rflags(flags | ZF);
+                } else {
+                    self.m.set_gpr(Register::RAX, lo);
+                    self.m.set_gpr(Register::RDX, hi);
+                    self.m.set_rflags(flags);
+                }
                 Ok(())
             }
             // SDM Vol. 2A, CLAC / Vol. 2B, STAC: #UD if CPL > 0.

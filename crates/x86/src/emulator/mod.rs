@@ -11,8 +11,8 @@
 //!
 //! Scope and semantics:
 //! - 64-bit mode only; legacy-SSE (non-VEX) encodings with XMM operands. MMX forms, VEX forms and
-//!   any instruction not listed in [`emulate`] give [`EmuError::Unsupported`]. LOCK-prefixed
-//!   instructions are never emulated.
+//!   any instruction not listed in [`emulate`] give [`EmuError::Unsupported`]. The LOCK prefix is
+//!   taken only on CMPXCHG16B: with one vCPU stopped in emon, its read-compare-write is atomic.
 //! - Lane semantics are those of the Intel SDM Vol. 2 (little-endian lanes).
 //! - Segment bases are 0 (long mode is flat); an FS or GS override is unsupported.
 //! - Alignment is not checked: a misaligned 128-bit memory operand of `movdqa`, `movaps`, `pxor`
@@ -60,6 +60,9 @@ pub enum EmuError {
     /// instructions' CPL0 forms are emulated.
     #[error("it raises #UD at CPL{0}, which is not emulated")]
     Cpl(u8),
+    /// CMPXCHG16B's operand at this linear address is not 16-byte aligned: #GP on hardware.
+    #[error("its 16-byte operand at {0:#x} is misaligned (#GP), which is not emulated")]
+    Misaligned(u64),
 }
 
 type Xmm = [u8; 16];
@@ -81,7 +84,7 @@ pub type Xmm16 = [[u8; 16]; 16];
 /// - shuffles: `pshufd`, `pshuflw`, `pshufhw`, `punpckl/hbw/wd/dq/qdq`, `packsswb`, `packssdw`,
 ///   `packuswb`;
 /// - `pinsrw`, `pextrw` (including the SSE4.1 memory form), `pmovmskb`;
-/// - general: `popcnt` (16, 32 and 64 bits), and at CPL0 `clac` and `stac`.
+/// - general: `popcnt` (16, 32 and 64 bits), `(lock) cmpxchg16b`, and at CPL0 `clac` and `stac`.
 pub fn emulate(bytes: &[u8], rip: u64, m: &mut impl Machine) -> Result<u64, EmuError> {
     let mut decoder = Decoder::with_ip(64, bytes, rip, DecoderOptions::NONE);
     let insn = decoder.decode();
@@ -93,7 +96,9 @@ pub fn emulate(bytes: &[u8], rip: u64, m: &mut impl Machine) -> Result<u64, EmuE
         IntelFormatter::new().format(&insn, &mut text);
         EmuError::Unsupported(text)
     };
-    if insn.has_lock_prefix() || matches!(insn.segment_prefix(), Register::FS | Register::GS) {
+    // LOCK only where a lone vCPU's read-modify-write is the locked one (CMPXCHG16B).
+    let lockable = insn.code() == iced_x86::Code::Cmpxchg16b_m128;
+    if (insn.has_lock_prefix() && !lockable) || matches!(insn.segment_prefix(), Register::FS | Register::GS) {
         return Err(unsupported());
     }
     let mut cpu = Cpu { insn: &insn, m };
@@ -882,10 +887,26 @@ mod tests {
     }
 
     #[test]
-    fn locked_instructions_are_never_emulated() {
+    fn lock_cmpxchg16b_compares_and_swaps_128_bits() {
         let mut m = TestMachine::new();
-        let got = emulate(&[0xF0, 0x48, 0x0F, 0xC7, 0x0F], RIP, &mut m);
-        assert_eq!(got, Err(EmuError::Unsupported("lock cmpxchg16b [rdi]".into())));
+        m.gprs[7] = 0x3000; // rdi
+        m.poke(0x3000, &[1, 0, 0, 0, 0, 0, 0, 0, 2, 0, 0, 0, 0, 0, 0, 0]);
+        (m.gprs[0], m.gprs[2], m.gprs[3], m.gprs[1]) = (1, 2, 0xB, 0xC); // rax rdx rbx rcx
+        exec(&mut m, &[0xF0, 0x48, 0x0F, 0xC7, 0x0F], "lock cmpxchg16b [rdi]");
+        assert_eq!(m.mem(0x3000, 16), [0xB, 0, 0, 0, 0, 0, 0, 0, 0xC, 0, 0, 0, 0, 0, 0, 0]);
+        assert_eq!(m.rflags & 0x40, 0x40, "ZF: swapped");
+        exec(&mut m, &[0xF0, 0x48, 0x0F, 0xC7, 0x0F], "lock cmpxchg16b [rdi]");
+        assert_eq!((m.gprs[0], m.gprs[2]), (0xB, 0xC), "RDX:RAX loaded from memory");
+        assert_eq!(m.rflags & 0x40, 0, "ZF clear: not equal");
+        m.gprs[7] = 0x3008;
+        assert_eq!(emulate(&[0xF0, 0x48, 0x0F, 0xC7, 0x0F], RIP, &mut m), Err(EmuError::Misaligned(0x3008)));
+    }
+
+    #[test]
+    fn other_locked_instructions_are_never_emulated() {
+        let mut m = TestMachine::new();
+        let got = emulate(&[0xF0, 0x0F, 0xC1, 0x07], RIP, &mut m);
+        assert_eq!(got, Err(EmuError::Unsupported("lock xadd [rdi],eax".into())));
     }
 
     #[test]
