@@ -449,7 +449,7 @@ fn write_cpuid_fidelity(
             Ok(o) if o.is_empty() => writeln!(f, "  guest CPUID under {name}: exactly the table")?,
             Ok(o) => {
                 let profiled = o.iter().filter(|o| o.touches_the_profile()).count();
-                let bits: u32 = o.iter().map(|o| (o.table ^ o.guest).count_ones()).sum();
+                let bits: u32 = o.iter().map(|o| o.bits()).sum();
                 let pmu = if profiled == 0 {
                     "the vendor, signature, caches, PDCM, leaf 0x0A and leaf 0x15 follow it".to_string()
                 } else {

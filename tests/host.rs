@@ -227,14 +227,8 @@ fn the_cpuid_probe_says_what_a_guest_reads() {
     if !kvm_available() {
         return;
     }
-    // Bits the vCPU's own state decides: the APIC ID, OSXSAVE, the APIC's presence, OSPKE.
-    let per_vcpu = |leaf: u32, reg: usize| match (leaf, reg) {
-        (1, 1) => 0xFF00_0000u32,
-        (1, 2) => 1 << 27,
-        (1, 3) => 1 << 9,
-        (7, 2) => 1 << 4,
-        _ => 0,
-    };
+    // Bits the vCPU's own state decides (the APIC ID, OSXSAVE, the APIC's presence, OSPKE).
+    use emon::vmm::cpuid_probe::per_vcpu_state;
     for name in emon::profile::Profile::builtin_names() {
         let table = emon(&["cpuid", "--profile", name]);
         assert_eq!(table.status, 0, "{}", table.stderr);
@@ -249,7 +243,7 @@ fn the_cpuid_probe_says_what_a_guest_reads() {
             }
             let got = guest_row(&r.stdout, prefix);
             for reg in 0..4 {
-                let mask = !per_vcpu(leaf, reg);
+                let mask = !per_vcpu_state(leaf, 0, reg);
                 assert_eq!(got[reg] & mask, want[reg] & mask, "{name}: leaf {leaf:#x} register {reg}");
             }
         }

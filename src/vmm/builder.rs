@@ -85,7 +85,7 @@ fn create_vm(kvm: &Kvm) -> Result<VmFd, VmmError> {
 }
 
 /// `ram` bytes of guest RAM from address 0, registered with the VM.
-fn create_memory(vm: &VmFd, ram: u64) -> Result<GuestMemoryMmap, VmmError> {
+pub(super) fn create_memory(vm: &VmFd, ram: u64) -> Result<GuestMemoryMmap, VmmError> {
     let mem = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), ram as usize)])
         .map_err(|source| VmmError::MemoryAlloc { mib: ram >> 20, source })?;
     for (slot, region) in mem.iter().enumerate() {
@@ -122,15 +122,11 @@ fn create_vcpu(kvm: &Kvm, vm: &VmFd, config: &VmConfig) -> Result<(VcpuFd, Vec<c
 const IA32_BIOS_SIGN_ID: u32 = 0x8B;
 
 fn set_microcode_revision(vcpu: &VcpuFd, revision: u32) -> Result<(), VmmError> {
-    let entry =
-        kvm_bindings::kvm_msr_entry { index: IA32_BIOS_SIGN_ID, data: u64::from(revision) << 32, ..Default::default() };
-    let msrs = kvm_bindings::Msrs::from_entries(&[entry]).expect("one entry fits");
-    match vcpu.set_msrs(&msrs).map_err(kvm_err("KVM_SET_MSRS(IA32_BIOS_SIGN_ID)"))? {
-        1 => Ok(()),
-        _ => Err(VmmError::Guest(
-            "this KVM does not let the VMM set IA32_BIOS_SIGN_ID (the profile's microcode revision)".into(),
-        )),
-    }
+    crate::backend::kvm::set_msr(vcpu, IA32_BIOS_SIGN_ID, u64::from(revision) << 32).map_err(|e| {
+        VmmError::Guest(format!(
+            "this KVM does not let the VMM set IA32_BIOS_SIGN_ID (the profile's microcode revision): {e}"
+        ))
+    })
 }
 
 /// Wires LINT0 as ExtINT and LINT1 as NMI, as firmware leaves them for the boot CPU.

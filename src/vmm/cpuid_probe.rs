@@ -10,9 +10,9 @@ use super::boot::{self, Entry, Mode};
 use super::error::kvm_err;
 use super::layout::HIGH_MEM_START;
 use super::VmmError;
-use kvm_bindings::{kvm_cpuid_entry2, kvm_userspace_memory_region, CpuId};
+use kvm_bindings::{kvm_cpuid_entry2, CpuId};
 use kvm_ioctls::{Kvm, VcpuExit};
-use vm_memory::{GuestAddress, GuestMemoryBackend, GuestMemoryMmap};
+use vm_memory::GuestMemoryMmap;
 
 /// `cpuid; hlt`.
 const PROBE_CODE: [u8; 3] = [0x0F, 0xA2, 0xF4];
@@ -35,6 +35,10 @@ pub struct Override {
 }
 
 impl Override {
+    /// How many bits of the register differ.
+    pub fn bits(&self) -> u32 {
+        (self.table ^ self.guest).count_ones()
+    }
     /// Bits the guest sees set although the table clears them.
     pub fn forced_on(&self) -> u32 {
         self.guest & !self.table
@@ -135,18 +139,7 @@ fn feature_name(leaf: u32, subleaf: u32, register: usize, bit: u32) -> Option<&'
 /// table order. One KVM_RUN per entry: about a millisecond for a whole table here.
 pub fn probe(kvm: &Kvm, table: &CpuId) -> Result<Vec<Override>, VmmError> {
     let vm = kvm.create_vm().map_err(kvm_err("KVM_CREATE_VM"))?;
-    let mem = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), PROBE_RAM as usize)])
-        .map_err(|source| VmmError::MemoryAlloc { mib: PROBE_RAM >> 20, source })?;
-    let host = mem.get_host_address(GuestAddress(0)).map_err(VmmError::MemoryHostAddress)?;
-    let region = kvm_userspace_memory_region {
-        slot: 0,
-        guest_phys_addr: 0,
-        memory_size: PROBE_RAM,
-        userspace_addr: host as u64,
-        flags: 0,
-    };
-    // SAFETY: `mem` maps PROBE_RAM bytes at `host` and outlives the VM, which is dropped first.
-    unsafe { vm.set_user_memory_region(region) }.map_err(kvm_err("KVM_SET_USER_MEMORY_REGION"))?;
+    let mem = super::builder::create_memory(&vm, PROBE_RAM)?;
     let mut vcpu = vm.create_vcpu(0).map_err(kvm_err("KVM_CREATE_VCPU"))?;
     vcpu.set_cpuid2(table).map_err(kvm_err("KVM_SET_CPUID2"))?;
     boot::write(&mem, HIGH_MEM_START, &PROBE_CODE)?;
@@ -170,7 +163,7 @@ pub fn probe(kvm: &Kvm, table: &CpuId) -> Result<Vec<Override>, VmmError> {
 /// (leaf 1 ECX[27], CR4.OSXSAVE), the local APIC's presence (leaf 1 EDX[9], IA32_APIC_BASE.EN),
 /// OSPKE (leaf 7 ECX[4], CR4.PKE) and the XSAVE area sizes for the enabled features (leaf 0xD
 /// sub-leaves 0 and 1, EBX: XCR0 and IA32_XSS).
-fn per_vcpu_state(leaf: u32, subleaf: u32, register: usize) -> u32 {
+pub fn per_vcpu_state(leaf: u32, subleaf: u32, register: usize) -> u32 {
     match (leaf, subleaf, register) {
         (1, _, 1) => 0xFF00_0000,
         (1, _, 2) => 1 << 27,

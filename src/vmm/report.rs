@@ -123,7 +123,7 @@ impl RunReport {
                 o.describe()
             ));
         }
-        let bits: u32 = self.cpuid_overrides.iter().map(|o| (o.table ^ o.guest).count_ones()).sum();
+        let bits: u32 = self.cpuid_overrides.iter().map(|o| o.bits()).sum();
         let names: Vec<&str> = self.cpuid_overrides.iter().flat_map(|o| o.named_bits()).collect();
         let some = if names.is_empty() { String::new() } else { format!(", among them {}", names.join(" ")) };
         Some(format!(

@@ -9,7 +9,7 @@ use super::VmmError;
 use crate::backend::guest_debug::{DebugExit, GuestDebug};
 use crate::backend::kvm::{deliver_pmi, KvmVcpu};
 use crate::backend::pmi::PmiDelivery;
-use crate::backend::{Backend, Cx, Next};
+use crate::backend::{Backend, Cx, Next, Vcpu as _};
 use crate::pmu::Pmu;
 use crate::x86::emulator;
 use crate::x86::mode::CpuMode;
@@ -352,6 +352,15 @@ impl Vcpu {
         if bytes.first() == Some(&INT3) {
             return self.deliver_int3(regs).map_err(Some);
         }
+        // Only SSE instructions need the XMM registers: the others skip the XSAVE round trip.
+        if !emulator::uses_xmm(bytes) {
+            let mut scratch = emulator::Xmm16::default();
+            let mut m = emulator::VcpuMachine { regs: &mut regs, xmm: &mut scratch, mem: &self.mem, mode };
+            let next = emulator::emulate(bytes, rip, &mut m).map_err(|e| Some(e.to_string()))?;
+            regs.rip = next;
+            self.fd.set_regs(&regs).map_err(|e| Some(format!("KVM_SET_REGS: {e}")))?;
+            return Ok(next);
+        }
         let next = match self.xsave {
             // The XSAVE image, never KVM_GET_FPU/KVM_SET_FPU, where KVM has one: see `xsave`.
             Some(abi) => {
@@ -376,28 +385,23 @@ impl Vcpu {
         self.fd.set_regs(&regs).map_err(|e| Some(format!("KVM_SET_REGS: {e}")))?;
         Ok(next)
     }
-}
 
-/// INT3's opcode (SDM Vol. 2A, "INT n/INTO/INT3/INT1").
-const INT3: u8 = 0xCC;
-
-impl Vcpu {
     /// INT3 retires and raises #BP, a trap: the guest's handler sees the address after it
     /// (SDM Vol. 3A, 6.5 "Exception Classifications"). KVM delivers the exception at the next
     /// entry, through the guest's IDT, with RIP already past the INT3.
     fn deliver_int3(&mut self, mut regs: kvm_bindings::kvm_regs) -> Result<u64, String> {
         regs.rip += 1;
-        self.fd.set_regs(&regs).map_err(|e| format!("KVM_SET_REGS: {e}"))?;
-        let mut ev = self.fd.get_vcpu_events().map_err(|e| format!("KVM_GET_VCPU_EVENTS: {e}"))?;
-        ev.exception.injected = 1;
-        ev.exception.nr = 3;
-        ev.exception.has_error_code = 0;
-        ev.exception.error_code = 0;
-        self.fd.set_vcpu_events(&ev).map_err(|e| format!("KVM_SET_VCPU_EVENTS: {e}"))?;
+        let mut vcpu = KvmVcpu { fd: &mut self.fd, mem: &self.mem, debug: &mut self.debug };
+        vcpu.set_regs(&regs).map_err(|e| e.to_string())?;
+        vcpu.inject_exception(BP_VECTOR, None).map_err(|e| e.to_string())?;
         self.stats.int3_delivered += 1;
         Ok(regs.rip)
     }
 }
+
+/// INT3's opcode (SDM Vol. 2A, "INT n/INTO/INT3/INT1") and the #BP vector it raises.
+const INT3: u8 = 0xCC;
+const BP_VECTOR: u8 = 3;
 
 /// KVM_EXIT_INTERNAL_ERROR's suberror and data.
 fn internal_error_data(fd: &mut VcpuFd) -> (u32, Vec<u64>) {

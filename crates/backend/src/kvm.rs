@@ -134,13 +134,7 @@ impl Vcpu for KvmVcpu<'_> {
     }
 
     fn set_msr(&mut self, index: u32, value: u64) -> Result<(), VcpuError> {
-        let failed = || VcpuError { op: "KVM_SET_MSRS", source: vmm_sys_util::errno::Error::new(libc::EINVAL) };
-        let msrs =
-            Msrs::from_entries(&[kvm_msr_entry { index, data: value, ..Default::default() }]).map_err(|_| failed())?;
-        match self.fd.set_msrs(&msrs).map_err(VcpuError::op("KVM_SET_MSRS"))? {
-            1 => Ok(()),
-            _ => Err(failed()),
-        }
+        set_msr(self.fd, index, value)
     }
 
     fn set_guest_tsc(&mut self, value: u64) -> Result<bool, VcpuError> {
@@ -195,6 +189,18 @@ impl KvmVcpu<'_> {
         // SAFETY: KVM_SET_DEVICE_ATTR on a vCPU fd reads the attribute and, through `addr`, the
         // u64 offset, both of which outlive the call.
         Ok(unsafe { ioctl_with_ref(&*self.fd, KVM_SET_DEVICE_ATTR(), &attr) } == 0)
+    }
+}
+
+/// Sets one of the vCPU's MSRs as the VMM (a host-initiated KVM_SET_MSRS); EINVAL when KVM does
+/// not take it.
+pub fn set_msr(fd: &VcpuFd, index: u32, value: u64) -> Result<(), VcpuError> {
+    let failed = || VcpuError { op: "KVM_SET_MSRS", source: vmm_sys_util::errno::Error::new(libc::EINVAL) };
+    let msrs =
+        Msrs::from_entries(&[kvm_msr_entry { index, data: value, ..Default::default() }]).map_err(|_| failed())?;
+    match fd.set_msrs(&msrs).map_err(VcpuError::op("KVM_SET_MSRS"))? {
+        1 => Ok(()),
+        _ => Err(failed()),
     }
 }
 

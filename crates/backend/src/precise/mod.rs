@@ -887,23 +887,16 @@ impl Precise {
                     return self.emulate_tsc_read(cx, p, &i, &mode)
                 }
                 Some(i) if i.special == Special::Fence => return self.emulate_fence(cx, p, &i),
-                // RDMSR at CPL0 (at CPL3 it is a #GP, which KVM raises).
-                Some(i)
-                    if i.special == Special::Rdmsr
-                        && self.virtual_time
-                        && p.cpl == 0
-                        && cx.vcpu.regs()?.rcx & 0xFFFF_FFFF == IA32_TSC =>
-                {
-                    return self.emulate_tsc_read(cx, p, &i, &mode)
-                }
-                // The deadline timer's MSR, on the model's side of the guest's time.
-                Some(i)
-                    if matches!(i.special, Special::Rdmsr | Special::Wrmsr)
-                        && p.cpl == 0
-                        && self.virtual_tsc().is_some()
-                        && cx.vcpu.regs()?.rcx & 0xFFFF_FFFF == u64::from(IA32_TSC_DEADLINE) =>
-                {
-                    return self.emulate_tsc_deadline(cx, p, &i)
+                // RDMSR and WRMSR at CPL0 (at CPL3 they are a #GP, which KVM raises).
+                Some(i) if matches!(i.special, Special::Rdmsr | Special::Wrmsr) && p.cpl == 0 => {
+                    let msr = cx.vcpu.regs()?.rcx & 0xFFFF_FFFF;
+                    if i.special == Special::Rdmsr && self.virtual_time && msr == IA32_TSC {
+                        return self.emulate_tsc_read(cx, p, &i, &mode);
+                    }
+                    // The deadline timer's MSR, on the model's side of the guest's time.
+                    if msr == u64::from(IA32_TSC_DEADLINE) && self.virtual_tsc().is_some() {
+                        return self.emulate_tsc_deadline(cx, p, &i);
+                    }
                 }
                 Some(i) if i.special == Special::Iret => {
                     let target = self.iret_target(cx, &mode)?;

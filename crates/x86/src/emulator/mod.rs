@@ -112,6 +112,13 @@ pub fn emulate(bytes: &[u8], rip: u64, m: &mut impl Machine) -> Result<u64, EmuE
     Ok(insn.next_ip())
 }
 
+/// Whether the instruction in `bytes` (64-bit) is one of the SSE family, the only ones that
+/// read or write the XMM registers: a caller can skip fetching them for the others.
+pub fn uses_xmm(bytes: &[u8]) -> bool {
+    let insn = Decoder::new(64, bytes, DecoderOptions::NONE).decode();
+    sse::Op::for_code(insn.code()).is_some()
+}
+
 /// An instruction being executed on a machine.
 struct Cpu<'a, M: Machine> {
     insn: &'a Instruction,
@@ -900,6 +907,15 @@ mod tests {
         assert_eq!(m.rflags & 0x40, 0, "ZF clear: not equal");
         m.gprs[7] = 0x3008;
         assert_eq!(emulate(&[0xF0, 0x48, 0x0F, 0xC7, 0x0F], RIP, &mut m), Err(EmuError::Misaligned(0x3008)));
+    }
+
+    #[test]
+    fn only_sse_instructions_use_the_xmm_registers() {
+        assert!(uses_xmm(&[0x66, 0x0F, 0xEF, 0xC1]), "pxor xmm0,xmm1");
+        assert!(uses_xmm(&[0x66, 0x0F, 0x7E, 0xC8]), "movd eax,xmm1");
+        assert!(!uses_xmm(&[0xF3, 0x48, 0x0F, 0xB8, 0xC1]), "popcnt rax,rcx");
+        assert!(!uses_xmm(&[0x0F, 0x01, 0xCB]), "stac");
+        assert!(!uses_xmm(&[0xF0, 0x48, 0x0F, 0xC7, 0x0F]), "lock cmpxchg16b [rdi]");
     }
 
     #[test]
