@@ -257,9 +257,7 @@ impl CpuidReport {
             fixed: (edx & 0x1F) as u8,
             fixed_width: (edx >> 5) as u8,
             fixed_bitmap: ecx,
-            perf_capabilities: 0,
-            misc_enable_perfmon: false,
-            nominal_mhz: 0,
+            ..PmuProfile::default()
         };
         let mut lines = vec![format!("leaf 0x0A: EAX={eax:#010x} EBX={ebx:#010x} ECX={ecx:#010x} EDX={edx:#010x}")];
         if p.version == 0 {

@@ -150,3 +150,27 @@ fn sse_the_host_kvm_cannot_run_is_completed_by_emon() {
     r.assert_status(0).assert_no_failures();
     assert!(r.stderr.contains("instructions completed by emon"), "{}", r.stderr);
 }
+
+/// The model-specific PMU MSRs are the named CPU's under every profile; a guest that sets
+/// DEBUGCTL.LBR is told, in the run summary and --json, that the stack records no branches.
+#[test]
+fn model_specific_msrs_are_the_named_cpus_and_an_unrecorded_lbr_is_reported() {
+    if !kvm_available() {
+        return;
+    }
+    for profile in Profile::builtin_names() {
+        let (r, doc) = emon_json(&format!("model-msrs-{profile}"), &["--profile", profile, "guest:model-msrs"]);
+        r.assert_status(0).assert_no_failures();
+        let notes = doc["msr"]["notes"].as_array().expect("msr.notes");
+        let summary = r.stderr.lines().last().unwrap_or_default();
+        if profile == "no-pmu" {
+            assert!(notes.is_empty(), "{profile}: {notes:?}");
+            assert!(!summary.contains("DEBUGCTL.LBR"), "{profile}: {summary}");
+        } else {
+            assert_eq!(notes.len(), 1, "{profile}: {notes:?}");
+            let note = "NOT EXACT: the guest set DEBUGCTL.LBR: the LBR stack records no branches";
+            assert!(notes[0].as_str().unwrap().starts_with(note), "{profile}: {notes:?}");
+            assert!(summary.contains(note), "{profile}: {summary}");
+        }
+    }
+}

@@ -36,12 +36,14 @@ const FORBIDDEN: &[&str] = &[
 
 /// Whole lines Linux 6.1's x86 perf code prints at boot for `p`, after the kernel log timestamp,
 /// derived from its source as the guest sees the profile (CPUID leaf 0xA and PDCM as emon sets
-/// them, with the hypervisor bit KVM sets, one vCPU, no LBR MSRs and no DS/PEBS yet):
+/// them, the profile's LBR MSRs, the hypervisor bit KVM sets, one vCPU, and no DS/PEBS yet):
 /// - arch/x86/kernel/cpu/intel.c `init_intel`: X86_FEATURE_ARCH_PERFMON needs a version and
 ///   more than one GP counter;
 /// - arch/x86/events/intel/core.c `intel_pmu_init`: without it, family 6 goes to `p6_pmu_init`
 ///   (intel/p6.c), which knows only P6 models; with it, the model's event table name, then
-///   "AnyThread deprecated, " (v5, CPUID.0AH:EDX[15]), "full-width counters, "
+///   "AnyThread deprecated, " (v5, CPUID.0AH:EDX[15]), "<n>-deep LBR, " (the model's
+///   `intel_pmu_lbr_init_*` stack, kept only if `check_msr`, which runs under a hypervisor, can
+///   flip bits 1:0 of MSR_LASTBRANCH_TOS and bits 15:0 of every FROM_IP/TO_IP), "full-width counters, "
 ///   (PERF_CAPABILITIES.FW_WRITE, which also makes the max period the counter mask >> 1),
 ///   PERF_METRICS adds bit 48 to the event mask; v2-v4 in a hypervisor trust EDX's fixed
 ///   counter count, v5 takes the ECX bitmap;
@@ -82,8 +84,22 @@ fn linux_6_1_pmu_lines(p: &Profile) -> Vec<String> {
         _ => "generic architected perfmon, ",
     };
     let anythread = if version >= 5 && edx & (1 << 15) != 0 { "AnyThread deprecated, " } else { "" };
+    // (entries, LASTBRANCH_0_FROM_IP, LASTBRANCH_0_TO_IP): intel/lbr.c's init for the model.
+    let linux_lbr = match p.model {
+        0x0F | 0x16 | 0x17 | 0x1D => Some((4, 0x40, 0x60)),
+        0x1A | 0x1E | 0x1F | 0x2E | 0x2A | 0x2D => Some((16, 0x680, 0x6C0)),
+        0x4E | 0x5E | 0x7D | 0x7E => Some((32, 0x680, 0x6C0)),
+        _ => None,
+    };
+    let lbr = match (linux_lbr, p.pmu.lbr) {
+        // The TOS takes bits depth-1:0; FROM/TO take any canonical address.
+        (Some((n, from, to)), Some(l)) if (l.from, l.to) == (from, to) && l.depth >= n && l.depth > 3 => {
+            format!("{n}-deep LBR, ")
+        }
+        _ => String::new(),
+    };
     let fw = if full_width { "full-width counters, " } else { "" };
-    let mut lines = vec![format!("Performance Events: {events}{anythread}{fw}Intel PMU driver.")];
+    let mut lines = vec![format!("Performance Events: {events}{anythread}{lbr}{fw}Intel PMU driver.")];
     let mut unavailable = ebx;
     if matches!(p.model, 0x1A | 0x1E | 0x1F | 0x2E) && unavailable & (1 << 6) != 0 {
         lines.push("core: CPU erratum AAJ80 worked around".into());
@@ -146,16 +162,17 @@ fn the_suite_expects_what_linuxs_source_says_for_every_profile() {
 
 /// The lines of a few profiles, written out: the derivation itself, checked against what real
 /// CPUs make Linux print (the i7-6700K's line in resources/profiles/skylake.toml, less what emon
-/// does not present yet: PEBS and the LBR stack).
+/// does not present yet: PEBS).
 #[test]
 fn the_derivation_gives_linuxs_known_lines() {
     let lines = |name: &str| linux_6_1_pmu_lines(&Profile::load(name).unwrap());
     let skylake = lines("skylake");
-    assert_eq!(skylake[0], "Performance Events: Skylake events, full-width counters, Intel PMU driver.");
+    assert_eq!(skylake[0], "Performance Events: Skylake events, 32-deep LBR, full-width counters, Intel PMU driver.");
     assert_eq!(skylake[5], "... max period:             00007fffffffffff");
     assert_eq!(skylake[7], "... event mask:             000000070000000f");
     let core2 = lines("core2");
-    assert_eq!(core2[0], "Performance Events: Core2 events, Intel PMU driver.");
+    assert_eq!(core2[0], "Performance Events: Core2 events, 4-deep LBR, Intel PMU driver.");
+    assert_eq!(lines("nehalem")[0], "Performance Events: Nehalem events, 16-deep LBR, Intel PMU driver.");
     assert_eq!(core2[5], "... max period:             000000007fffffff");
     let masked = lines("nehalem-llc-masked");
     assert_eq!(

@@ -41,7 +41,7 @@ use arbitrary::Arbitrary;
 use emon_pmu::pmu::counter::width_mask;
 use emon_pmu::pmu::regs::{MISC_ENABLE_READ_ONLY, MISC_ENABLE_WRITABLE};
 use emon_pmu::pmu::{CounterId, CounterState, GpFault, Pmu};
-use emon_pmu::profile::{describe_leaf_0a, Cache, Clock, PmuProfile, Profile};
+use emon_pmu::profile::{describe_leaf_0a, Cache, Clock, Lbr, ModelMsrs, MsrBits, PmuProfile, Profile};
 use libfuzzer_sys::fuzz_target;
 
 // ---------------------------------------------------------------------------------------------
@@ -68,6 +68,14 @@ struct RawProfile {
     perf_capabilities: u64,
     misc_enable_perfmon: bool,
     nominal_mhz: u32,
+    /// Which LBR stack (none, Core 2's, Nehalem's, Skylake's) and its LBR_SELECT bits.
+    lbr: u8,
+    lbr_select: u64,
+    /// Which of OFFCORE_RSP_0/1, PEBS_LD_LAT, PEBS_FRONTEND exist (bits 0-3), with their
+    /// stored and ignored bits.
+    msrs: u8,
+    msr_bits: [u64; 4],
+    msr_ignored: [u64; 4],
 }
 
 #[derive(Debug, Arbitrary)]
@@ -80,8 +88,10 @@ enum ProfileChoice {
     Raw(RawProfile),
 }
 
-/// The architectural PMU MSR ranges emon traps (inclusive).
-const PMU_RANGES: [(u32, u32); 10] = [
+/// The PMU MSR ranges emon traps (inclusive): the architectural ones, then the model-specific
+/// ones (LBR banks at 0x40/0x60 and 0x680/0x6C0/0xDC0, OFFCORE_RSP, LBR_SELECT/TOS, PEBS_LD_LAT
+/// and PEBS_FRONTEND).
+const PMU_RANGES: [(u32, u32); 18] = [
     (0xC1, 0xC8),
     (0x186, 0x18D),
     (0x309, 0x30C),
@@ -92,6 +102,14 @@ const PMU_RANGES: [(u32, u32); 10] = [
     (0x3F1, 0x3F1),
     (0x600, 0x600),
     (0x4C1, 0x4C8),
+    (0x40, 0x47),
+    (0x60, 0x67),
+    (0x1A6, 0x1A7),
+    (0x1C8, 0x1C9),
+    (0x3F6, 0x3F7),
+    (0x680, 0x69F),
+    (0x6C0, 0x6DF),
+    (0xDC0, 0xDDF),
 ];
 
 #[derive(Debug, Clone, Copy, Arbitrary)]
@@ -246,7 +264,26 @@ impl RawProfile {
             perf_capabilities: self.perf_capabilities,
             misc_enable_perfmon: self.misc_enable_perfmon,
             nominal_mhz: self.nominal_mhz,
+            lbr: self.stack(self.perf_capabilities & 0x3F == 5),
+            msrs: self.model_msrs(|bits, ignored| MsrBits { bits, ignored }),
         }
+    }
+
+    /// The LBR stack `lbr` picks, with LBR_INFO if `info`.
+    fn stack(&self, info: bool) -> Option<Lbr> {
+        let (depth, from, to) = match self.lbr % 4 {
+            0 => return None,
+            1 => (4, 0x40, 0x60),
+            2 => (16, 0x680, 0x6C0),
+            _ => (32, 0x680, 0x6C0),
+        };
+        Some(Lbr { depth, from, to, info: info.then_some(0xDC0), select: self.lbr_select })
+    }
+
+    /// The model-specific MSRs `msrs` picks, their bits made by `make`.
+    fn model_msrs(&self, make: impl Fn(u64, u64) -> MsrBits) -> ModelMsrs {
+        let pick = |i: usize| (self.msrs & 1 << i != 0).then(|| make(self.msr_bits[i], self.msr_ignored[i]));
+        ModelMsrs { offcore_rsp: [pick(0), pick(1)], pebs_ld_lat: pick(2), pebs_frontend: pick(3) }
     }
 
     /// Fold every field into the range `validate.rs` accepts for the chosen version.
@@ -265,6 +302,7 @@ impl RawProfile {
             perf_capabilities: 0,
             misc_enable_perfmon: self.misc_enable_perfmon,
             nominal_mhz: 100 + self.nominal_mhz % 9901,
+            ..PmuProfile::default()
         };
         if version == 0 {
             return p;
@@ -286,6 +324,12 @@ impl RawProfile {
         if version < 2 {
             p.perf_capabilities &= !PmuProfile::FW_WRITE;
         }
+        // An LBR stack in a format emon models (or none named, without PDCM).
+        let format = p.perf_capabilities & 0x3F;
+        if p.perf_capabilities == 0 || (1..=5).contains(&format) {
+            p.lbr = self.stack(format == 5).map(|l| Lbr { select: l.select & 0x3FF, ..l });
+        }
+        p.msrs = self.model_msrs(|bits, ignored| MsrBits { bits, ignored: ignored & !bits });
         p
     }
 }
@@ -336,6 +380,8 @@ struct Shape {
     fw_write: bool,
     perf_capabilities: u64,
     misc_enable_perfmon: bool,
+    lbr: Option<Lbr>,
+    msrs: ModelMsrs,
 }
 
 /// What an MSR index names.
@@ -356,6 +402,14 @@ enum Reg {
     MiscEnable,
     PebsEnable,
     DsArea,
+    /// MSR_LASTBRANCH_i_FROM_IP / TO_IP of the bank at `base`; MSR_LBR_INFO_i.
+    LbrFrom { base: u32, i: u8 },
+    LbrTo { base: u32, i: u8 },
+    LbrInfo(u8),
+    LbrSelect,
+    LbrTos,
+    /// OFFCORE_RSP_0/1 (0, 1), PEBS_LD_LAT (2), PEBS_FRONTEND (3).
+    Qualifier(u8),
 }
 
 fn reg(msr: u32) -> Option<Reg> {
@@ -372,14 +426,29 @@ fn reg(msr: u32) -> Option<Reg> {
         0x1A0 => Reg::MiscEnable,
         0x3F1 => Reg::PebsEnable,
         0x600 => Reg::DsArea,
+        0x1C8 => Reg::LbrSelect,
+        0x1C9 => Reg::LbrTos,
+        0x1A6 | 0x1A7 => Reg::Qualifier((msr - 0x1A6) as u8),
+        0x3F6 | 0x3F7 => Reg::Qualifier((msr - 0x3F6 + 2) as u8),
         _ => {
             return idx(0xC1, 8)
                 .map(Reg::Pmc)
                 .or_else(|| idx(0x4C1, 8).map(Reg::APmc))
                 .or_else(|| idx(0x186, 8).map(Reg::EvtSel))
                 .or_else(|| idx(0x309, 4).map(Reg::FixedCtr))
+                .or_else(|| idx(0x40, 8).map(|i| Reg::LbrFrom { base: 0x40, i }))
+                .or_else(|| idx(0x680, 32).map(|i| Reg::LbrFrom { base: 0x680, i }))
+                .or_else(|| idx(0x60, 8).map(|i| Reg::LbrTo { base: 0x60, i }))
+                .or_else(|| idx(0x6C0, 32).map(|i| Reg::LbrTo { base: 0x6C0, i }))
+                .or_else(|| idx(0xDC0, 32).map(Reg::LbrInfo))
         }
     })
+}
+
+/// Do bits 47..=top of `value` all equal bit 47?
+fn sign_extended_from_47(value: u64, top: u32) -> bool {
+    let field = (value >> 47) & ((1u64 << (top - 47 + 1)) - 1);
+    field == 0 || field == (1u64 << (top - 47 + 1)) - 1
 }
 
 /// Every MSR index of the trapped ranges.
@@ -405,7 +474,15 @@ impl Shape {
             fw_write: p.perf_capabilities & (1 << 13) != 0,
             perf_capabilities: p.perf_capabilities,
             misc_enable_perfmon: p.misc_enable_perfmon,
+            lbr: p.lbr,
+            msrs: p.msrs,
         }
+    }
+
+    /// The bits of model-specific qualifier MSR `i` (OFFCORE_RSP_0/1, PEBS_LD_LAT, PEBS_FRONTEND).
+    fn qualifier(&self, i: u8) -> Option<MsrBits> {
+        let m = &self.msrs;
+        [m.offcore_rsp[0], m.offcore_rsp[1], m.pebs_ld_lat, m.pebs_frontend][usize::from(i)]
     }
 
     fn gp_bits(&self) -> u64 {
@@ -449,6 +526,12 @@ impl Shape {
             Some(Reg::StatusSet | Reg::Inuse) => v >= 4,
             Some(Reg::DebugCtl | Reg::MiscEnable) => true,
             Some(Reg::PebsEnable | Reg::DsArea) => v >= 1,
+            Some(Reg::LbrFrom { base, i }) => self.lbr.is_some_and(|l| l.from == base && i < l.depth),
+            Some(Reg::LbrTo { base, i }) => self.lbr.is_some_and(|l| l.to == base && i < l.depth),
+            Some(Reg::LbrInfo(i)) => self.lbr.is_some_and(|l| l.info.is_some() && i < l.depth),
+            Some(Reg::LbrTos) => self.lbr.is_some(),
+            Some(Reg::LbrSelect) => self.lbr.is_some_and(|l| l.select != 0),
+            Some(Reg::Qualifier(i)) => self.qualifier(i).is_some(),
         }
     }
 
@@ -491,6 +574,21 @@ impl Shape {
             // SDM Figure 18-12 (CondChgd cannot be set).
             Reg::StatusSet => fits(counters | 1 << 55 | 1 << 58 | 1 << 59 | 1 << 61 | 1 << 62),
             Reg::DebugCtl | Reg::MiscEnable | Reg::PebsEnable | Reg::DsArea => None,
+            // SDM 17.4.8.1: the address bits below the format's flags (LBR_FMT 3: bit 63; 4:
+            // bits 63:61) repeat bit 47; TO_IP has no flags.
+            Reg::LbrFrom { .. } => {
+                let flags = match self.perf_capabilities & 0x3F {
+                    3 => 1,
+                    4 => 3,
+                    _ => 0,
+                };
+                Some(sign_extended_from_47(value, 63 - flags))
+            }
+            Reg::LbrTo { .. } => Some(sign_extended_from_47(value, 63)),
+            Reg::LbrInfo(_) => fits(0xE000_0000_0000_FFFF),
+            Reg::LbrTos => fits(u64::from(self.lbr?.depth) - 1),
+            Reg::LbrSelect => fits(self.lbr?.select),
+            Reg::Qualifier(i) => self.qualifier(i).map(|b| value & !(b.bits | b.ignored) == 0),
         }
     }
 }
@@ -832,6 +930,13 @@ fn wrmsr(pmu: &mut Pmu, shape: &Shape, model: &mut Model, msr: u32, value: u64, 
             assert_eq!(read(pmu), want, "{ctx}: MISC_ENABLE read-only bits");
         }
         Reg::PerfCap | Reg::Status | Reg::Inuse => panic!("{ctx}: WRMSR to read-only {msr:#x} succeeded"),
+        Reg::LbrFrom { .. } | Reg::LbrTo { .. } | Reg::LbrInfo(_) | Reg::LbrTos | Reg::LbrSelect => {
+            assert_eq!(read(pmu), value, "{ctx}: LBR read-back")
+        }
+        Reg::Qualifier(i) => {
+            let b = shape.qualifier(i).expect("exists");
+            assert_eq!(read(pmu), value & b.bits, "{ctx}: stored bits, ignored bits dropped")
+        }
     }
     same_except(&snap, &snapshot(pmu), &except, ctx);
     if let Reg::Pmc(i) | Reg::APmc(i) | Reg::FixedCtr(i) = reg {

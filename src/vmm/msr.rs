@@ -13,12 +13,36 @@ pub struct MsrStats {
     pub unknown: std::collections::BTreeMap<u32, u64>,
     /// Accesses to non-PMU MSRs beyond those.
     pub unknown_untracked: u64,
+    /// IA32_DEBUGCTL bits the guest set whose effect emon does not produce (LBR, BTF): the
+    /// union over the run.
+    pub debugctl_unmodelled: u64,
 }
+
+/// IA32_DEBUGCTL bits the model stores but emon does not act on: the LBR stack does not record
+/// branches, and single-step on branches (BTF) is not emulated (README, "Model-specific PMU MSRs").
+pub const DEBUGCTL_UNMODELLED: &[(u64, &str)] = &[
+    (crate::pmu::msr::DEBUGCTL_LBR, "DEBUGCTL.LBR: the LBR stack records no branches"),
+    (crate::pmu::msr::DEBUGCTL_BTF, "DEBUGCTL.BTF: single-step on branches is not emulated"),
+];
 
 /// Distinct non-PMU MSRs counted individually.
 pub const MAX_TRACKED_MSRS: usize = 256;
 
 impl MsrStats {
+    /// What the run summary must say about the guest's MSR use: DEBUGCTL features it enabled
+    /// that emon does not produce, so that nothing the guest reads back is taken as recorded.
+    pub fn notes(&self) -> Vec<String> {
+        let unmodelled: Vec<&str> = DEBUGCTL_UNMODELLED
+            .iter()
+            .filter(|&&(bit, _)| self.debugctl_unmodelled & bit != 0)
+            .map(|&(_, what)| what)
+            .collect();
+        if unmodelled.is_empty() {
+            return Vec::new();
+        }
+        vec![format!("NOT EXACT: the guest set {} (README, \"Model-specific PMU MSRs\")", unmodelled.join("; "))]
+    }
+
     /// Counts one access; true the first time an MSR is seen (while tracking), for logging.
     fn count_unknown(&mut self, index: u32) -> bool {
         if let Some(n) = self.unknown.get_mut(&index) {
@@ -65,7 +89,11 @@ impl MsrDispatch {
     pub fn write(&mut self, pmu: &mut Pmu, index: u32, value: u64) -> bool {
         let ok = if Pmu::owns(index) {
             self.stats.pmu_writes += 1;
-            pmu.wrmsr(index, value).is_ok()
+            let ok = pmu.wrmsr(index, value).is_ok();
+            if ok && index == crate::pmu::msr::IA32_DEBUGCTL {
+                self.stats.debugctl_unmodelled |= DEBUGCTL_UNMODELLED.iter().fold(0, |m, &(bit, _)| m | bit) & value;
+            }
+            ok
         } else {
             if self.stats.count_unknown(index) {
                 tracing::debug!(
@@ -85,6 +113,26 @@ impl MsrDispatch {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn debugctl_features_emon_does_not_produce_are_reported() {
+        let mut pmu = Pmu::new(&crate::profile::Profile::load("skylake").unwrap().pmu);
+        let mut d = MsrDispatch { ignore_unknown: false, stats: MsrStats::default() };
+        assert!(d.write(&mut pmu, 0x1D9, 1 << 12), "FREEZE_PERFMON_ON_PMI is modelled");
+        assert!(d.stats.notes().is_empty());
+        assert!(!d.write(&mut pmu, 0x1D9, 1 | 1 << 5), "a reserved bit #GPs and records nothing");
+        assert!(d.stats.notes().is_empty());
+        assert!(d.write(&mut pmu, 0x1D9, 1));
+        assert!(d.write(&mut pmu, 0x1D9, 0));
+        let notes = d.stats.notes();
+        assert_eq!(notes.len(), 1);
+        assert!(
+            notes[0].starts_with("NOT EXACT: the guest set DEBUGCTL.LBR: the LBR stack records no branches"),
+            "{notes:?}"
+        );
+        assert!(d.write(&mut pmu, 0x1D9, 2));
+        assert!(d.stats.notes()[0].contains("; DEBUGCTL.BTF"), "{:?}", d.stats.notes());
+    }
 
     #[test]
     fn unknown_msr_statistics_stay_bounded() {

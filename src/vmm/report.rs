@@ -96,7 +96,7 @@ impl RunReport {
             _ => why,
         };
         let mut backend = self.backend_name.to_owned();
-        for n in self.backend_notes.iter().chain(&self.rdpmc.notes()) {
+        for n in self.backend_notes.iter().chain(&self.rdpmc.notes()).chain(&self.msr.notes()) {
             backend += &format!("; {n}");
         }
         let rdpmc = self.rdpmc.summary().map(|s| format!(", {s}")).unwrap_or_default();
@@ -161,6 +161,7 @@ impl RunReport {
                 gp_injected: self.msr.gp_injected,
                 unknown: self.msr.unknown.iter().map(|(&msr, &accesses)| UnknownMsr { msr, accesses }).collect(),
                 unknown_untracked: self.msr.unknown_untracked,
+                notes: self.msr.notes(),
             },
             pmis: Counts([("fixed", p.fixed), ("nmi", p.nmi), ("masked", p.masked), ("dropped", p.dropped)]),
             backend: JsonBackend { name: self.backend_name, notes: &self.backend_notes, summary: &self.backend },
@@ -280,6 +281,8 @@ pub struct JsonMsrs {
     pub unknown: Vec<UnknownMsr>,
     /// Accesses to the non-PMU MSRs beyond those.
     pub unknown_untracked: u64,
+    /// What the guest enabled that emon does not produce (the run summary's NOT EXACT notes).
+    pub notes: Vec<String>,
 }
 
 #[derive(Debug, Serialize)]

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use vm_memory::GuestMemoryMmap;
 use vmm_sys_util::ioctl::ioctl_with_ref;
 
-/// Makes RDMSR/WRMSR of every MSR in [`Pmu::TRAPPED_MSRS`] exit to userspace
+/// Makes RDMSR/WRMSR of every MSR in [`Pmu::TRAPPED_MSRS`] (and no other) exit to userspace
 /// (`KVM_EXIT_X86_RDMSR`/`WRMSR`), whatever the profile, so that an MSR the profile lacks still
 /// reaches the model and gets #GP: `KVM_CAP_X86_USER_SPACE_MSR` for unknown, invalid and filtered
 /// MSRs, and a `KVM_X86_SET_MSR_FILTER` that allows everything else. Without the filter KVM
@@ -26,19 +26,53 @@ pub fn trap_pmu_msrs(vm: &VmFd) -> Result<(), VcpuError> {
     let cap =
         kvm_enable_cap { cap: KVM_CAP_X86_USER_SPACE_MSR, args: [u64::from(reasons), 0, 0, 0], ..Default::default() };
     vm.enable_cap(&cap).map_err(VcpuError::op("KVM_ENABLE_CAP(KVM_CAP_X86_USER_SPACE_MSR)"))?;
-    let bitmaps: Vec<Vec<u8>> =
-        Pmu::TRAPPED_MSRS.iter().map(|&(first, last)| vec![0u8; (last - first + 1).div_ceil(8) as usize]).collect();
-    let ranges: Vec<MsrFilterRange> = Pmu::TRAPPED_MSRS
+    let spans = filter_spans(Pmu::TRAPPED_MSRS);
+    let ranges: Vec<MsrFilterRange> = spans
         .iter()
-        .zip(&bitmaps)
-        .map(|(&(first, last), bitmap)| MsrFilterRange {
+        .map(|span| MsrFilterRange {
             flags: MsrFilterRangeFlags::READ | MsrFilterRangeFlags::WRITE,
-            base: first,
-            msr_count: last - first + 1,
-            bitmap,
+            base: span.base,
+            msr_count: span.count,
+            bitmap: &span.bitmap,
         })
         .collect();
     vm.set_msr_filter(MsrFilterDefaultAction::ALLOW, &ranges).map_err(VcpuError::op("KVM_X86_SET_MSR_FILTER"))
+}
+
+/// One range of the MSR filter: `count` MSRs from `base`, bit i of `bitmap` set where KVM keeps
+/// handling MSR `base + i` and clear where the access exits to userspace.
+#[derive(Debug, PartialEq, Eq)]
+pub struct FilterSpan {
+    pub base: u32,
+    pub count: u32,
+    pub bitmap: Vec<u8>,
+}
+
+/// KVM_MSR_FILTER_MAX_RANGES: the most ranges one KVM_X86_SET_MSR_FILTER takes.
+pub const MAX_FILTER_RANGES: usize = 16;
+/// The widest span of MSRs one filter range covers when nearby trapped ranges are merged.
+const MAX_SPAN: u32 = 0x400;
+
+/// The filter ranges that trap exactly the MSRs of `trapped` (inclusive ranges in increasing
+/// order): nearby ranges share one filter range, whose bitmap lets KVM keep the MSRs between
+/// them, so that the PMU's many small ranges fit KVM's [`MAX_FILTER_RANGES`].
+pub fn filter_spans(trapped: &[(u32, u32)]) -> Vec<FilterSpan> {
+    let mut spans: Vec<FilterSpan> = Vec::new();
+    for &(first, last) in trapped {
+        let span = match spans.last_mut() {
+            Some(span) if last - span.base < MAX_SPAN => span,
+            _ => {
+                spans.push(FilterSpan { base: first, count: 0, bitmap: Vec::new() });
+                spans.last_mut().expect("just pushed")
+            }
+        };
+        span.count = last - span.base + 1;
+        span.bitmap.resize(span.count.div_ceil(8) as usize, 0xFF);
+        for i in (first - span.base)..=(last - span.base) {
+            span.bitmap[(i / 8) as usize] &= !(1 << (i % 8));
+        }
+    }
+    spans
 }
 
 /// Gives KVM the vCPU's guest-debug control (KVM_SET_GUEST_DEBUG) if it changed since it was
@@ -251,4 +285,43 @@ pub fn deliver_pmi(fd: &VcpuFd) -> Result<PmiDelivery, VcpuError> {
         fd.nmi().map_err(VcpuError::op("KVM_NMI"))?;
     }
     Ok(d)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Does the filter send `msr` to userspace?
+    fn trapped_by(spans: &[FilterSpan], msr: u32) -> bool {
+        spans.iter().any(|s| {
+            let i = msr.wrapping_sub(s.base);
+            i < s.count && s.bitmap[(i / 8) as usize] & (1 << (i % 8)) == 0
+        })
+    }
+
+    #[test]
+    fn the_filter_traps_exactly_the_pmus_msrs_within_kvms_range_limit() {
+        let spans = filter_spans(Pmu::TRAPPED_MSRS);
+        assert!(spans.len() <= MAX_FILTER_RANGES, "{} ranges", spans.len());
+        assert!(Pmu::TRAPPED_MSRS.len() > MAX_FILTER_RANGES, "the merge is needed");
+        for msr in (0..0x1000).chain(0xC000_0000..0xC000_0200) {
+            assert_eq!(trapped_by(&spans, msr), Pmu::owns(msr), "{msr:#x}");
+        }
+        for s in &spans {
+            assert_eq!(s.bitmap.len(), s.count.div_ceil(8) as usize);
+            assert!(trapped_by(&spans, s.base) && trapped_by(&spans, s.base + s.count - 1));
+        }
+    }
+
+    #[test]
+    fn ranges_far_apart_stay_apart() {
+        let spans = filter_spans(&[(0x10, 0x11), (0x2000, 0x2000)]);
+        assert_eq!(
+            spans,
+            [
+                FilterSpan { base: 0x10, count: 2, bitmap: vec![0xFC] },
+                FilterSpan { base: 0x2000, count: 1, bitmap: vec![0xFE] }
+            ]
+        );
+    }
 }

@@ -7,6 +7,7 @@ use super::msr::*;
 use super::regs::FixedCtrField;
 use super::regs::{MISC_ENABLE_READ_ONLY, MISC_ENABLE_WRITABLE};
 use super::{CounterId, GpFault, Pmu};
+use crate::profile::MsrBits;
 
 /// #GP if `value` sets any bit outside `valid`.
 fn check(value: u64, valid: u64) -> Result<u64, GpFault> {
@@ -15,6 +16,25 @@ fn check(value: u64, valid: u64) -> Result<u64, GpFault> {
     } else {
         Err(GpFault)
     }
+}
+
+/// The value a model-specific MSR stores for a WRMSR of `value`, or #GP.
+fn model_write(bits: Option<MsrBits>, value: u64) -> Result<u64, GpFault> {
+    bits.and_then(|b| b.write(value)).ok_or(GpFault)
+}
+
+/// Can LASTBRANCH_n_FROM_IP hold `value` in LBR format `format`? SDM 17.4.8.1: format 3 keeps
+/// MISPRED in bit 63 and format 4 MISPRED, IN_TSX and TSX_ABORT in bits 63:61; the address
+/// below the flags is sign-extended from bit 47, as in every other format.
+fn lbr_from_ok(format: u8, value: u64) -> bool {
+    let flags = match format {
+        3 => 1,
+        4 => 3,
+        _ => 0,
+    };
+    let address = u64::MAX >> flags;
+    let sign_extended = (((value << 16) as i64) >> 16) as u64;
+    value & address == sign_extended & address
 }
 
 impl Pmu {
@@ -43,6 +63,14 @@ impl Pmu {
             Reg::MiscEnable => self.misc_enable,
             Reg::PebsEnable => self.pebs_enable,
             Reg::DsArea => self.ds_area,
+            Reg::OffcoreRsp(i) => self.offcore_rsp[usize::from(i)],
+            Reg::PebsLdLat => self.pebs_ld_lat,
+            Reg::PebsFrontend => self.pebs_frontend,
+            Reg::LbrSelect => self.lbr.select,
+            Reg::LbrTos => self.lbr.tos,
+            Reg::LbrFrom { i, .. } => self.lbr.from[usize::from(i)],
+            Reg::LbrTo { i, .. } => self.lbr.to[usize::from(i)],
+            Reg::LbrInfo(i) => self.lbr.info[usize::from(i)],
         })
     }
 
@@ -113,6 +141,29 @@ impl Pmu {
                 }
                 self.ds_area = value;
             }
+            // The model-specific MSRs store, ignore and #GP bits as the profile measured them.
+            Reg::OffcoreRsp(i) => {
+                self.offcore_rsp[usize::from(i)] = model_write(l.msrs.offcore_rsp[usize::from(i)], value)?
+            }
+            Reg::PebsLdLat => self.pebs_ld_lat = model_write(l.msrs.pebs_ld_lat, value)?,
+            Reg::PebsFrontend => self.pebs_frontend = model_write(l.msrs.pebs_frontend, value)?,
+            Reg::LbrSelect => self.lbr.select = check(value, l.lbr.map_or(0, |s| s.select))?,
+            // SDM 17.4.8: the TOS counts modulo the depth; the bits above it #GP (as measured on
+            // Sandy Bridge and Skylake).
+            Reg::LbrTos => self.lbr.tos = check(value, l.lbr.map_or(0, |s| u64::from(s.depth) - 1))?,
+            Reg::LbrFrom { i, .. } => {
+                if !lbr_from_ok(l.lbr_format, value) {
+                    return Err(GpFault);
+                }
+                self.lbr.from[usize::from(i)] = value;
+            }
+            Reg::LbrTo { i, .. } => {
+                if !is_canonical_48(value) {
+                    return Err(GpFault);
+                }
+                self.lbr.to[usize::from(i)] = value;
+            }
+            Reg::LbrInfo(i) => self.lbr.info[usize::from(i)] = check(value, LBR_INFO_WRITABLE)?,
         }
         Ok(())
     }

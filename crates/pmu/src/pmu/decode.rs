@@ -37,6 +37,22 @@ pub enum Reg {
     PebsEnable,
     /// IA32_DS_AREA.
     DsArea,
+    /// MSR_OFFCORE_RSP_i.
+    OffcoreRsp(u8),
+    /// MSR_PEBS_LD_LAT.
+    PebsLdLat,
+    /// MSR_PEBS_FRONTEND.
+    PebsFrontend,
+    /// MSR_LBR_SELECT.
+    LbrSelect,
+    /// MSR_LASTBRANCH_TOS.
+    LbrTos,
+    /// MSR_LASTBRANCH_i_FROM_IP in the bank at `base` (0x40 or 0x680).
+    LbrFrom { base: u32, i: u8 },
+    /// MSR_LASTBRANCH_i_TO_IP in the bank at `base` (0x60 or 0x6C0).
+    LbrTo { base: u32, i: u8 },
+    /// MSR_LBR_INFO_i.
+    LbrInfo(u8),
 }
 
 /// Index `msr - base` if it is below `count`.
@@ -60,12 +76,24 @@ impl Reg {
             IA32_MISC_ENABLE => Reg::MiscEnable,
             IA32_PEBS_ENABLE => Reg::PebsEnable,
             IA32_DS_AREA => Reg::DsArea,
+            MSR_PEBS_LD_LAT => Reg::PebsLdLat,
+            MSR_PEBS_FRONTEND => Reg::PebsFrontend,
+            MSR_LBR_SELECT => Reg::LbrSelect,
+            MSR_LASTBRANCH_TOS => Reg::LbrTos,
             _ => {
+                let from = |base, count| index_in(msr, base, count).map(|i| Reg::LbrFrom { base, i });
+                let to = |base, count| index_in(msr, base, count).map(|i| Reg::LbrTo { base, i });
                 return index_in(msr, IA32_PMC0, MAX_GP)
                     .map(Reg::Pmc)
                     .or_else(|| index_in(msr, IA32_A_PMC0, MAX_GP).map(Reg::APmc))
                     .or_else(|| index_in(msr, IA32_PERFEVTSEL0, MAX_GP).map(Reg::PerfEvtSel))
                     .or_else(|| index_in(msr, IA32_FIXED_CTR0, MAX_FIXED).map(Reg::FixedCtr))
+                    .or_else(|| index_in(msr, MSR_OFFCORE_RSP_0, 2).map(Reg::OffcoreRsp))
+                    .or_else(|| index_in(msr, LBR_INFO_0, LBR_MAX_DEPTH).map(Reg::LbrInfo))
+                    .or_else(|| from(LBR_CORE_FROM, LBR_CORE_MAX_DEPTH))
+                    .or_else(|| from(LBR_NHM_FROM, LBR_MAX_DEPTH))
+                    .or_else(|| to(LBR_CORE_TO, LBR_CORE_MAX_DEPTH))
+                    .or_else(|| to(LBR_NHM_TO, LBR_MAX_DEPTH));
             }
         };
         Some(reg)
@@ -84,6 +112,14 @@ impl Reg {
             Reg::GlobalStatusSet | Reg::GlobalInuse => v >= 4,
             Reg::DebugCtl | Reg::MiscEnable => true,
             Reg::PebsEnable | Reg::DsArea => v >= 1,
+            Reg::OffcoreRsp(i) => l.msrs.offcore_rsp[usize::from(i)].is_some(),
+            Reg::PebsLdLat => l.msrs.pebs_ld_lat.is_some(),
+            Reg::PebsFrontend => l.msrs.pebs_frontend.is_some(),
+            Reg::LbrSelect => l.lbr.is_some_and(|s| s.select != 0),
+            Reg::LbrTos => l.lbr.is_some(),
+            Reg::LbrFrom { base, i } => l.lbr.is_some_and(|s| s.from == base && i < s.depth),
+            Reg::LbrTo { base, i } => l.lbr.is_some_and(|s| s.to == base && i < s.depth),
+            Reg::LbrInfo(i) => l.lbr.is_some_and(|s| s.info.is_some() && i < s.depth),
         }
     }
 }

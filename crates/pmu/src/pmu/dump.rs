@@ -160,6 +160,32 @@ impl Pmu {
             line(IA32_PEBS_ENABLE, self.pebs_enable, text);
             line(IA32_DS_AREA, self.ds_area, String::new());
         }
+        for (i, &v) in (0u32..).zip(&self.offcore_rsp) {
+            if exists(MSR_OFFCORE_RSP_0 + i) {
+                line(MSR_OFFCORE_RSP_0 + i, v, String::new());
+            }
+        }
+        for (msr, v) in [(MSR_PEBS_LD_LAT, self.pebs_ld_lat), (MSR_PEBS_FRONTEND, self.pebs_frontend)] {
+            if exists(msr) {
+                line(msr, v, String::new());
+            }
+        }
+        if let Some(lbr) = l.lbr {
+            if exists(MSR_LBR_SELECT) {
+                line(MSR_LBR_SELECT, self.lbr.select, String::new());
+            }
+            let text = format!("{}-deep stack, LBR format {} (entries not recorded by emon)", lbr.depth, l.lbr_format);
+            line(MSR_LASTBRANCH_TOS, self.lbr.tos, text);
+            // Only the entries that hold something: a 32-deep stack is 96 MSRs.
+            for i in 0..lbr.depth {
+                let n = usize::from(i);
+                let regs = [(lbr.from, self.lbr.from[n]), (lbr.to, self.lbr.to[n])];
+                let info = lbr.info.map(|base| (base, self.lbr.info[n]));
+                for (base, v) in regs.into_iter().chain(info).filter(|&(_, v)| v != 0) {
+                    line(base + u32::from(i), v, String::new());
+                }
+            }
+        }
         for id in self.counter_ids() {
             let s = self.counter(id);
             let state = if s.counting {

@@ -144,24 +144,48 @@ pub struct Pmu {
     misc_enable: u64,
     pebs_enable: u64,
     ds_area: u64,
+    lbr: LbrRegs,
+    offcore_rsp: [u64; 2],
+    pebs_ld_lat: u64,
+    pebs_frontend: u64,
     pmi_pending: bool,
     reprogram: Reprogram,
 }
 
+/// The LBR stack's MSRs, as the guest last wrote them (0 at power-on). emon does not record
+/// branches into them yet (README, "Model-specific PMU MSRs").
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+struct LbrRegs {
+    from: [u64; LBR_MAX_DEPTH as usize],
+    to: [u64; LBR_MAX_DEPTH as usize],
+    info: [u64; LBR_MAX_DEPTH as usize],
+    tos: u64,
+    select: u64,
+}
+
 impl Pmu {
-    /// MSR ranges (inclusive) the VMM must trap: the full architectural ranges, independent of
-    /// profile (an MSR the profile lacks must still #GP rather than reach KVM).
+    /// MSR ranges (inclusive) the VMM must trap, in increasing order: the full architectural
+    /// ranges and every place a profile can put a model-specific PMU MSR, independent of profile
+    /// (an MSR the profile lacks must still #GP rather than reach KVM).
     pub const TRAPPED_MSRS: &'static [(u32, u32)] = &[
+        (LBR_CORE_FROM, LBR_CORE_FROM + LBR_CORE_MAX_DEPTH as u32 - 1),
+        (LBR_CORE_TO, LBR_CORE_TO + LBR_CORE_MAX_DEPTH as u32 - 1),
         (IA32_PMC0, IA32_PMC0 + MAX_GP as u32 - 1),
         (IA32_PERFEVTSEL0, IA32_PERFEVTSEL0 + MAX_GP as u32 - 1),
         (IA32_MISC_ENABLE, IA32_MISC_ENABLE),
+        (MSR_OFFCORE_RSP_0, MSR_OFFCORE_RSP_0 + 1),
+        (MSR_LBR_SELECT, MSR_LASTBRANCH_TOS),
         (IA32_DEBUGCTL, IA32_DEBUGCTL),
         (IA32_FIXED_CTR0, IA32_FIXED_CTR0 + MAX_FIXED as u32 - 1),
         (IA32_PERF_CAPABILITIES, IA32_PERF_CAPABILITIES),
         (IA32_FIXED_CTR_CTRL, IA32_PERF_GLOBAL_INUSE),
         (IA32_PEBS_ENABLE, IA32_PEBS_ENABLE),
+        (MSR_PEBS_LD_LAT, MSR_PEBS_FRONTEND),
         (IA32_A_PMC0, IA32_A_PMC0 + MAX_GP as u32 - 1),
         (IA32_DS_AREA, IA32_DS_AREA),
+        (LBR_NHM_FROM, LBR_NHM_FROM + LBR_MAX_DEPTH as u32 - 1),
+        (LBR_NHM_TO, LBR_NHM_TO + LBR_MAX_DEPTH as u32 - 1),
+        (LBR_INFO_0, LBR_INFO_0 + LBR_MAX_DEPTH as u32 - 1),
     ];
 
     /// Power-on state (SDM 18.2.2): counters, PERFEVTSELx, FIXED_CTR_CTRL, GLOBAL_STATUS and
@@ -186,6 +210,10 @@ impl Pmu {
             misc_enable,
             pebs_enable: 0,
             ds_area: 0,
+            lbr: LbrRegs::default(),
+            offcore_rsp: [0; 2],
+            pebs_ld_lat: 0,
+            pebs_frontend: 0,
             pmi_pending: false,
             reprogram: Reprogram::default(),
         }

@@ -34,6 +34,24 @@ pub const IA32_A_PMC0: u32 = 0x4C1;
 /// IA32_DS_AREA.
 pub const IA32_DS_AREA: u32 = 0x600;
 
+// ---- Model-specific PMU MSRs (SDM Vol. 4, the per-model tables; present per profile) ----
+/// MSR_OFFCORE_RSP_0 (Nehalem on); MSR_OFFCORE_RSP_1 is the next index (Westmere on).
+pub const MSR_OFFCORE_RSP_0: u32 = 0x1A6;
+/// MSR_LBR_SELECT (Nehalem on): which branches the LBR stack records.
+pub const MSR_LBR_SELECT: u32 = 0x1C8;
+/// MSR_LASTBRANCH_TOS: index of the most recent LBR entry.
+pub const MSR_LASTBRANCH_TOS: u32 = 0x1C9;
+/// MSR_PEBS_LD_LAT (Nehalem on): load-latency threshold.
+pub const MSR_PEBS_LD_LAT: u32 = 0x3F6;
+/// MSR_PEBS_FRONTEND (Skylake on).
+pub const MSR_PEBS_FRONTEND: u32 = 0x3F7;
+pub use crate::profile::{
+    LBR_CORE_FROM, LBR_CORE_MAX_DEPTH, LBR_CORE_TO, LBR_INFO_0, LBR_MAX_DEPTH, LBR_NHM_FROM, LBR_NHM_TO,
+};
+/// MSR_LBR_INFO_n bits a write may set: MISPRED (63), IN_TX (62), TX_ABORT (61) and the cycle
+/// count (15:0); the i7-6700K #GPs on any other (its measured write-#GP mask is 0x1FFFFFFFFFFF0000).
+pub const LBR_INFO_WRITABLE: u64 = 0xE000_0000_0000_FFFF;
+
 /// The architectural maxima of counters, each with a trapped MSR range: 8 general-purpose
 /// (0xC1..=0xC8) and 4 fixed (0x309..=0x30C). The profile's rules own them.
 pub use crate::profile::{MAX_FIXED, MAX_GP};
@@ -163,7 +181,15 @@ pub fn msr_name(msr: u32) -> Option<String> {
         IA32_PERF_GLOBAL_INUSE => Some("IA32_PERF_GLOBAL_INUSE"),
         IA32_PEBS_ENABLE => Some("IA32_PEBS_ENABLE"),
         IA32_DS_AREA => Some("IA32_DS_AREA"),
+        MSR_LBR_SELECT => Some("MSR_LBR_SELECT"),
+        MSR_LASTBRANCH_TOS => Some("MSR_LASTBRANCH_TOS"),
+        MSR_PEBS_LD_LAT => Some("MSR_PEBS_LD_LAT"),
+        MSR_PEBS_FRONTEND => Some("MSR_PEBS_FRONTEND"),
         _ => None,
+    };
+    let lbr = |base: u32, count: u8, suffix: &str| -> Option<String> {
+        let i = msr.checked_sub(base)?;
+        (i < u32::from(count)).then(|| format!("MSR_LASTBRANCH_{i}_{suffix}"))
     };
     fixed
         .map(str::to_string)
@@ -171,6 +197,12 @@ pub fn msr_name(msr: u32) -> Option<String> {
         .or_else(|| indexed(IA32_A_PMC0, MAX_GP, "IA32_A_PMC"))
         .or_else(|| indexed(IA32_PERFEVTSEL0, MAX_GP, "IA32_PERFEVTSEL"))
         .or_else(|| indexed(IA32_FIXED_CTR0, MAX_FIXED, "IA32_FIXED_CTR"))
+        .or_else(|| indexed(MSR_OFFCORE_RSP_0, 2, "MSR_OFFCORE_RSP_"))
+        .or_else(|| indexed(LBR_INFO_0, LBR_MAX_DEPTH, "MSR_LBR_INFO_"))
+        .or_else(|| lbr(LBR_CORE_FROM, LBR_CORE_MAX_DEPTH, "FROM_IP"))
+        .or_else(|| lbr(LBR_NHM_FROM, LBR_MAX_DEPTH, "FROM_IP"))
+        .or_else(|| lbr(LBR_CORE_TO, LBR_CORE_MAX_DEPTH, "TO_IP"))
+        .or_else(|| lbr(LBR_NHM_TO, LBR_MAX_DEPTH, "TO_IP"))
 }
 
 #[cfg(test)]
@@ -189,6 +221,12 @@ mod tests {
         assert_eq!(msr_name(0x390).as_deref(), Some("IA32_PERF_GLOBAL_OVF_CTRL"));
         assert_eq!(msr_name(0x392).as_deref(), Some("IA32_PERF_GLOBAL_INUSE"));
         assert_eq!(msr_name(0x600).as_deref(), Some("IA32_DS_AREA"));
+        assert_eq!(msr_name(0x1A7).as_deref(), Some("MSR_OFFCORE_RSP_1"));
+        assert_eq!(msr_name(0x43).as_deref(), Some("MSR_LASTBRANCH_3_FROM_IP"));
+        assert_eq!(msr_name(0x6DF).as_deref(), Some("MSR_LASTBRANCH_31_TO_IP"));
+        assert_eq!(msr_name(0xDC1).as_deref(), Some("MSR_LBR_INFO_1"));
+        assert_eq!(msr_name(0x3F7).as_deref(), Some("MSR_PEBS_FRONTEND"));
+        assert_eq!(msr_name(0x48), None);
         assert_eq!(msr_name(0), None);
         assert_eq!(msr_name(u32::MAX), None);
     }

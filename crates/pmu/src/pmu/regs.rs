@@ -3,7 +3,7 @@
 
 use super::counter::effective_width;
 use super::msr::*;
-use crate::profile::PmuProfile;
+use crate::profile::{Lbr, ModelMsrs, PmuProfile};
 
 /// A decoded IA32_PERFEVTSELx value (SDM Figure 18-6).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -124,6 +124,12 @@ pub struct Layout {
     pub debugctl_valid: u64,
     /// Writable bits of IA32_PEBS_ENABLE.
     pub pebs_enable_valid: u64,
+    /// The LBR stack's MSRs, if the profile has them.
+    pub lbr: Option<Lbr>,
+    /// IA32_PERF_CAPABILITIES\[5:0\] LBR_FMT.
+    pub lbr_format: u8,
+    /// OFFCORE_RSP, PEBS_LD_LAT and PEBS_FRONTEND.
+    pub msrs: ModelMsrs,
 }
 
 /// MISC_ENABLE bits a guest may change.
@@ -225,6 +231,9 @@ impl Layout {
             status_set_valid,
             debugctl_valid,
             pebs_enable_valid: gp_bits,
+            lbr: p.lbr,
+            lbr_format: p.lbr_format(),
+            msrs: p.msrs,
         }
     }
 

@@ -39,7 +39,45 @@ pub fn describe_leaf_0a(p: &PmuProfile) -> Vec<String> {
     }
     lines.push(perf_capabilities_line(p));
     lines.push(format!("IA32_MISC_ENABLE[7] performance monitoring available: {}", yes_no(p.misc_enable_perfmon)));
+    lines.push(lbr_line(p));
+    lines.push(model_msrs_line(p));
     lines
+}
+
+/// The LBR stack's MSRs, or their absence.
+fn lbr_line(p: &PmuProfile) -> String {
+    let Some(l) = p.lbr else {
+        return "LBR stack: none (MSR_LASTBRANCH_* #GP)".to_string();
+    };
+    let last = l.depth - 1;
+    let mut text = format!(
+        "LBR stack: {} entries, MSR_LASTBRANCH_0-{last}_FROM_IP at 0x{:X}, _TO_IP at 0x{:X}",
+        l.depth, l.from, l.to
+    );
+    if let Some(info) = l.info {
+        text += &format!(", MSR_LBR_INFO_0-{last} at 0x{info:X}");
+    }
+    if l.select != 0 {
+        text += &format!(", MSR_LBR_SELECT bits 0x{:X}", l.select);
+    }
+    text + "; registers only: emon records no branches into them yet"
+}
+
+/// The model-specific qualifier MSRs the profile has.
+fn model_msrs_line(p: &PmuProfile) -> String {
+    let m = &p.msrs;
+    let named = [
+        (m.offcore_rsp[0], "MSR_OFFCORE_RSP_0 (0x1A6)"),
+        (m.offcore_rsp[1], "MSR_OFFCORE_RSP_1 (0x1A7)"),
+        (m.pebs_ld_lat, "MSR_PEBS_LD_LAT (0x3F6)"),
+        (m.pebs_frontend, "MSR_PEBS_FRONTEND (0x3F7)"),
+    ];
+    let present: Vec<&str> = named.iter().filter(|(b, _)| b.is_some()).map(|&(_, name)| name).collect();
+    if present.is_empty() {
+        "model-specific event MSRs: none".to_string()
+    } else {
+        format!("model-specific event MSRs: {}", present.join(", "))
+    }
 }
 
 /// The fixed-function counters line, including the version 5 ECX bitmap.

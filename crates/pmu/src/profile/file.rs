@@ -5,7 +5,7 @@ use std::path::Path;
 use serde::Deserialize;
 
 use super::error::one_line;
-use super::{builtin, Cache, CacheLevel, Clock, PmuProfile, Profile, ProfileError};
+use super::{builtin, Cache, CacheLevel, Clock, Lbr, ModelMsrs, MsrBits, PmuProfile, Profile, ProfileError};
 
 /// Default for `pmu.nominal-mhz` when the file leaves it out.
 pub const DEFAULT_NOMINAL_MHZ: u32 = 2000;
@@ -104,7 +104,7 @@ impl From<ClockFile> for Clock {
 
 /// The `[pmu]` table. Only `version` is required: the numeric fields default to 0 (so a
 /// version 0 profile is short), `misc-enable-perfmon` to `version > 0`, `nominal-mhz` to
-/// [`DEFAULT_NOMINAL_MHZ`].
+/// [`DEFAULT_NOMINAL_MHZ`], and the `[pmu.lbr]` and `[pmu.msrs]` tables to absent MSRs.
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
 struct PmuFile {
@@ -127,6 +127,62 @@ struct PmuFile {
     perf_capabilities: u64,
     misc_enable_perfmon: Option<bool>,
     nominal_mhz: Option<u32>,
+    lbr: Option<LbrFile>,
+    msrs: Option<MsrsFile>,
+}
+
+/// The `[pmu.lbr]` table: `depth`, `from` and `to` are required; `info` (format 5) and
+/// `select` (MSR_LBR_SELECT's writable bits) default to absent.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+struct LbrFile {
+    depth: u8,
+    from: u32,
+    to: u32,
+    info: Option<u32>,
+    #[serde(default)]
+    select: u64,
+}
+
+impl From<LbrFile> for Lbr {
+    fn from(f: LbrFile) -> Self {
+        Lbr { depth: f.depth, from: f.from, to: f.to, info: f.info, select: f.select }
+    }
+}
+
+/// The `[pmu.msrs]` table: each model-specific MSR the CPU has, `{ bits = .., ignored = .. }`.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+struct MsrsFile {
+    offcore_rsp_0: Option<MsrBitsFile>,
+    offcore_rsp_1: Option<MsrBitsFile>,
+    pebs_ld_lat: Option<MsrBitsFile>,
+    pebs_frontend: Option<MsrBitsFile>,
+}
+
+/// `{ bits = 0xFFFF, ignored = 0xFFFFFFFFFFFF0000 }`; `ignored` defaults to 0.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+struct MsrBitsFile {
+    bits: u64,
+    #[serde(default)]
+    ignored: u64,
+}
+
+impl From<MsrBitsFile> for MsrBits {
+    fn from(f: MsrBitsFile) -> Self {
+        MsrBits { bits: f.bits, ignored: f.ignored }
+    }
+}
+
+impl From<MsrsFile> for ModelMsrs {
+    fn from(f: MsrsFile) -> Self {
+        ModelMsrs {
+            offcore_rsp: [f.offcore_rsp_0.map(MsrBits::from), f.offcore_rsp_1.map(MsrBits::from)],
+            pebs_ld_lat: f.pebs_ld_lat.map(MsrBits::from),
+            pebs_frontend: f.pebs_frontend.map(MsrBits::from),
+        }
+    }
 }
 
 impl From<PmuFile> for PmuProfile {
@@ -143,6 +199,8 @@ impl From<PmuFile> for PmuProfile {
             perf_capabilities: f.perf_capabilities,
             misc_enable_perfmon: f.misc_enable_perfmon.unwrap_or(f.version > 0),
             nominal_mhz: f.nominal_mhz.unwrap_or(DEFAULT_NOMINAL_MHZ),
+            lbr: f.lbr.map(Lbr::from),
+            msrs: f.msrs.map(ModelMsrs::from).unwrap_or_default(),
         }
     }
 }

@@ -6,6 +6,7 @@
 //! - `arch_event.rs`: [`ARCH_EVENTS`], SDM Table 18-1.
 //! - `cache.rs`: [`Cache`], the modelled data-cache hierarchy and its CPUID leaf 04H.
 //! - `clock.rs`: [`Clock`], the reference clock and CPUID leaf 15H.
+//! - `model_msrs.rs`: [`Lbr`] and [`ModelMsrs`], the model-specific PMU MSRs.
 //! - `cpu.rs`: [`Profile`], CPUID leaf 0 / leaf 1 encoding.
 //! - `file.rs`: TOML format, [`Profile::load`], [`Profile::from_toml`].
 //! - `builtin.rs`: the embedded profiles.
@@ -22,6 +23,7 @@ mod cpu;
 mod describe;
 mod error;
 mod file;
+mod model_msrs;
 mod overrides;
 mod pmu;
 mod validate;
@@ -36,6 +38,10 @@ pub use cpu::Profile;
 pub use describe::describe_leaf_0a;
 pub use error::ProfileError;
 pub use file::DEFAULT_NOMINAL_MHZ;
+pub use model_msrs::{
+    Lbr, ModelMsrs, MsrBits, LBR_CORE_FROM, LBR_CORE_MAX_DEPTH, LBR_CORE_TO, LBR_FORMATS, LBR_FORMAT_INFO, LBR_INFO_0,
+    LBR_MAX_DEPTH, LBR_NHM_FROM, LBR_NHM_TO, LBR_SELECT_BITS,
+};
 pub use overrides::{parse_u64, NumberError, KEYS as OVERRIDE_KEYS};
 pub use pmu::PmuProfile;
 pub use validate::{

@@ -1,11 +1,13 @@
 //! [`PmuProfile`]: CPUID leaf 0x0A and the MSR-visible PMU capabilities of a profile.
 
+use super::{Lbr, ModelMsrs};
+
 /// CPUID leaf 0x0A and the MSR-visible PMU capabilities of a profile.
 ///
 /// The fields are the raw register fields; [`PmuProfile::leaf_0a`] packs them back into
 /// the four registers the guest sees. A value loaded through [`super::Profile`] has been
 /// validated (see `validate.rs`), so the invariants stated there hold.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct PmuProfile {
     /// CPUID.0AH:EAX[7:0], version ID of architectural performance monitoring (0..=5).
     pub version: u8,
@@ -29,6 +31,10 @@ pub struct PmuProfile {
     pub misc_enable_perfmon: bool,
     /// Nominal core frequency in MHz, for cycle cost models.
     pub nominal_mhz: u32,
+    /// The LBR stack's MSRs, `None` where the profile presents none.
+    pub lbr: Option<Lbr>,
+    /// OFFCORE_RSP, PEBS_LD_LAT and PEBS_FRONTEND, where the CPU has them.
+    pub msrs: ModelMsrs,
 }
 
 impl PmuProfile {
@@ -77,6 +83,11 @@ impl PmuProfile {
     /// True iff `bit < ebx_length` and the EBX bit is clear.
     pub fn arch_event_available(&self, bit: u8) -> bool {
         bit < self.ebx_length && 1u32.checked_shl(u32::from(bit)).is_some_and(|mask| self.ebx_unavailable & mask == 0)
+    }
+
+    /// IA32_PERF_CAPABILITIES[5:0] LBR_FMT: the format of the LBR stack's records.
+    pub fn lbr_format(&self) -> u8 {
+        (self.perf_capabilities & 0x3F) as u8
     }
 
     /// CPUID.01H:ECX.PDCM[15]: IA32_PERF_CAPABILITIES exists.

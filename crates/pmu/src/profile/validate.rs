@@ -3,6 +3,7 @@
 //! Rules are checked in a fixed order and the first broken one is reported, naming the
 //! origin, the field with its value, and the rule with its CPUID/MSR reference.
 
+use super::model_msrs::*;
 use super::{Cache, CacheLevel, Clock, PmuProfile, Profile, ProfileError, ARCH_EVENTS};
 
 /// Highest architectural perfmon version emon models (CPUID.0AH:EAX[7:0]).
@@ -90,6 +91,8 @@ impl Check<'_> {
         self.ebx(p)?;
         self.fixed(p)?;
         self.perf_capabilities(p)?;
+        self.lbr(p)?;
+        self.model_msrs(&p.msrs)?;
         self.nominal_mhz(p)
     }
 
@@ -116,6 +119,12 @@ impl Check<'_> {
             if value != 0 {
                 return self.fail(hex_field(name, value), VERSION0);
             }
+        }
+        if p.lbr.is_some() || p.msrs != ModelMsrs::default() {
+            return self.fail(
+                "pmu.lbr / pmu.msrs".into(),
+                "must be absent when pmu.version = 0: a CPU without architectural perfmon presents none of its model-specific PMU MSRs here",
+            );
         }
         self.nominal_mhz(p)
     }
@@ -226,6 +235,79 @@ impl Check<'_> {
                 hex_field("perf-capabilities", p.perf_capabilities),
                 "FW_WRITE (bit 13) requires version >= 2 (full-width writes through IA32_A_PMCx at 0x4C1, SDM 18.2.5, came with version 2-era PERF_CAPABILITIES)",
             );
+        }
+        Ok(())
+    }
+
+    /// `[pmu.lbr]`: a stack Linux and the SDM recognise, in the format PERF_CAPABILITIES names.
+    fn lbr(&self, p: &PmuProfile) -> Result<(), ProfileError> {
+        let Some(l) = p.lbr else { return Ok(()) };
+        // Without PDCM (a profile that hides IA32_PERF_CAPABILITIES) the stack is still there,
+        // but nothing names its format: entries then take plain canonical addresses.
+        let format = p.lbr_format();
+        if p.pdcm() && !LBR_FORMATS.contains(&format) {
+            return self.fail(
+                hex_field("perf-capabilities", p.perf_capabilities),
+                format!(
+                    "with [pmu.lbr], IA32_PERF_CAPABILITIES' LBR_FMT (bits 5:0) must be {}..={}, the record formats emon models (SDM 17.4.8.1)",
+                    LBR_FORMATS.start(),
+                    LBR_FORMATS.end()
+                ),
+            );
+        }
+        if ![4, 8, 16, 32].contains(&l.depth) {
+            return self.fail(
+                field("lbr.depth", l.depth),
+                "the LBR stack has 4, 8, 16 or 32 entries (MSR_LASTBRANCH_TOS counts modulo the depth, SDM 17.4.8)",
+            );
+        }
+        let max = match (l.from, l.to) {
+            (LBR_CORE_FROM, LBR_CORE_TO) => LBR_CORE_MAX_DEPTH,
+            (LBR_NHM_FROM, LBR_NHM_TO) => LBR_MAX_DEPTH,
+            _ => return self.fail(
+                format!("pmu.lbr.from = 0x{:X}, pmu.lbr.to = 0x{:X}", l.from, l.to),
+                "LASTBRANCH_0_FROM_IP/TO_IP are at 0x40/0x60 (Core 2, Atom) or 0x680/0x6C0 (Nehalem on), SDM Vol. 4",
+            ),
+        };
+        if l.depth > max {
+            return self.fail(
+                field("lbr.depth", l.depth),
+                format!("at most {max} entries fit at 0x{:X}/0x{:X} (SDM Vol. 4)", l.from, l.to),
+            );
+        }
+        let wants_info = format == LBR_FORMAT_INFO;
+        if p.pdcm() && l.info != wants_info.then_some(LBR_INFO_0) || l.info.is_some_and(|m| m != LBR_INFO_0) {
+            return self.fail(
+                format!("pmu.lbr.info = {}", l.info.map_or("absent".into(), |m| format!("0x{m:X}"))),
+                format!(
+                    "MSR_LBR_INFO_0 is at 0x{LBR_INFO_0:X} with LBR_FMT {LBR_FORMAT_INFO} and absent with any other format (PERF_CAPABILITIES LBR_FMT = {format}, SDM 17.4.8.1)"
+                ),
+            );
+        }
+        if l.select & !LBR_SELECT_BITS != 0 {
+            return self.fail(
+                hex_field("lbr.select", l.select),
+                format!("MSR_LBR_SELECT has bits 0x{LBR_SELECT_BITS:X} at most (SDM Vol. 3B, \"Filtering of Last Branch Records\")"),
+            );
+        }
+        Ok(())
+    }
+
+    /// `[pmu.msrs]`: no bit both stored and ignored.
+    fn model_msrs(&self, m: &ModelMsrs) -> Result<(), ProfileError> {
+        let named = [
+            ("msrs.offcore-rsp-0", m.offcore_rsp[0]),
+            ("msrs.offcore-rsp-1", m.offcore_rsp[1]),
+            ("msrs.pebs-ld-lat", m.pebs_ld_lat),
+            ("msrs.pebs-frontend", m.pebs_frontend),
+        ];
+        for (name, bits) in named {
+            if let Some(b) = bits.filter(|b| b.bits & b.ignored != 0) {
+                return self.fail(
+                    format!("pmu.{name} = {{ bits = 0x{:X}, ignored = 0x{:X} }}", b.bits, b.ignored),
+                    "a bit is either stored or ignored by a write, not both",
+                );
+            }
         }
         Ok(())
     }

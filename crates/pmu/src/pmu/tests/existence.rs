@@ -64,12 +64,39 @@ fn existence_matches_semantics_table_for_every_profile() {
 #[test]
 fn trapped_ranges_are_the_architectural_ones() {
     let all = trapped();
-    assert_eq!(all.len(), 8 + 8 + 1 + 1 + 4 + 1 + 6 + 1 + 8 + 1);
+    let architectural = 8 + 8 + 1 + 1 + 4 + 1 + 6 + 1 + 8 + 1;
+    // LBR FROM/TO at 0x40/0x60 (8 each) and 0x680/0x6C0 plus LBR_INFO (32 each); LBR_SELECT
+    // and TOS; OFFCORE_RSP_0/1; PEBS_LD_LAT and PEBS_FRONTEND.
+    let model_specific = 2 * 8 + 3 * 32 + 2 + 2 + 2;
+    assert_eq!(all.len(), architectural + model_specific);
     for msr in all {
         assert!(Pmu::owns(msr), "{msr:#x}");
         assert!(msr_name(msr).is_some(), "{msr:#x} has a name");
     }
-    for msr in [0, 0xC0, 0xC9, 0x185, 0x18E, 0x1D8, 0x308, 0x30D, 0x38C, 0x393, 0x4C0, 0x4C9, 0x601, u32::MAX] {
+    // 0x48/0x49: IA32_SPEC_CTRL and IA32_PRED_CMD, between the Core 2 LBR banks.
+    for msr in [
+        0,
+        0x48,
+        0x49,
+        0xC0,
+        0xC9,
+        0x185,
+        0x18E,
+        0x1A5,
+        0x1D8,
+        0x1DD,
+        0x308,
+        0x30D,
+        0x38C,
+        0x393,
+        0x3F8,
+        0x4C0,
+        0x4C9,
+        0x601,
+        0x6A0,
+        0xDE0,
+        u32::MAX,
+    ] {
         assert!(!Pmu::owns(msr), "{msr:#x}");
     }
 }

@@ -6,6 +6,7 @@ mod counting;
 mod dump;
 mod existence;
 mod freeze;
+mod model_msrs;
 mod random;
 mod reprogram;
 
@@ -35,6 +36,7 @@ fn profile(
         perf_capabilities,
         misc_enable_perfmon: version > 0,
         nominal_mhz: 2000,
+        ..PmuProfile::default()
     }
 }
 

@@ -26,7 +26,7 @@ fn every_key_sets_its_field() {
     let mut p = sample();
     p.apply_overrides(
         "version=5, gp=6, gp-width=40, ebx-length=8, ebx-unavailable=0b1000_0000, fixed=2, \
-         fixed-width=36, fixed-bitmap=0x8, perf-capabilities=0x10C2, misc-enable-perfmon=false, \
+         fixed-width=36, fixed-bitmap=0x8, perf-capabilities=0x10C5, misc-enable-perfmon=false, \
          nominal-mhz=3200, fw-write=true, vendor=GenuineIotel, family=0x19, model=0x21, stepping=2",
     )
     .expect("applies");
@@ -39,9 +39,10 @@ fn every_key_sets_its_field() {
         fixed: 2,
         fixed_width: 36,
         fixed_bitmap: 0x8,
-        perf_capabilities: 0x10C2 | PmuProfile::FW_WRITE,
+        perf_capabilities: 0x10C5 | PmuProfile::FW_WRITE,
         misc_enable_perfmon: false,
         nominal_mhz: 3200,
+        ..sample().pmu
     };
     assert_eq!(p.pmu, expected);
     assert_eq!((p.vendor.as_str(), p.family, p.model, p.stepping), ("GenuineIotel", 0x19, 0x21, 2));

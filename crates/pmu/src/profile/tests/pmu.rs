@@ -16,6 +16,7 @@ fn v5(fixed: u8, bitmap: u32) -> PmuProfile {
         perf_capabilities: 0,
         misc_enable_perfmon: true,
         nominal_mhz: 2000,
+        ..PmuProfile::default()
     }
 }
 

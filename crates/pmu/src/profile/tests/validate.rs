@@ -1,6 +1,6 @@
 //! One test per validation rule: the error names the origin, the field and the rule.
 
-use super::super::{PmuProfile, Profile};
+use super::super::{MsrBits, PmuProfile, Profile};
 use super::{assert_mentions, error_of, sample};
 
 /// The sample profile with `f` applied to its PMU.
@@ -15,6 +15,8 @@ fn version(v: u8) -> Profile {
     with(|p| {
         p.version = v;
         p.perf_capabilities = 0;
+        p.lbr = None;
+        p.msrs = Default::default();
         if v < 2 {
             p.fixed = 0;
             p.fixed_width = 0;
@@ -41,6 +43,7 @@ fn zero_pmu() -> PmuProfile {
         perf_capabilities: 0,
         misc_enable_perfmon: false,
         nominal_mhz: 2000,
+        ..PmuProfile::default()
     }
 }
 
@@ -241,4 +244,42 @@ fn validate_names_the_profile() {
     let mut p = with(|p| p.gp = 0);
     p.name = "mine".to_string();
     assert!(error_of(&p).starts_with("mine: pmu.gp = 0: "));
+}
+
+#[test]
+fn lbr_stacks_are_ones_the_sdm_names() {
+    let depth = error_of(&with(|p| p.lbr.as_mut().unwrap().depth = 12));
+    assert_mentions(&depth, &["pmu.lbr.depth = 12", "4, 8, 16 or 32"]);
+    let core = error_of(&with(|p| {
+        let l = p.lbr.as_mut().unwrap();
+        (l.from, l.to) = (0x40, 0x60);
+    }));
+    assert_mentions(&core, &["pmu.lbr.depth = 32", "at most 8 entries fit at 0x40/0x60"]);
+    let bases = error_of(&with(|p| p.lbr.as_mut().unwrap().to = 0x6A0));
+    assert_mentions(&bases, &["pmu.lbr.from = 0x680, pmu.lbr.to = 0x6A0", "0x40/0x60", "0x680/0x6C0"]);
+    let select = error_of(&with(|p| p.lbr.as_mut().unwrap().select = 0x7FF));
+    assert_mentions(&select, &["pmu.lbr.select = 0x7FF", "0x3FF"]);
+}
+
+#[test]
+fn lbr_info_goes_with_format_5() {
+    // Skylake's stack with Sandy Bridge's LBR format 3: LBR_INFO cannot be there.
+    let e = error_of(&with(|p| p.perf_capabilities = 0x31C3));
+    assert_mentions(&e, &["pmu.lbr.info = 0xDC0", "LBR_FMT 5", "LBR_FMT = 3"]);
+    let e = error_of(&with(|p| p.lbr.as_mut().unwrap().info = None));
+    assert_mentions(&e, &["pmu.lbr.info = absent", "LBR_FMT = 5"]);
+    let e = error_of(&with(|p| p.perf_capabilities = 0x33C7));
+    assert_mentions(&e, &["pmu.perf-capabilities = 0x33C7", "LBR_FMT", "1..=5"]);
+    // A profile that hides PERF_CAPABILITIES keeps the CPU's stack.
+    with(|p| p.perf_capabilities = 0).validate().expect("PDCM hidden, stack kept");
+}
+
+#[test]
+fn model_msrs_store_or_ignore_a_bit_not_both() {
+    let e = error_of(&with(|p| p.msrs.pebs_ld_lat = Some(MsrBits { bits: 0x1FFFF, ignored: 0xFFFF_0000 })));
+    assert_mentions(&e, &["pmu.msrs.pebs-ld-lat = { bits = 0x1FFFF, ignored = 0xFFFF0000 }", "not both"]);
+    let mut v0 = version(0);
+    v0.pmu.msrs.offcore_rsp[0] = Some(MsrBits { bits: 0xFFFF, ignored: 0 });
+    let e = error_of(&v0);
+    assert_mentions(&e, &["pmu.lbr / pmu.msrs", "pmu.version = 0"]);
 }
