@@ -151,26 +151,24 @@ fn sse_the_host_kvm_cannot_run_is_completed_by_emon() {
     assert!(r.stderr.contains("instructions completed by emon"), "{}", r.stderr);
 }
 
-/// The model-specific PMU MSRs are the named CPU's under every profile; a guest that sets
-/// DEBUGCTL.LBR is told, in the run summary and --json, that the stack records no branches.
+/// The model-specific PMU MSRs are the named CPU's under every profile, and the precise backend
+/// records the guest's branches in the LBR stack exactly; under the perf backend, which does not
+/// record them, the run summary and --json say so.
 #[test]
-fn model_specific_msrs_are_the_named_cpus_and_an_unrecorded_lbr_is_reported() {
+fn model_specific_msrs_and_the_lbr_stack_are_the_named_cpus() {
     if !kvm_available() {
         return;
     }
     for profile in Profile::builtin_names() {
-        let (r, doc) = emon_json(&format!("model-msrs-{profile}"), &["--profile", profile, "guest:model-msrs"]);
-        r.assert_status(0).assert_no_failures();
-        let notes = doc["msr"]["notes"].as_array().expect("msr.notes");
-        let summary = r.stderr.lines().last().unwrap_or_default();
-        if profile == "no-pmu" {
-            assert!(notes.is_empty(), "{profile}: {notes:?}");
-            assert!(!summary.contains("DEBUGCTL.LBR"), "{profile}: {summary}");
-        } else {
-            assert_eq!(notes.len(), 1, "{profile}: {notes:?}");
-            let note = "NOT EXACT: the guest set DEBUGCTL.LBR: the LBR stack records no branches";
-            assert!(notes[0].as_str().unwrap().starts_with(note), "{profile}: {notes:?}");
-            assert!(summary.contains(note), "{profile}: {summary}");
+        for guest in ["guest:model-msrs", "guest:lbr"] {
+            let (r, doc) = emon_json(&format!("{guest}-{profile}"), &["--profile", profile, guest]);
+            r.assert_status(0).assert_no_failures();
+            assert_eq!(doc["msr"]["notes"], serde_json::json!([]), "{guest} under {profile}");
         }
     }
+    let (r, doc) = emon_json("lbr-perf", &["--backend", "perf", "guest:lbr"]);
+    assert_eq!(r.status, 1, "the stack stays empty under the perf backend: {}", r.stdout);
+    let note = "NOT EXACT: the guest set DEBUGCTL.LBR: this backend records no branches in the LBR stack";
+    assert!(doc["msr"]["notes"][0].as_str().is_some_and(|n| n.starts_with(note)), "{}", doc["msr"]);
+    assert!(r.stderr.lines().last().unwrap_or_default().contains(note), "{}", r.stderr);
 }

@@ -40,6 +40,7 @@ use std::sync::OnceLock;
 use arbitrary::Arbitrary;
 use emon_pmu::pmu::counter::width_mask;
 use emon_pmu::pmu::regs::{MISC_ENABLE_READ_ONLY, MISC_ENABLE_WRITABLE};
+use emon_pmu::pmu::lbr::{Branch, BranchType};
 use emon_pmu::pmu::{CounterId, CounterState, GpFault, Pmu};
 use emon_pmu::profile::{describe_leaf_0a, Cache, Clock, Lbr, ModelMsrs, MsrBits, PmuProfile, Profile};
 use libfuzzer_sys::fuzz_target;
@@ -237,6 +238,32 @@ enum Op {
     },
     /// WRMSR IA32_DEBUGCTL with FREEZE_LBRS_ON_PMI / FREEZE_PERFMON_ON_PMI / LBR from `bits`.
     Freeze(u8),
+    /// A taken branch the backend hands the LBR stack (addresses made canonical, `kind` modulo
+    /// the seven LBR_SELECT types, `cpl` modulo 4).
+    Branch {
+        from: u64,
+        to: u64,
+        kind: u8,
+        cpl: u8,
+        mispredicted: bool,
+        cycles: u32,
+    },
+}
+
+/// The LBR_SELECT types in bit order (bits 2-8).
+const BRANCH_TYPES: [BranchType; 7] = [
+    BranchType::Jcc,
+    BranchType::NearRelCall,
+    BranchType::NearIndCall,
+    BranchType::NearRet,
+    BranchType::NearIndJmp,
+    BranchType::NearRelJmp,
+    BranchType::Far,
+];
+
+/// `v` sign-extended from bit 47: a canonical address.
+fn canonical(v: u64) -> u64 {
+    (((v << 16) as i64) >> 16) as u64
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -700,8 +727,53 @@ fn check_power_on(pmu: &Pmu, shape: &Shape) {
     assert_eq!(misc & !(1 << 7), 1 | 3 << 11, "power-on MISC_ENABLE");
 }
 
+/// SDM 17.4.8: a branch goes into the stack iff DEBUGCTL.LBR is set, LBR_Frz is clear (v4+) and
+/// MSR_LBR_SELECT does not filter its ring or type; TOS advances modulo the depth and the new
+/// entry holds the record in the profile's format (17.4.8.1). Nothing else changes.
+fn record_branch(pmu: &mut Pmu, shape: &Shape, model: &Model, b: &Branch, ctx: &Ctx) {
+    let before = snapshot(pmu);
+    let recorded = pmu.record_branch(b);
+    let Some(lbr) = shape.lbr else {
+        assert!(!recorded, "{ctx}: a profile without an LBR stack recorded a branch");
+        return;
+    };
+    let frozen = shape.version >= 4 && model.status & (1 << 58) != 0;
+    let on = rd(pmu, 0x1D9, ctx) & 1 != 0 && !frozen;
+    let select = if lbr.select != 0 { rd(pmu, 0x1C8, ctx) } else { 0 };
+    let ring = if b.cpl == 0 { 1 } else { 2 };
+    let kind = 4 << BRANCH_TYPES.iter().position(|&t| t == b.kind).expect("a known type");
+    assert_eq!(recorded, on && select & (ring | kind) == 0, "{ctx}: recorded");
+    if !recorded {
+        same_except(&before, &snapshot(pmu), &[], ctx);
+        return;
+    }
+    let old_tos = before.iter().find(|(m, _)| *m == 0x1C9).and_then(|(_, v)| v.ok()).expect("TOS exists");
+    let tos = (old_tos + 1) % u64::from(lbr.depth);
+    assert_eq!(rd(pmu, 0x1C9, ctx), tos, "{ctx}: TOS advances modulo the depth");
+    let n = tos as u32;
+    let mispred = u64::from(b.mispredicted) << 63;
+    let from = match shape.perf_capabilities & 0x3F {
+        3 => b.from & !(1 << 63) | mispred,
+        4 => b.from & (u64::MAX >> 3) | mispred,
+        _ => b.from,
+    };
+    assert_eq!(rd(pmu, lbr.from + n, ctx), from, "{ctx}: FROM_IP in the format");
+    assert_eq!(rd(pmu, lbr.to + n, ctx), b.to, "{ctx}: TO_IP");
+    let mut except = vec![0x1C9, lbr.from + n, lbr.to + n];
+    if let Some(info) = lbr.info {
+        assert_eq!(rd(pmu, info + n, ctx), mispred | b.cycles.min(0xFFFF), "{ctx}: LBR_INFO");
+        except.push(info + n);
+    }
+    same_except(&before, &snapshot(pmu), &except, ctx);
+}
+
 fn apply(pmu: &mut Pmu, shape: &Shape, model: &mut Model, op: &Op, ctx: &Ctx) {
     match *op {
+        Op::Branch { from, to, kind, cpl, mispredicted, cycles } => {
+            let kind = BRANCH_TYPES[usize::from(kind) % BRANCH_TYPES.len()];
+            let b = Branch { from: canonical(from), to: canonical(to), kind, cpl: cpl % 4, mispredicted, cycles: cycles.into() };
+            record_branch(pmu, shape, model, &b, ctx);
+        }
         Op::Rdmsr(m) => {
             let msr = m.index();
             let before = pmu.clone();

@@ -183,16 +183,10 @@ pub fn init() {
             tss = in(reg) TSS_SEL as u64,
             tmp = out(reg) _,
         );
-        let table = (&raw const emon_isr_table) as u64;
-        let idt = &raw mut IDT;
-        for v in 0..256usize {
-            let ist = match v {
-                2 => 2,      // NMI
-                0..=31 => 1, // exceptions
-                _ => 0,      // external interrupts: current stack
-            };
-            (*idt)[v] = gate(table + 16 * v as u64, ist, 0);
+        for v in 0..=255u8 {
+            set_default_gate(v);
         }
+        let idt = &raw mut IDT;
         let idtr = Pointer { limit: (core::mem::size_of::<[Gate; 256]>() - 1) as u16, base: idt as u64 };
         core::arch::asm!("lidt [{}]", in(reg) &idtr);
     }
@@ -213,6 +207,18 @@ fn gate(addr: u64, ist: u64, dpl: u64) -> Gate {
 pub fn set_raw_gate(v: u8, handler: u64) {
     // SAFETY: single CPU; the gate is rewritten whole.
     unsafe { (*(&raw mut IDT))[v as usize] = gate(handler, 0, 0) }
+}
+
+/// Points vector `v` back at the runtime's own stub, as [`init`] set it.
+pub fn set_default_gate(v: u8) {
+    let table = (&raw const emon_isr_table) as u64;
+    let ist = match v {
+        2 => 2,      // NMI
+        0..=31 => 1, // exceptions
+        _ => 0,      // external interrupts: current stack
+    };
+    // SAFETY: single CPU; the gate is rewritten whole.
+    unsafe { (*(&raw mut IDT))[v as usize] = gate(table + 16 * v as u64, ist, 0) }
 }
 
 /// Makes vector `v` callable with `int v` from CPL 3.

@@ -12,6 +12,7 @@ pub mod exit;
 pub mod fmt;
 pub mod idt;
 mod mem;
+pub mod models;
 pub mod msr;
 pub mod pio;
 pub mod pmu;

@@ -18,10 +18,11 @@ pub struct MsrStats {
     pub debugctl_unmodelled: u64,
 }
 
-/// IA32_DEBUGCTL bits the model stores but emon does not act on: the LBR stack does not record
-/// branches, and single-step on branches (BTF) is not emulated (README, "Model-specific PMU MSRs").
+/// IA32_DEBUGCTL bits the model stores but a backend may not act on: only the precise backend
+/// records branches in the LBR stack, and no backend emulates single-step on branches (BTF)
+/// (README, "Model-specific PMU MSRs").
 pub const DEBUGCTL_UNMODELLED: &[(u64, &str)] = &[
-    (crate::pmu::msr::DEBUGCTL_LBR, "DEBUGCTL.LBR: the LBR stack records no branches"),
+    (crate::pmu::msr::DEBUGCTL_LBR, "DEBUGCTL.LBR: this backend records no branches in the LBR stack"),
     (crate::pmu::msr::DEBUGCTL_BTF, "DEBUGCTL.BTF: single-step on branches is not emulated"),
 ];
 
@@ -30,11 +31,13 @@ pub const MAX_TRACKED_MSRS: usize = 256;
 
 impl MsrStats {
     /// What the run summary must say about the guest's MSR use: DEBUGCTL features it enabled
-    /// that emon does not produce, so that nothing the guest reads back is taken as recorded.
-    pub fn notes(&self) -> Vec<String> {
+    /// that the run did not produce (`records_branches`: the backend's LBR recording), so that
+    /// nothing the guest reads back is taken as recorded.
+    pub fn notes(&self, records_branches: bool) -> Vec<String> {
+        let produced = if records_branches { crate::pmu::msr::DEBUGCTL_LBR } else { 0 };
         let unmodelled: Vec<&str> = DEBUGCTL_UNMODELLED
             .iter()
-            .filter(|&&(bit, _)| self.debugctl_unmodelled & bit != 0)
+            .filter(|&&(bit, _)| self.debugctl_unmodelled & bit & !produced != 0)
             .map(|&(_, what)| what)
             .collect();
         if unmodelled.is_empty() {
@@ -119,19 +122,22 @@ mod tests {
         let mut pmu = Pmu::new(&crate::profile::Profile::load("skylake").unwrap().pmu);
         let mut d = MsrDispatch { ignore_unknown: false, stats: MsrStats::default() };
         assert!(d.write(&mut pmu, 0x1D9, 1 << 12), "FREEZE_PERFMON_ON_PMI is modelled");
-        assert!(d.stats.notes().is_empty());
+        assert!(d.stats.notes(false).is_empty());
         assert!(!d.write(&mut pmu, 0x1D9, 1 | 1 << 5), "a reserved bit #GPs and records nothing");
-        assert!(d.stats.notes().is_empty());
+        assert!(d.stats.notes(false).is_empty());
         assert!(d.write(&mut pmu, 0x1D9, 1));
         assert!(d.write(&mut pmu, 0x1D9, 0));
-        let notes = d.stats.notes();
+        let notes = d.stats.notes(false);
         assert_eq!(notes.len(), 1);
         assert!(
-            notes[0].starts_with("NOT EXACT: the guest set DEBUGCTL.LBR: the LBR stack records no branches"),
+            notes[0].starts_with("NOT EXACT: the guest set DEBUGCTL.LBR: this backend records no branches"),
             "{notes:?}"
         );
+        assert!(d.stats.notes(true).is_empty(), "a backend that records branches leaves nothing to say");
         assert!(d.write(&mut pmu, 0x1D9, 2));
-        assert!(d.stats.notes()[0].contains("; DEBUGCTL.BTF"), "{:?}", d.stats.notes());
+        assert!(d.stats.notes(false)[0].contains("; DEBUGCTL.BTF"), "{:?}", d.stats.notes(false));
+        let with_lbr = d.stats.notes(true);
+        assert!(with_lbr[0].starts_with("NOT EXACT: the guest set DEBUGCTL.BTF"), "{with_lbr:?}");
     }
 
     #[test]

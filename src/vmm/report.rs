@@ -28,6 +28,8 @@ pub struct RunReport {
     pub backend: String,
     pub backend_name: &'static str,
     pub backend_notes: Vec<String>,
+    /// The backend records taken branches in the LBR stack.
+    pub backend_records_branches: bool,
     /// RDPMC outside counted code, completed at the guest's #GP handler.
     pub rdpmc: CatchStats,
     /// Where the guest's CPUID differs from the profile's table (README, "CPUID fidelity").
@@ -59,6 +61,7 @@ impl RunReport {
             backend: vcpu.backend.summary(),
             backend_name: vcpu.backend.name(),
             backend_notes: vcpu.backend.notes(),
+            backend_records_branches: vcpu.backend.records_branches(),
             rdpmc: vcpu.catch.stats,
             cpuid_overrides: Vec::new(),
             guest_panic,
@@ -96,7 +99,9 @@ impl RunReport {
             _ => why,
         };
         let mut backend = self.backend_name.to_owned();
-        for n in self.backend_notes.iter().chain(&self.rdpmc.notes()).chain(&self.msr.notes()) {
+        for n in
+            self.backend_notes.iter().chain(&self.rdpmc.notes()).chain(&self.msr.notes(self.backend_records_branches))
+        {
             backend += &format!("; {n}");
         }
         let rdpmc = self.rdpmc.summary().map(|s| format!(", {s}")).unwrap_or_default();
@@ -161,7 +166,7 @@ impl RunReport {
                 gp_injected: self.msr.gp_injected,
                 unknown: self.msr.unknown.iter().map(|(&msr, &accesses)| UnknownMsr { msr, accesses }).collect(),
                 unknown_untracked: self.msr.unknown_untracked,
-                notes: self.msr.notes(),
+                notes: self.msr.notes(self.backend_records_branches),
             },
             pmis: Counts([("fixed", p.fixed), ("nmi", p.nmi), ("masked", p.masked), ("dropped", p.dropped)]),
             backend: JsonBackend { name: self.backend_name, notes: &self.backend_notes, summary: &self.backend },

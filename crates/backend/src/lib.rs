@@ -87,6 +87,11 @@ pub trait Backend: Send {
     fn notes(&self) -> Vec<String> {
         Vec::new()
     }
+    /// Does this backend record the guest's taken branches in the LBR stack while DEBUGCTL.LBR
+    /// is set?
+    fn records_branches(&self) -> bool {
+        false
+    }
 }
 
 /// The counters `r` marks, in IA32_PERF_GLOBAL_CTRL bit order (GP counters, then fixed).

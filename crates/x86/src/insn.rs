@@ -14,6 +14,26 @@ pub enum Flow {
     Other,
 }
 
+/// The kind of control transfer a taken branch makes, as the LBR stack's filter (MSR_LBR_SELECT,
+/// SDM Vol. 3B "Filtering of Last Branch Records") sorts them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Transfer {
+    /// Jcc, LOOP, JrCXZ.
+    Conditional,
+    /// Near relative CALL.
+    RelCall,
+    /// Near indirect CALL.
+    IndCall,
+    /// Near RET.
+    Ret,
+    /// Near relative JMP.
+    RelJmp,
+    /// Near indirect JMP.
+    IndJmp,
+    /// Far JMP, CALL and RET, IRET, INT n, SYSCALL/SYSRET, SYSENTER/SYSEXIT.
+    Far,
+}
+
 /// Instructions the backend emulates or treats specially.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Special {
@@ -53,6 +73,8 @@ pub struct Insn {
     pub special: Special,
     /// May change CPL, paging or the code segment: emon re-reads the CPU state after it.
     pub changes_mode: bool,
+    /// The transfer it makes when it branches; `None` for any other instruction.
+    pub transfer: Option<Transfer>,
 }
 
 /// Cycles added for instructions that exit to the VMM (CPUID, MSR and port accesses, RDPMC).
@@ -116,33 +138,52 @@ pub fn of(i: &Instruction) -> Insn {
         Lfence | Mfence | Sfence => Special::Fence,
         _ => Special::None,
     };
-    let changes_mode = matches!(
+    let changes_mode = is_far_transfer(i)
+        || matches!(m, Lgdt | Lidt | Lldt | Ltr | Rsm | Swapgs | Wrmsr)
+        || (m == Mov
+            && (0..i.op_count()).any(|n| {
+                i.op_kind(n) == OpKind::Register && (i.op_register(n).is_segment_register() || i.op_register(n).is_cr())
+            }));
+    Insn { len: i.len() as u8, flow, branch, mem_operands, class_cycles, special, changes_mode, transfer: transfer(i) }
+}
+
+/// A far transfer: far JMP/CALL/RET, IRET, software interrupts, SYSCALL/SYSRET and
+/// SYSENTER/SYSEXIT. They may change CPL and the code segment.
+fn is_far_transfer(i: &Instruction) -> bool {
+    use Mnemonic::*;
+    let m = i.mnemonic();
+    matches!(
         m,
         Iret | Iretd
             | Iretq
+            | Retf
             | Syscall
             | Sysret
             | Sysretq
             | Sysenter
             | Sysexit
             | Sysexitq
-            | Retf
             | Int
-            | Int3
             | Into
-            | Lgdt
-            | Lidt
-            | Lldt
-            | Ltr
-            | Rsm
-            | Swapgs
-            | Wrmsr
+            | Int1
+            | Int3
     ) || (matches!(m, Jmp | Call) && is_far(i))
-        || (m == Mov
-            && (0..i.op_count()).any(|n| {
-                i.op_kind(n) == OpKind::Register && (i.op_register(n).is_segment_register() || i.op_register(n).is_cr())
-            }));
-    Insn { len: i.len() as u8, flow, branch, mem_operands, class_cycles, special, changes_mode }
+}
+
+/// The LBR filter's kind of the transfer `i` makes, if it is a branch.
+fn transfer(i: &Instruction) -> Option<Transfer> {
+    if is_far_transfer(i) {
+        return Some(Transfer::Far);
+    }
+    Some(match i.flow_control() {
+        FlowControl::ConditionalBranch => Transfer::Conditional,
+        FlowControl::UnconditionalBranch => Transfer::RelJmp,
+        FlowControl::IndirectBranch => Transfer::IndJmp,
+        FlowControl::Call => Transfer::RelCall,
+        FlowControl::IndirectCall => Transfer::IndCall,
+        FlowControl::Return => Transfer::Ret,
+        _ => return None,
+    })
 }
 
 fn is_near_direct(i: &Instruction) -> bool {
@@ -172,6 +213,24 @@ mod tests {
         assert_eq!(d(&[0xFF, 0xE0]).flow, Flow::Indirect); // jmp rax
         assert_eq!(d(&[0xE8, 0, 0, 0, 0]).flow, Flow::Direct { target: 0x1005, conditional: false });
         // call
+    }
+
+    #[test]
+    fn classifies_transfers_as_the_lbr_filter_does() {
+        let t = |bytes: &[u8]| d(bytes).transfer;
+        assert_eq!(t(&[0x90]), None); // nop
+        assert_eq!(t(&[0x75, 0xFE]), Some(Transfer::Conditional)); // jnz
+        assert_eq!(t(&[0xE2, 0xFE]), Some(Transfer::Conditional)); // loop
+        assert_eq!(t(&[0xEB, 0x10]), Some(Transfer::RelJmp));
+        assert_eq!(t(&[0xFF, 0xE0]), Some(Transfer::IndJmp)); // jmp rax
+        assert_eq!(t(&[0xE8, 0, 0, 0, 0]), Some(Transfer::RelCall));
+        assert_eq!(t(&[0xFF, 0xD0]), Some(Transfer::IndCall)); // call rax
+        assert_eq!(t(&[0xC3]), Some(Transfer::Ret));
+        assert_eq!(t(&[0x48, 0xCF]), Some(Transfer::Far)); // iretq
+        assert_eq!(t(&[0xCB]), Some(Transfer::Far)); // retf
+        assert_eq!(t(&[0xCD, 0x80]), Some(Transfer::Far)); // int 0x80
+        assert_eq!(t(&[0x0F, 0x05]), Some(Transfer::Far)); // syscall
+        assert_eq!(t(&[0xFF, 0x28]), Some(Transfer::Far)); // jmp far [rax]
     }
 
     #[test]

@@ -7,24 +7,21 @@
 //! qualifier MSR a WRMSR stores, ignores or rejects with #GP. It checks that exactly those MSRs
 //! exist (every other candidate #GPs on read and write, with no state change), that they read 0
 //! at power-on, and that writes behave as on the real part. A CPU without architectural perfmon
-//! has none of them; a model the table does not know is skipped with the reason.
+//! has none of them; a model the table does not know is skipped with the reason. The stack's
+//! recording is `guest:lbr`'s.
 #![no_std]
 #![no_main]
 
-use emon_guest::cpu::{cpuid, max_leaf, rdmsr_safe, wrmsr_safe};
+use emon_guest::cpu::{rdmsr_safe, wrmsr_safe};
+use emon_guest::models::{
+    self, Bits, Cpu, MSR_LASTBRANCH_TOS, MSR_LBR_INFO_0, MSR_LBR_SELECT, MSR_OFFCORE_RSP_0, MSR_PEBS_FRONTEND,
+    MSR_PEBS_LD_LAT,
+};
 use emon_guest::msr::{expect_gp_unchanged, expect_reserved_bits, is_gp, rd, wr, write_reads};
 use emon_guest::{check, println, skip, BootInfo};
 
 emon_guest::entry!(main);
 
-const IA32_DEBUGCTL: u32 = 0x1D9;
-const IA32_PERF_CAPABILITIES: u32 = 0x345;
-const MSR_OFFCORE_RSP_0: u32 = 0x1A6;
-const MSR_LBR_SELECT: u32 = 0x1C8;
-const MSR_LASTBRANCH_TOS: u32 = 0x1C9;
-const MSR_PEBS_LD_LAT: u32 = 0x3F6;
-const MSR_PEBS_FRONTEND: u32 = 0x3F7;
-const MSR_LBR_INFO_0: u32 = 0xDC0;
 /// SDM 17.4.8.1, LBR_FMT 5: MISPRED (63), IN_TX (62), TX_ABORT (61) and the cycle count (15:0).
 const LBR_INFO_WRITABLE: u64 = 0xE000_0000_0000_FFFF;
 
@@ -40,80 +37,6 @@ const CANDIDATES: [(u32, u32); 8] = [
     (0x680, 32),
     (0x6C0, 32),
     (MSR_LBR_INFO_0, 32),
-];
-
-/// How a WRMSR treats one MSR's bits: `store` is kept, `ignore` is dropped, any other #GPs.
-#[derive(Clone, Copy)]
-struct Bits {
-    store: u64,
-    ignore: u64,
-}
-
-/// A 16-bit field with bits 63:16 ignored: PEBS_LD_LAT as Sandy Bridge and Skylake behave.
-const LD_LAT: Bits = Bits { store: 0xFFFF, ignore: 0xFFFF_FFFF_FFFF_0000 };
-
-#[derive(Clone, Copy)]
-struct Stack {
-    depth: u32,
-    from: u32,
-    to: u32,
-    /// MSR_LBR_INFO_n exist (LBR_FMT 5).
-    info: bool,
-    /// MSR_LBR_SELECT's filter bits; 0: no such MSR.
-    select: u64,
-}
-
-struct Cpu {
-    name: &'static str,
-    models: &'static [u8],
-    lbr: Stack,
-    offcore_rsp: [Option<Bits>; 2],
-    pebs_ld_lat: Option<Bits>,
-    pebs_frontend: Option<Bits>,
-}
-
-/// Family 6 models, with SDM Vol. 4's tables and the real parts' measured write masks.
-const CPUS: [Cpu; 5] = [
-    Cpu {
-        name: "Core 2",
-        models: &[0x0F, 0x16, 0x17, 0x1D],
-        lbr: Stack { depth: 4, from: 0x40, to: 0x60, info: false, select: 0 },
-        offcore_rsp: [None, None],
-        pebs_ld_lat: None,
-        pebs_frontend: None,
-    },
-    Cpu {
-        name: "Nehalem",
-        models: &[0x1A, 0x1E, 0x1F, 0x2E],
-        lbr: Stack { depth: 16, from: 0x680, to: 0x6C0, info: false, select: 0x1FF },
-        offcore_rsp: [Some(Bits { store: 0xFFFF, ignore: 0 }), None],
-        pebs_ld_lat: Some(LD_LAT),
-        pebs_frontend: None,
-    },
-    Cpu {
-        name: "Sandy Bridge",
-        models: &[0x2A, 0x2D],
-        lbr: Stack { depth: 16, from: 0x680, to: 0x6C0, info: false, select: 0x1FF },
-        offcore_rsp: [Some(Bits { store: 0x3F_FFFF_8FFF, ignore: 0 }); 2],
-        pebs_ld_lat: Some(LD_LAT),
-        pebs_frontend: None,
-    },
-    Cpu {
-        name: "Skylake",
-        models: &[0x4E, 0x5E],
-        lbr: Stack { depth: 32, from: 0x680, to: 0x6C0, info: true, select: 0x3FF },
-        offcore_rsp: [Some(Bits { store: 0x3F_FFFF_9FFF, ignore: 0 }); 2],
-        pebs_ld_lat: Some(LD_LAT),
-        pebs_frontend: Some(Bits { store: 0x7F_FF17, ignore: 0 }),
-    },
-    Cpu {
-        name: "Ice Lake",
-        models: &[0x7D, 0x7E],
-        lbr: Stack { depth: 32, from: 0x680, to: 0x6C0, info: true, select: 0x3FF },
-        offcore_rsp: [Some(Bits { store: 0x3F_FFFF_BFFF, ignore: 0 }); 2],
-        pebs_ld_lat: Some(LD_LAT),
-        pebs_frontend: Some(Bits { store: 0x7F_FF17, ignore: 0 }),
-    },
 ];
 
 /// The MSRs `cpu` has, as (first, count) runs.
@@ -223,27 +146,21 @@ fn check_stack(cpu: &Cpu, format: u64) {
     if l.select != 0 {
         check_bits("MSR_LBR_SELECT", MSR_LBR_SELECT, Bits { store: l.select, ignore: 0 });
     }
-    // DEBUGCTL.LBR is accepted (emon does not record branches yet; the run summary says so).
-    write_reads(format_args!("IA32_DEBUGCTL.LBR can be set"), IA32_DEBUGCTL, 1, 1);
-    wr(IA32_DEBUGCTL, 0);
 }
 
 fn main(_boot: &BootInfo) -> i32 {
-    let leaf1 = cpuid(1, 0);
-    let family = (leaf1.eax >> 8) & 0xF;
-    let model = ((leaf1.eax >> 4) & 0xF) | ((leaf1.eax >> 12) & 0xF0);
-    let perfmon = max_leaf() >= 0xA && cpuid(0xA, 0).eax & 0xFF != 0;
-    println!("family {:#x} model {:#x}, architectural perfmon: {}", family, model, perfmon);
-    if !perfmon {
-        check_existence("no architectural perfmon", &|_| false);
-        return emon_guest::summary();
-    }
-    let Some(cpu) = CPUS.iter().find(|c| family == 6 && c.models.contains(&(model as u8))) else {
-        skip!("model-specific PMU MSRs: family {:#x} model {:#x} is not in this guest's table", family, model);
-        return emon_guest::summary();
+    let cpu = match models::identify() {
+        models::Identified::NoPerfmon => {
+            check_existence("no architectural perfmon", &|_| false);
+            return emon_guest::summary();
+        }
+        models::Identified::Unknown { family, model } => {
+            skip!("model-specific PMU MSRs: family {:#x} model {:#x} is not in this guest's table", family, model);
+            return emon_guest::summary();
+        }
+        models::Identified::Known(cpu) => cpu,
     };
-    let pdcm = leaf1.ecx & (1 << 15) != 0;
-    let format = if pdcm { rd(IA32_PERF_CAPABILITIES) & 0x3F } else { 0 };
+    let format = models::lbr_format();
     println!("{}: LBR format {}", cpu.name, format);
     let runs = present(cpu);
     check_existence(cpu.name, &|msr| runs.iter().any(|&(first, n)| (first..first + n).contains(&msr)));

@@ -104,7 +104,7 @@ pub fn cycles(i: &Insn, taken: bool) -> u64 {
 
 /// A static predictor: conditional branches predicted taken when backward, not taken when
 /// forward; everything else predicted correctly.
-fn mispredicted(i: &Insn, rip: u64, taken: bool) -> bool {
+pub fn mispredicted(i: &Insn, rip: u64, taken: bool) -> bool {
     match i.flow {
         Flow::Direct { target, conditional: true } => (target <= rip) != taken,
         _ => false,

@@ -17,12 +17,13 @@ mod tests;
 use crate::vcpu::IA32_TSC_DEADLINE;
 use crate::{marked, Backend, BackendError, Cx, Next};
 use cache::{CacheEvents, CacheModel};
+use emon_pmu::pmu::lbr::{Branch, BranchType};
 use emon_pmu::pmu::{CounterId, Reprogram};
 use emon_pmu::profile::{Cache, Clock, MAX_FIXED, MAX_GP, MIN_CACHE_LINE};
 use emon_x86::access::{self, Access, AccessKind};
-use emon_x86::insn::{self, Flow, Insn, Special};
+use emon_x86::insn::{self, Flow, Insn, Special, Transfer};
 use emon_x86::mode::CpuMode;
-use events::{cycles, Armed};
+use events::{cycles, mispredicted, Armed};
 use std::collections::HashMap;
 use std::sync::Arc;
 
@@ -129,6 +130,11 @@ pub struct Stats {
     /// Instructions that retired while the cache model counted whose data accesses emon could
     /// not know (README, "The cache model").
     pub cache_unseen: u64,
+    /// Taken branches (interrupts and exceptions included) the LBR stack recorded.
+    pub lbr_recorded: u64,
+    /// Entries to the guest while MSR_LBR_SELECT asked for the call-stack mode, which emon does
+    /// not model: the stack then records as if it were off.
+    pub lbr_call_stack: u64,
 }
 
 /// The guest's time-stamp counter while emon counts (README, "Guest time"): it runs with the
@@ -191,6 +197,12 @@ pub struct Precise {
     retiring: CacheEvents,
     /// Why the TCG engine was given up for stepping, if it was.
     engine_failed: Option<String>,
+    /// The LBR stack records (DEBUGCTL.LBR, not frozen): every taken branch goes to the model,
+    /// so the guest is single-stepped whether a counter counts or not (README, "Model-specific
+    /// PMU MSRs").
+    lbr_on: bool,
+    /// The model clock when the stack last recorded a branch (LBR_INFO's cycle count).
+    lbr_cycles: u64,
     #[cfg(feature = "tcg")]
     tcg: TcgSlot,
     pub stats: Stats,
@@ -231,6 +243,8 @@ impl Precise {
             retiring: CacheEvents::default(),
             engine_failed: (engine == Engine::Tcg && !cfg!(feature = "tcg"))
                 .then(|| "this emon was built without the tcg feature".to_string()),
+            lbr_on: false,
+            lbr_cycles: 0,
             #[cfg(feature = "tcg")]
             tcg: TcgSlot::default(),
             stats: Stats::default(),
@@ -321,7 +335,9 @@ impl Precise {
     /// [`tcg`]): `Some(Next::Retired)` if it retired anything, `None` to single-step instead.
     #[cfg(feature = "tcg")]
     fn fast_forward(&mut self, cx: &mut Cx, rip: u64, mode: &CpuMode) -> Result<Option<Next>, BackendError> {
-        if self.engine != Engine::Tcg || mode.bitness != 64 || self.armed.iter().any(|a| a.cmask != 0) {
+        // The engine counts but does not report branches: while the LBR stack records, every
+        // instruction is stepped.
+        if self.engine != Engine::Tcg || mode.bitness != 64 || self.armed.iter().any(|a| a.cmask != 0) || self.lbr_on {
             return Ok(None);
         }
         // User mode runs in the engine only where the engine entered it (through an IRETQ):
@@ -566,6 +582,32 @@ impl Precise {
             if inc > 0 {
                 cx.pmu.add_events(a.id, inc);
             }
+        }
+    }
+
+    /// Gives the LBR stack the branch `i` at `rip` made if it was taken to `to`, ending at CPL
+    /// `cpl` (SDM 17.4.8).
+    fn record_branch(&mut self, cx: &mut Cx, i: &Insn, rip: u64, to: u64, cpl: u8) {
+        let Some(transfer) = i.transfer.filter(|_| self.lbr_on && taken(i, rip, to)) else { return };
+        let kind = match transfer {
+            Transfer::Conditional => BranchType::Jcc,
+            Transfer::RelCall => BranchType::NearRelCall,
+            Transfer::IndCall => BranchType::NearIndCall,
+            Transfer::Ret => BranchType::NearRet,
+            Transfer::RelJmp => BranchType::NearRelJmp,
+            Transfer::IndJmp => BranchType::NearIndJmp,
+            Transfer::Far => BranchType::Far,
+        };
+        let mispredicted = mispredicted(i, rip, true);
+        self.lbr_record(cx, Branch { from: rip, to, kind, cpl, mispredicted, cycles: 0 });
+    }
+
+    /// Records `b` with the cycles since the stack's last record.
+    fn lbr_record(&mut self, cx: &mut Cx, b: Branch) {
+        let b = Branch { cycles: self.cycles - self.lbr_cycles, ..b };
+        if cx.pmu.record_branch(&b) {
+            self.lbr_cycles = self.cycles;
+            self.stats.lbr_recorded += 1;
         }
     }
 
@@ -835,6 +877,7 @@ const UNKNOWN: Insn = Insn {
     class_cycles: 0,
     special: Special::None,
     changes_mode: true,
+    transfer: None,
 };
 
 impl Precise {
@@ -842,16 +885,21 @@ impl Precise {
     fn arm(&mut self, cx: &mut Cx, at_boundary: bool) -> Result<Next, BackendError> {
         let r = cx.pmu.take_reprogram();
         self.reprogram(cx, r);
+        self.lbr_on = cx.pmu.lbr_recording();
+        if self.lbr_on && cx.pmu.lbr_call_stack() {
+            self.stats.lbr_call_stack += 1;
+        }
+        let active = !self.armed.is_empty() || self.lbr_on;
         if !at_boundary {
             // In the middle of an instruction (an MSR or I/O exit): start stepping as soon as a
             // counter goes live, but never stop before the instruction retires (the WRMSR that
             // disables a counter still counts).
-            if !self.armed.is_empty() && !self.stepping {
+            if active && !self.stepping {
                 self.set_stepping(cx, true)?;
             }
             return Ok(Next::Run);
         }
-        if self.armed.is_empty() {
+        if !active {
             if self.stepping {
                 self.set_stepping(cx, false)?;
             }
@@ -947,6 +995,7 @@ impl Precise {
                     self.mode = None;
                 }
                 let cpl = self.mode(cx)?.cpl;
+                self.record_branch(cx, &i, p.rip, end, cpl);
                 for (n, (a, j)) in run.iter().enumerate() {
                     let next = run.get(n + 1).map_or(pc, |(b, _)| *b);
                     self.unseen_accesses(cx, &mode, *a);
@@ -955,6 +1004,7 @@ impl Precise {
                         self.stats.tsc_unseen += 1;
                     }
                     self.retire(cx, &p.armed, j, *a, cpl, taken(j, *a, next));
+                    self.record_branch(cx, j, *a, next, cpl);
                 }
                 self.stats.lost_traps += run.len() as u64;
                 self.rip = Some(pc);
@@ -992,6 +1042,18 @@ impl Precise {
                 // The handler's first instruction ran with registers emon never saw.
                 let first = handler.as_ref().map_or(pc, |(_, h, _)| *h);
                 self.unseen_accesses(cx, &mode, first);
+                // The delivery is a far branch from the interrupted instruction to the handler.
+                if self.lbr_on {
+                    let b = Branch {
+                        from: p.rip,
+                        to: first,
+                        kind: BranchType::Far,
+                        cpl: mode.cpl,
+                        mispredicted: false,
+                        cycles: 0,
+                    };
+                    self.lbr_record(cx, b);
+                }
                 match handler {
                     Some((_, h, i)) => (i, h, mode.cpl),
                     None => (UNKNOWN, pc, mode.cpl),
@@ -1007,6 +1069,10 @@ impl Precise {
         self.retire(cx, &p.armed, &i, rip, cpl, taken(&i, rip, pc));
         if i.changes_mode {
             self.mode = None;
+        }
+        if self.lbr_on && i.transfer.is_some() {
+            let to_cpl = self.mode(cx)?.cpl;
+            self.record_branch(cx, &i, rip, pc, to_cpl);
         }
         self.rip = Some(pc);
         Ok(())
@@ -1036,6 +1102,10 @@ impl Backend for Precise {
         self.event_queued = true;
     }
 
+    fn records_branches(&self) -> bool {
+        true
+    }
+
     fn reprogrammed(&self) -> u64 {
         self.stats.reprogrammed
     }
@@ -1050,8 +1120,8 @@ impl Backend for Precise {
             (Engine::Step, None) => "single-stepped (--precise-engine step)".into(),
         };
         format!(
-            "precise backend: {} instructions counted ({engine}; {} without their own single-step trap), {} interrupts/exceptions seen while stepping, {} HLT, {} RDPMC and {} TSC reads emulated, {} TSC deadline accesses translated, stepping switched {} times, {} counters reprogrammed",
-            s.retired, s.lost_traps, s.events, s.hlt, s.rdpmc, s.tsc_reads, s.tsc_deadlines, s.arm_changes, s.reprogrammed
+            "precise backend: {} instructions counted ({engine}; {} without their own single-step trap), {} interrupts/exceptions seen while stepping, {} HLT, {} RDPMC and {} TSC reads emulated, {} TSC deadline accesses translated, {} branches recorded in the LBR stack, stepping switched {} times, {} counters reprogrammed",
+            s.retired, s.lost_traps, s.events, s.hlt, s.rdpmc, s.tsc_reads, s.tsc_deadlines, s.lbr_recorded, s.arm_changes, s.reprogrammed
         )
     }
 
@@ -1086,9 +1156,14 @@ impl Backend for Precise {
                 self.stats.cache_unseen
             ));
         }
+        if self.stats.lbr_call_stack > 0 {
+            notes.push(
+                "NOT EXACT: the LBR stack was asked for its call-stack mode (MSR_LBR_SELECT.EN_CALLSTACK), which emon does not model; it recorded every branch the filter let through (README, \"Model-specific PMU MSRs\")".into(),
+            );
+        }
         if self.stats.cpl3_lost > 0 {
             notes.push(format!(
-                "NOT EXACT: user-mode (CPL3) code could not be single-stepped on this host ({} times it ran unseen); its instructions are not counted",
+                "NOT EXACT: user-mode (CPL3) code could not be single-stepped on this host ({} times it ran unseen); its instructions are not counted, nor its branches recorded",
                 self.stats.cpl3_lost
             ));
         }

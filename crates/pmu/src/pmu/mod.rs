@@ -16,6 +16,7 @@ pub mod counter;
 mod counting;
 mod decode;
 mod dump;
+pub mod lbr;
 pub mod msr;
 pub mod rdpmc;
 pub mod regs;
@@ -152,8 +153,8 @@ pub struct Pmu {
     reprogram: Reprogram,
 }
 
-/// The LBR stack's MSRs, as the guest last wrote them (0 at power-on). emon does not record
-/// branches into them yet (README, "Model-specific PMU MSRs").
+/// The LBR stack's MSRs (0 at power-on): what the guest wrote, and the branches a backend
+/// recorded through [`Pmu::record_branch`].
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 struct LbrRegs {
     from: [u64; LBR_MAX_DEPTH as usize],

@@ -40,6 +40,10 @@ pub fn describe_leaf_0a(p: &PmuProfile) -> Vec<String> {
     lines.push(perf_capabilities_line(p));
     lines.push(format!("IA32_MISC_ENABLE[7] performance monitoring available: {}", yes_no(p.misc_enable_perfmon)));
     lines.push(lbr_line(p));
+    lines.push(
+        "PEBS and BTS: not presented (IA32_MISC_ENABLE[12] PEBS_UNAVAILABLE and [11] BTS_UNAVAILABLE set, CPUID.01H:EDX.DS clear)"
+            .to_string(),
+    );
     lines.push(model_msrs_line(p));
     lines
 }
@@ -60,7 +64,7 @@ fn lbr_line(p: &PmuProfile) -> String {
     if l.select != 0 {
         text += &format!(", MSR_LBR_SELECT bits 0x{:X}", l.select);
     }
-    text + "; registers only: emon records no branches into them yet"
+    text + "; the precise backend records branches into it, the perf backend does not"
 }
 
 /// The model-specific qualifier MSRs the profile has.

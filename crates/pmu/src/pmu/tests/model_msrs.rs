@@ -125,3 +125,88 @@ fn core2_has_a_four_entry_stack_at_0x40() {
     assert_eq!((rd(&pmu, 0x43), rd(&pmu, 0x63), rd(&pmu, 0x1C9)), (0xFFFF_FFFF_8000_0000, 0x1000, 3));
     assert!(pmu.dump().contains("MSR_LASTBRANCH_3_FROM_IP"), "{}", pmu.dump());
 }
+
+use crate::pmu::lbr::{Branch, BranchType};
+
+fn branch(from: u64, to: u64, kind: BranchType) -> Branch {
+    Branch { from, to, kind, cpl: 0, mispredicted: false, cycles: 7 }
+}
+
+#[test]
+fn the_stack_records_only_while_debugctl_lbr_is_set() {
+    let mut pmu = builtin("skylake");
+    let before = pmu.clone();
+    assert!(!pmu.lbr_recording());
+    assert!(!pmu.record_branch(&branch(0x1000, 0x2000, BranchType::NearRelJmp)));
+    assert_eq!(pmu, before, "nothing recorded with DEBUGCTL.LBR clear");
+    wr(&mut pmu, msr::IA32_DEBUGCTL, msr::DEBUGCTL_LBR);
+    for k in 1..=34u64 {
+        let b =
+            Branch { mispredicted: k == 2, cycles: 1000 * k * k, ..branch(0x1000 + k, 0x2000 + k, BranchType::Jcc) };
+        assert!(pmu.record_branch(&b));
+        let tos = rd(&pmu, 0x1C9);
+        assert_eq!(tos, k % 32, "TOS advances modulo the depth");
+        assert_eq!(rd(&pmu, 0x680 + tos as u32), 0x1000 + k, "format 5: FROM_IP is the address alone");
+        assert_eq!(rd(&pmu, 0x6C0 + tos as u32), 0x2000 + k);
+        let info = rd(&pmu, 0xDC0 + tos as u32);
+        assert_eq!(info >> 63, u64::from(k == 2), "LBR_INFO.MISPRED");
+        assert_eq!(info & 0xFFFF, (1000 * k * k).min(0xFFFF), "the cycle count saturates");
+    }
+    assert!(pmu.take_reprogram().is_empty(), "recording touches no counter");
+}
+
+#[test]
+fn lbr_select_filters_by_ring_and_branch_type() {
+    let mut pmu = builtin("skylake");
+    wr(&mut pmu, msr::IA32_DEBUGCTL, msr::DEBUGCTL_LBR);
+    wr(&mut pmu, 0x1C8, 1 << 2 | 1 << 1); // no JCC, nothing that ends in ring > 0
+    assert!(!pmu.record_branch(&branch(1, 2, BranchType::Jcc)));
+    assert!(!pmu.record_branch(&Branch { cpl: 3, ..branch(1, 2, BranchType::NearRet) }));
+    assert!(pmu.record_branch(&branch(1, 2, BranchType::NearRet)));
+    wr(&mut pmu, 0x1C8, 1 << 0 | 1 << 8); // nothing that ends in ring 0, no far branches
+    assert!(!pmu.record_branch(&branch(1, 2, BranchType::NearIndCall)));
+    assert!(!pmu.record_branch(&Branch { cpl: 3, ..branch(1, 2, BranchType::Far) }));
+    assert!(pmu.record_branch(&Branch { cpl: 3, ..branch(1, 2, BranchType::NearIndJmp) }));
+    assert_eq!(rd(&pmu, 0x1C9), 2);
+}
+
+#[test]
+fn freeze_lbrs_on_pmi_stops_the_stack_as_the_version_says() {
+    // v4 (Skylake): GLOBAL_STATUS.LBR_Frz freezes it until software clears the bit.
+    let mut pmu = builtin("skylake");
+    wr(&mut pmu, msr::IA32_DEBUGCTL, msr::DEBUGCTL_LBR | msr::DEBUGCTL_FREEZE_LBRS_ON_PMI);
+    wr(&mut pmu, msr::IA32_PERFEVTSEL0, 0x53_00C0);
+    wr(&mut pmu, msr::IA32_A_PMC0, 0xFFFF_FFFF_FFFF);
+    pmu.add_events(CounterId::Gp(0), 1);
+    pmu.pmi_delivered();
+    assert!(!pmu.lbr_recording());
+    assert!(!pmu.record_branch(&branch(1, 2, BranchType::Jcc)));
+    wr(&mut pmu, msr::IA32_PERF_GLOBAL_STATUS_RESET, msr::GLOBAL_STATUS_LBR_FRZ);
+    assert!(pmu.record_branch(&branch(1, 2, BranchType::Jcc)));
+    // v3 (Nehalem): the PMI clears DEBUGCTL.LBR.
+    let mut pmu = builtin("nehalem");
+    wr(&mut pmu, msr::IA32_DEBUGCTL, msr::DEBUGCTL_LBR | msr::DEBUGCTL_FREEZE_LBRS_ON_PMI);
+    wr(&mut pmu, msr::IA32_PERFEVTSEL0, 0x53_00C0);
+    wr(&mut pmu, msr::IA32_PMC0, 0xFFFF_FFFF);
+    pmu.add_events(CounterId::Gp(0), 1);
+    pmu.pmi_delivered();
+    assert_eq!(rd(&pmu, msr::IA32_DEBUGCTL) & msr::DEBUGCTL_LBR, 0);
+    assert!(!pmu.record_branch(&branch(1, 2, BranchType::Jcc)));
+}
+
+#[test]
+fn each_format_keeps_mispred_where_the_sdm_says() {
+    for (name, from_flag) in [("sandybridge", 1u64 << 63), ("nehalem", 1 << 63), ("core2", 0)] {
+        let mut pmu = builtin(name);
+        wr(&mut pmu, msr::IA32_DEBUGCTL, msr::DEBUGCTL_LBR);
+        let b = Branch { mispredicted: true, ..branch(0xFFFF_FFFF_8100_0000, 0x40_1000, BranchType::NearRet) };
+        assert!(pmu.record_branch(&b), "{name}");
+        let (tos, from) = if name == "core2" { (1, 0x40) } else { (1, 0x680) };
+        assert_eq!(rd(&pmu, 0x1C9), tos, "{name}");
+        let want =
+            if from_flag != 0 { 0xFFFF_FFFF_8100_0000 & (u64::MAX >> 1) | from_flag } else { 0xFFFF_FFFF_8100_0000 };
+        assert_eq!(rd(&pmu, from + 1), want, "{name}: FROM_IP");
+        assert_eq!(pmu.wrmsr(from + 1, want), Ok(()), "{name}: a recorded FROM_IP can be written back");
+    }
+    assert!(!builtin("no-pmu").record_branch(&branch(1, 2, BranchType::Jcc)));
+}
