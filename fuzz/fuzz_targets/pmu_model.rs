@@ -91,8 +91,8 @@ enum ProfileChoice {
 
 /// The PMU MSR ranges emon traps (inclusive): the architectural ones, then the model-specific
 /// ones (LBR banks at 0x40/0x60 and 0x680/0x6C0/0xDC0, OFFCORE_RSP, LBR_SELECT/TOS, PEBS_LD_LAT
-/// and PEBS_FRONTEND).
-const PMU_RANGES: [(u32, u32); 18] = [
+/// and PEBS_FRONTEND, LER_FROM/TO).
+const PMU_RANGES: [(u32, u32); 19] = [
     (0xC1, 0xC8),
     (0x186, 0x18D),
     (0x309, 0x30C),
@@ -107,6 +107,7 @@ const PMU_RANGES: [(u32, u32); 18] = [
     (0x60, 0x67),
     (0x1A6, 0x1A7),
     (0x1C8, 0x1C9),
+    (0x1DD, 0x1DE),
     (0x3F6, 0x3F7),
     (0x680, 0x69F),
     (0x6C0, 0x6DF),
@@ -247,6 +248,7 @@ enum Op {
         cpl: u8,
         mispredicted: bool,
         cycles: u32,
+        event: bool,
     },
 }
 
@@ -435,6 +437,8 @@ enum Reg {
     LbrInfo(u8),
     LbrSelect,
     LbrTos,
+    /// MSR_LER_FROM_LIP (0), MSR_LER_TO_LIP (1).
+    Ler(u8),
     /// OFFCORE_RSP_0/1 (0, 1), PEBS_LD_LAT (2), PEBS_FRONTEND (3).
     Qualifier(u8),
 }
@@ -455,6 +459,7 @@ fn reg(msr: u32) -> Option<Reg> {
         0x600 => Reg::DsArea,
         0x1C8 => Reg::LbrSelect,
         0x1C9 => Reg::LbrTos,
+        0x1DD | 0x1DE => Reg::Ler((msr - 0x1DD) as u8),
         0x1A6 | 0x1A7 => Reg::Qualifier((msr - 0x1A6) as u8),
         0x3F6 | 0x3F7 => Reg::Qualifier((msr - 0x3F6 + 2) as u8),
         _ => {
@@ -556,7 +561,7 @@ impl Shape {
             Some(Reg::LbrFrom { base, i }) => self.lbr.is_some_and(|l| l.from == base && i < l.depth),
             Some(Reg::LbrTo { base, i }) => self.lbr.is_some_and(|l| l.to == base && i < l.depth),
             Some(Reg::LbrInfo(i)) => self.lbr.is_some_and(|l| l.info.is_some() && i < l.depth),
-            Some(Reg::LbrTos) => self.lbr.is_some(),
+            Some(Reg::LbrTos | Reg::Ler(_)) => self.lbr.is_some(),
             Some(Reg::LbrSelect) => self.lbr.is_some_and(|l| l.select != 0),
             Some(Reg::Qualifier(i)) => self.qualifier(i).is_some(),
         }
@@ -615,6 +620,8 @@ impl Shape {
             Reg::LbrInfo(_) => fits(0xE000_0000_0000_FFFF),
             Reg::LbrTos => fits(u64::from(self.lbr?.depth) - 1),
             Reg::LbrSelect => fits(self.lbr?.select),
+            // Read/write with no reserved bits (the VirtualBox database's measurements).
+            Reg::Ler(_) => Some(true),
             Reg::Qualifier(i) => self.qualifier(i).map(|b| value & !(b.bits | b.ignored) == 0),
         }
     }
@@ -643,6 +650,8 @@ impl fmt::Display for Ctx<'_> {
 struct Model {
     status: u64,
     pmi_pending: bool,
+    /// The last branch taken while the LBR stack recorded (what an exception copies to LER).
+    last_branch: (u64, u64),
 }
 
 /// Every PMU MSR and what RDMSR gives for it.
@@ -683,7 +692,7 @@ fn run(input: &Input) {
     let Some(profile) = input.profile.build() else { return };
     let shape = Shape::new(&profile);
     let mut pmu = Pmu::new(&profile);
-    let mut model = Model { status: 0, pmi_pending: false };
+    let mut model = Model { status: 0, pmi_pending: false, last_branch: (0, 0) };
     check_power_on(&pmu, &shape);
     check(&pmu, &shape, &model, &Ctx { step: 0, op: None });
     for (step, op) in input.ops.iter().enumerate() {
@@ -730,7 +739,7 @@ fn check_power_on(pmu: &Pmu, shape: &Shape) {
 /// SDM 17.4.8: a branch goes into the stack iff DEBUGCTL.LBR is set, LBR_Frz is clear (v4+) and
 /// MSR_LBR_SELECT does not filter its ring or type; TOS advances modulo the depth and the new
 /// entry holds the record in the profile's format (17.4.8.1). Nothing else changes.
-fn record_branch(pmu: &mut Pmu, shape: &Shape, model: &Model, b: &Branch, ctx: &Ctx) {
+fn record_branch(pmu: &mut Pmu, shape: &Shape, model: &mut Model, b: &Branch, ctx: &Ctx) {
     let before = snapshot(pmu);
     let recorded = pmu.record_branch(b);
     let Some(lbr) = shape.lbr else {
@@ -743,8 +752,19 @@ fn record_branch(pmu: &mut Pmu, shape: &Shape, model: &Model, b: &Branch, ctx: &
     let ring = if b.cpl == 0 { 1 } else { 2 };
     let kind = 4 << BRANCH_TYPES.iter().position(|&t| t == b.kind).expect("a known type");
     assert_eq!(recorded, on && select & (ring | kind) == 0, "{ctx}: recorded");
+    // An exception or interrupt copies the last branch taken before it (filtered or not) into
+    // LER_FROM/TO while the stack records.
+    let mut except = Vec::new();
+    if on {
+        if b.event {
+            let (from, to) = model.last_branch;
+            assert_eq!((rd(pmu, 0x1DD, ctx), rd(pmu, 0x1DE, ctx)), (from, to), "{ctx}: LER");
+            except.extend([0x1DD, 0x1DE]);
+        }
+        model.last_branch = (b.from, b.to);
+    }
     if !recorded {
-        same_except(&before, &snapshot(pmu), &[], ctx);
+        same_except(&before, &snapshot(pmu), &except, ctx);
         return;
     }
     let old_tos = before.iter().find(|(m, _)| *m == 0x1C9).and_then(|(_, v)| v.ok()).expect("TOS exists");
@@ -759,7 +779,7 @@ fn record_branch(pmu: &mut Pmu, shape: &Shape, model: &Model, b: &Branch, ctx: &
     };
     assert_eq!(rd(pmu, lbr.from + n, ctx), from, "{ctx}: FROM_IP in the format");
     assert_eq!(rd(pmu, lbr.to + n, ctx), b.to, "{ctx}: TO_IP");
-    let mut except = vec![0x1C9, lbr.from + n, lbr.to + n];
+    except.extend([0x1C9, lbr.from + n, lbr.to + n]);
     if let Some(info) = lbr.info {
         assert_eq!(rd(pmu, info + n, ctx), mispred | b.cycles.min(0xFFFF), "{ctx}: LBR_INFO");
         except.push(info + n);
@@ -769,9 +789,10 @@ fn record_branch(pmu: &mut Pmu, shape: &Shape, model: &Model, b: &Branch, ctx: &
 
 fn apply(pmu: &mut Pmu, shape: &Shape, model: &mut Model, op: &Op, ctx: &Ctx) {
     match *op {
-        Op::Branch { from, to, kind, cpl, mispredicted, cycles } => {
-            let kind = BRANCH_TYPES[usize::from(kind) % BRANCH_TYPES.len()];
-            let b = Branch { from: canonical(from), to: canonical(to), kind, cpl: cpl % 4, mispredicted, cycles: cycles.into() };
+        Op::Branch { from, to, kind, cpl, mispredicted, cycles, event } => {
+            let kind = if event { BranchType::Far } else { BRANCH_TYPES[usize::from(kind) % BRANCH_TYPES.len()] };
+            let (from, to, cpl, cycles) = (canonical(from), canonical(to), cpl % 4, cycles.into());
+            let b = Branch { from, to, kind, cpl, mispredicted, cycles, event };
             record_branch(pmu, shape, model, &b, ctx);
         }
         Op::Rdmsr(m) => {
@@ -1002,7 +1023,7 @@ fn wrmsr(pmu: &mut Pmu, shape: &Shape, model: &mut Model, msr: u32, value: u64, 
             assert_eq!(read(pmu), want, "{ctx}: MISC_ENABLE read-only bits");
         }
         Reg::PerfCap | Reg::Status | Reg::Inuse => panic!("{ctx}: WRMSR to read-only {msr:#x} succeeded"),
-        Reg::LbrFrom { .. } | Reg::LbrTo { .. } | Reg::LbrInfo(_) | Reg::LbrTos | Reg::LbrSelect => {
+        Reg::LbrFrom { .. } | Reg::LbrTo { .. } | Reg::LbrInfo(_) | Reg::LbrTos | Reg::LbrSelect | Reg::Ler(_) => {
             assert_eq!(read(pmu), value, "{ctx}: LBR read-back")
         }
         Reg::Qualifier(i) => {

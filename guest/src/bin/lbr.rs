@@ -9,8 +9,9 @@
 //! the branch it must hold, newest at MSR_LASTBRANCH_TOS. MISPRED and LBR_INFO's cycle count
 //! follow emon's documented cost model (README, "The precise backend": a static predictor that
 //! takes backward conditional branches and falls through forward ones; 1 cycle an instruction, +1
-//! for a taken branch). Then MSR_LBR_SELECT filters by branch type and ring, a loop wraps the stack
-//! around, and on v4+ GLOBAL_STATUS.LBR_Frz freezes it (SDM 17.4.7).
+//! for a taken branch). The #GP copies the branch before it into MSR_LER_FROM_LIP/TO_LIP. Then
+//! MSR_LBR_SELECT filters by branch type and ring, a loop wraps the stack around, and on v4+
+//! GLOBAL_STATUS.LBR_Frz freezes it (SDM 17.4.7).
 #![no_std]
 #![no_main]
 
@@ -23,6 +24,8 @@ use emon_guest::{check, check_eq, println, skip, BootInfo};
 emon_guest::entry!(main);
 
 const IA32_DEBUGCTL: u32 = 0x1D9;
+const MSR_LER_FROM_LIP: u32 = 0x1DD;
+const MSR_LER_TO_LIP: u32 = 0x1DE;
 const DEBUGCTL_LBR: u64 = 1;
 const IA32_PERF_GLOBAL_STATUS: u32 = 0x38E;
 const IA32_PERF_GLOBAL_STATUS_RESET: u32 = 0x390;
@@ -186,6 +189,15 @@ struct Lbr {
     format: u64,
 }
 
+/// The path's #GP copied the last branch taken before it, the JZ (filtered out of the stack or
+/// not), into MSR_LER_FROM_LIP/TO_LIP (SDM 17.4.8). Clears them for the next check.
+fn expect_ler(what: &str, path: &[Expected; 8]) {
+    let ler = (rd(MSR_LER_FROM_LIP), rd(MSR_LER_TO_LIP));
+    check!(ler == (path[5].from, path[5].to), "{}: LER_FROM/TO_LIP hold the JZ before the #GP", what);
+    wr(MSR_LER_FROM_LIP, 0);
+    wr(MSR_LER_TO_LIP, 0);
+}
+
 impl Lbr {
     fn tos(&self) -> u64 {
         rd(MSR_LASTBRANCH_TOS)
@@ -275,6 +287,7 @@ fn main(_boot: &BootInfo) -> i32 {
     let tos0 = lbr.tos();
     unsafe { emon_lbr_path(DEBUGCTL_LBR) };
     lbr.expect("the path", tos0, &path);
+    expect_ler("the path", &path);
 
     if lbr.stack.select != 0 {
         // No Jcc and no near relative JMP: the CALL, the RET and the indirect JMP remain.
@@ -284,11 +297,13 @@ fn main(_boot: &BootInfo) -> i32 {
         // Their cycle counts reach back to the last recorded branch: not checked here.
         let kept = [path[1], path[2], path[4], path[6], path[7]].map(|e| Expected { cycles: None, ..e });
         lbr.expect("LBR_SELECT without JCC and NEAR_REL_JMP", tos0, &kept);
+        expect_ler("LBR_SELECT without JCC and NEAR_REL_JMP", &path);
         // Nothing that ends in ring 0.
         wr(MSR_LBR_SELECT, SELECT_CPL_EQ_0);
         let tos0 = lbr.tos();
         unsafe { emon_lbr_path(DEBUGCTL_LBR) };
         check_eq!(lbr.tos(), tos0, "LBR_SELECT.CPL_EQ_0: nothing recorded at ring 0");
+        expect_ler("LBR_SELECT.CPL_EQ_0", &path);
         wr(MSR_LBR_SELECT, 0);
     } else {
         skip!("MSR_LBR_SELECT: {} has none", cpu.name);

@@ -22,17 +22,21 @@ use emon_guest::{check, println, skip, BootInfo};
 
 emon_guest::entry!(main);
 
+/// MSR_LER_FROM_LIP; MSR_LER_TO_LIP follows (present with the LBR stack).
+const MSR_LER_FROM_LIP: u32 = 0x1DD;
+
 /// SDM 17.4.8.1, LBR_FMT 5: MISPRED (63), IN_TX (62), TX_ABORT (61) and the cycle count (15:0).
 const LBR_INFO_WRITABLE: u64 = 0xE000_0000_0000_FFFF;
 
 /// Every MSR index where some CPU keeps one of these registers: Core 2's LBR banks (8 entries
-/// each), OFFCORE_RSP_0/1, LBR_SELECT and TOS, PEBS_LD_LAT and PEBS_FRONTEND, and the 32-entry
+/// each), OFFCORE_RSP_0/1, LBR_SELECT and TOS, LER_FROM/TO_LIP, PEBS_LD_LAT and PEBS_FRONTEND, and the 32-entry
 /// banks from Nehalem on (FROM, TO, LBR_INFO).
-const CANDIDATES: [(u32, u32); 8] = [
+const CANDIDATES: [(u32, u32); 9] = [
     (0x40, 8),
     (0x60, 8),
     (MSR_OFFCORE_RSP_0, 2),
     (MSR_LBR_SELECT, 2),
+    (MSR_LER_FROM_LIP, 2),
     (MSR_PEBS_LD_LAT, 2),
     (0x680, 32),
     (0x6C0, 32),
@@ -40,7 +44,7 @@ const CANDIDATES: [(u32, u32); 8] = [
 ];
 
 /// The MSRs `cpu` has, as (first, count) runs.
-fn present(cpu: &Cpu) -> [(u32, u32); 8] {
+fn present(cpu: &Cpu) -> [(u32, u32); 9] {
     let l = cpu.lbr;
     let offcore = cpu.offcore_rsp.iter().filter(|b| b.is_some()).count() as u32;
     [
@@ -48,6 +52,7 @@ fn present(cpu: &Cpu) -> [(u32, u32); 8] {
         (l.to, l.depth),
         (MSR_LBR_INFO_0, if l.info { l.depth } else { 0 }),
         (MSR_LASTBRANCH_TOS, 1),
+        (MSR_LER_FROM_LIP, 2),
         (MSR_LBR_SELECT, u32::from(l.select != 0)),
         (MSR_OFFCORE_RSP_0, offcore),
         (MSR_PEBS_LD_LAT, u32::from(cpu.pebs_ld_lat.is_some())),
@@ -145,6 +150,12 @@ fn check_stack(cpu: &Cpu, format: u64) {
     }
     if l.select != 0 {
         check_bits("MSR_LBR_SELECT", MSR_LBR_SELECT, Bits { store: l.select, ignore: 0 });
+    }
+    // LER_FROM/TO_LIP: read/write, no reserved bits (as measured on the i7-6700K, i7-2635QM and
+    // Xeon X5482).
+    for msr in [MSR_LER_FROM_LIP, MSR_LER_FROM_LIP + 1] {
+        write_reads(format_args!("LER MSR {:#x} stores any value", msr), msr, u64::MAX, u64::MAX);
+        wr(msr, 0);
     }
 }
 

@@ -599,7 +599,7 @@ impl Precise {
             Transfer::Far => BranchType::Far,
         };
         let mispredicted = mispredicted(i, rip, true);
-        self.lbr_record(cx, Branch { from: rip, to, kind, cpl, mispredicted, cycles: 0 });
+        self.lbr_record(cx, Branch { from: rip, to, kind, cpl, mispredicted, cycles: 0, event: false });
     }
 
     /// Records `b` with the cycles since the stack's last record.
@@ -1051,6 +1051,7 @@ impl Precise {
                         cpl: mode.cpl,
                         mispredicted: false,
                         cycles: 0,
+                        event: true,
                     };
                     self.lbr_record(cx, b);
                 }

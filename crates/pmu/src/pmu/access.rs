@@ -71,6 +71,8 @@ impl Pmu {
             Reg::LbrFrom { i, .. } => self.lbr.from[usize::from(i)],
             Reg::LbrTo { i, .. } => self.lbr.to[usize::from(i)],
             Reg::LbrInfo(i) => self.lbr.info[usize::from(i)],
+            Reg::LerFrom => self.lbr.ler.0,
+            Reg::LerTo => self.lbr.ler.1,
         })
     }
 
@@ -164,6 +166,9 @@ impl Pmu {
                 self.lbr.to[usize::from(i)] = value;
             }
             Reg::LbrInfo(i) => self.lbr.info[usize::from(i)] = check(value, LBR_INFO_WRITABLE)?,
+            // Read/write with no reserved bits, as the i7-6700K, i7-2635QM and Xeon X5482 measured.
+            Reg::LerFrom => self.lbr.ler.0 = value,
+            Reg::LerTo => self.lbr.ler.1 = value,
         }
         Ok(())
     }

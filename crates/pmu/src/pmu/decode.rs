@@ -53,6 +53,10 @@ pub enum Reg {
     LbrTo { base: u32, i: u8 },
     /// MSR_LBR_INFO_i.
     LbrInfo(u8),
+    /// MSR_LER_FROM_LIP.
+    LerFrom,
+    /// MSR_LER_TO_LIP.
+    LerTo,
 }
 
 /// Index `msr - base` if it is below `count`.
@@ -80,6 +84,8 @@ impl Reg {
             MSR_PEBS_FRONTEND => Reg::PebsFrontend,
             MSR_LBR_SELECT => Reg::LbrSelect,
             MSR_LASTBRANCH_TOS => Reg::LbrTos,
+            MSR_LER_FROM_LIP => Reg::LerFrom,
+            MSR_LER_TO_LIP => Reg::LerTo,
             _ => {
                 let from = |base, count| index_in(msr, base, count).map(|i| Reg::LbrFrom { base, i });
                 let to = |base, count| index_in(msr, base, count).map(|i| Reg::LbrTo { base, i });
@@ -116,7 +122,7 @@ impl Reg {
             Reg::PebsLdLat => l.msrs.pebs_ld_lat.is_some(),
             Reg::PebsFrontend => l.msrs.pebs_frontend.is_some(),
             Reg::LbrSelect => l.lbr.is_some_and(|s| s.select != 0),
-            Reg::LbrTos => l.lbr.is_some(),
+            Reg::LbrTos | Reg::LerFrom | Reg::LerTo => l.lbr.is_some(),
             Reg::LbrFrom { base, i } => l.lbr.is_some_and(|s| s.from == base && i < s.depth),
             Reg::LbrTo { base, i } => l.lbr.is_some_and(|s| s.to == base && i < s.depth),
             Reg::LbrInfo(i) => l.lbr.is_some_and(|s| s.info.is_some() && i < s.depth),

@@ -174,8 +174,10 @@ impl Pmu {
             if exists(MSR_LBR_SELECT) {
                 line(MSR_LBR_SELECT, self.lbr.select, String::new());
             }
-            let text = format!("{}-deep stack, LBR format {} (entries not recorded by emon)", lbr.depth, l.lbr_format);
+            let text = format!("{}-deep stack, LBR format {}", lbr.depth, l.lbr_format);
             line(MSR_LASTBRANCH_TOS, self.lbr.tos, text);
+            line(MSR_LER_FROM_LIP, self.lbr.ler.0, String::new());
+            line(MSR_LER_TO_LIP, self.lbr.ler.1, String::new());
             // Only the entries that hold something: a 32-deep stack is 96 MSRs.
             for i in 0..lbr.depth {
                 let n = usize::from(i);

@@ -66,6 +66,9 @@ pub struct Branch {
     pub mispredicted: bool,
     /// Core cycles since the last branch the stack recorded (LBR_INFO's cycle count).
     pub cycles: u64,
+    /// The delivery of an interrupt or exception (`kind` is [`BranchType::Far`]): it copies the
+    /// last branch taken before it into MSR_LER_FROM_LIP/TO_LIP.
+    pub event: bool,
 }
 
 impl Pmu {
@@ -85,11 +88,17 @@ impl Pmu {
     /// Records `b` in the LBR stack if it is recording and MSR_LBR_SELECT lets `b` through:
     /// MSR_LASTBRANCH_TOS advances (modulo the depth) to the new entry, whose FROM_IP, TO_IP and
     /// LBR_INFO take the record in the profile's format (SDM 17.4.8.1). Returns whether it did.
+    /// An interrupt's or exception's delivery first copies the last branch taken before it, as
+    /// addresses, into MSR_LER_FROM_LIP/TO_LIP, whatever the filter.
     pub fn record_branch(&mut self, b: &Branch) -> bool {
         let Some(lbr) = self.layout.lbr else { return false };
         if !self.lbr_recording() {
             return false;
         }
+        if b.event {
+            self.lbr.ler = self.lbr.last;
+        }
+        self.lbr.last = (b.from, b.to);
         let select = self.lbr.select;
         let ring = if b.cpl == 0 { LBR_SELECT_CPL_EQ_0 } else { LBR_SELECT_CPL_NEQ_0 };
         if select & (ring | b.kind.select_bit()) != 0 {

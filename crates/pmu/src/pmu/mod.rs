@@ -162,6 +162,11 @@ struct LbrRegs {
     info: [u64; LBR_MAX_DEPTH as usize],
     tos: u64,
     select: u64,
+    /// MSR_LER_FROM_LIP and MSR_LER_TO_LIP.
+    ler: (u64, u64),
+    /// The last taken branch while the stack recorded, filtered or not: what an exception or
+    /// interrupt copies into the LER MSRs.
+    last: (u64, u64),
 }
 
 impl Pmu {
@@ -177,6 +182,7 @@ impl Pmu {
         (MSR_OFFCORE_RSP_0, MSR_OFFCORE_RSP_0 + 1),
         (MSR_LBR_SELECT, MSR_LASTBRANCH_TOS),
         (IA32_DEBUGCTL, IA32_DEBUGCTL),
+        (MSR_LER_FROM_LIP, MSR_LER_TO_LIP),
         (IA32_FIXED_CTR0, IA32_FIXED_CTR0 + MAX_FIXED as u32 - 1),
         (IA32_PERF_CAPABILITIES, IA32_PERF_CAPABILITIES),
         (IA32_FIXED_CTR_CTRL, IA32_PERF_GLOBAL_INUSE),

@@ -41,6 +41,10 @@ pub const MSR_OFFCORE_RSP_0: u32 = 0x1A6;
 pub const MSR_LBR_SELECT: u32 = 0x1C8;
 /// MSR_LASTBRANCH_TOS: index of the most recent LBR entry.
 pub const MSR_LASTBRANCH_TOS: u32 = 0x1C9;
+/// MSR_LER_FROM_LIP and MSR_LER_TO_LIP: the last branch taken before the last exception or
+/// interrupt, while DEBUGCTL.LBR is set (SDM 17.4.8; present with the LBR stack).
+pub const MSR_LER_FROM_LIP: u32 = 0x1DD;
+pub const MSR_LER_TO_LIP: u32 = 0x1DE;
 /// MSR_PEBS_LD_LAT (Nehalem on): load-latency threshold.
 pub const MSR_PEBS_LD_LAT: u32 = 0x3F6;
 /// MSR_PEBS_FRONTEND (Skylake on).
@@ -183,6 +187,8 @@ pub fn msr_name(msr: u32) -> Option<String> {
         IA32_DS_AREA => Some("IA32_DS_AREA"),
         MSR_LBR_SELECT => Some("MSR_LBR_SELECT"),
         MSR_LASTBRANCH_TOS => Some("MSR_LASTBRANCH_TOS"),
+        MSR_LER_FROM_LIP => Some("MSR_LER_FROM_LIP"),
+        MSR_LER_TO_LIP => Some("MSR_LER_TO_LIP"),
         MSR_PEBS_LD_LAT => Some("MSR_PEBS_LD_LAT"),
         MSR_PEBS_FRONTEND => Some("MSR_PEBS_FRONTEND"),
         _ => None,

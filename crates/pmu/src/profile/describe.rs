@@ -64,6 +64,7 @@ fn lbr_line(p: &PmuProfile) -> String {
     if l.select != 0 {
         text += &format!(", MSR_LBR_SELECT bits 0x{:X}", l.select);
     }
+    text += ", MSR_LER_FROM_LIP/TO_LIP";
     text + "; the precise backend records branches into it, the perf backend does not"
 }
 

@@ -66,14 +66,15 @@ fn trapped_ranges_are_the_architectural_ones() {
     let all = trapped();
     let architectural = 8 + 8 + 1 + 1 + 4 + 1 + 6 + 1 + 8 + 1;
     // LBR FROM/TO at 0x40/0x60 (8 each) and 0x680/0x6C0 plus LBR_INFO (32 each); LBR_SELECT
-    // and TOS; OFFCORE_RSP_0/1; PEBS_LD_LAT and PEBS_FRONTEND.
-    let model_specific = 2 * 8 + 3 * 32 + 2 + 2 + 2;
+    // and TOS; LER_FROM/TO; OFFCORE_RSP_0/1; PEBS_LD_LAT and PEBS_FRONTEND.
+    let model_specific = 2 * 8 + 3 * 32 + 2 + 2 + 2 + 2;
     assert_eq!(all.len(), architectural + model_specific);
     for msr in all {
         assert!(Pmu::owns(msr), "{msr:#x}");
         assert!(msr_name(msr).is_some(), "{msr:#x} has a name");
     }
-    // 0x48/0x49: IA32_SPEC_CTRL and IA32_PRED_CMD, between the Core 2 LBR banks.
+    // 0x48/0x49: IA32_SPEC_CTRL and IA32_PRED_CMD, between the Core 2 LBR banks; 0x1DB/0x1DC:
+    // the P6 LASTBRANCHFROMIP/TOIP, which stay KVM's.
     for msr in [
         0,
         0x48,
@@ -84,7 +85,10 @@ fn trapped_ranges_are_the_architectural_ones() {
         0x18E,
         0x1A5,
         0x1D8,
-        0x1DD,
+        0x1DA,
+        0x1DB,
+        0x1DC,
+        0x1DF,
         0x308,
         0x30D,
         0x38C,

@@ -29,9 +29,10 @@ fn each_profile_has_its_cpus_msrs_and_no_others() {
         v.sort_unstable();
         v
     };
-    let skl: Vec<u32> = span(0x680, 32).chain(span(0x6C0, 32)).chain(span(0xDC0, 32)).chain([0x1C8, 0x1C9]).collect();
-    let snb: Vec<u32> = span(0x680, 16).chain(span(0x6C0, 16)).chain([0x1C8, 0x1C9]).collect();
-    let core2: Vec<u32> = span(0x40, 4).chain(span(0x60, 4)).chain([0x1C9]).collect();
+    let skl: Vec<u32> =
+        span(0x680, 32).chain(span(0x6C0, 32)).chain(span(0xDC0, 32)).chain([0x1C8, 0x1C9, 0x1DD, 0x1DE]).collect();
+    let snb: Vec<u32> = span(0x680, 16).chain(span(0x6C0, 16)).chain([0x1C8, 0x1C9, 0x1DD, 0x1DE]).collect();
+    let core2: Vec<u32> = span(0x40, 4).chain(span(0x60, 4)).chain([0x1C9, 0x1DD, 0x1DE]).collect();
     let cases = [
         ("skylake", expect(skl.clone(), &[0x1A6, 0x1A7, 0x3F6, 0x3F7])),
         ("icelake", expect(skl, &[0x1A6, 0x1A7, 0x3F6, 0x3F7])),
@@ -129,7 +130,7 @@ fn core2_has_a_four_entry_stack_at_0x40() {
 use crate::pmu::lbr::{Branch, BranchType};
 
 fn branch(from: u64, to: u64, kind: BranchType) -> Branch {
-    Branch { from, to, kind, cpl: 0, mispredicted: false, cycles: 7 }
+    Branch { from, to, kind, cpl: 0, mispredicted: false, cycles: 7, event: false }
 }
 
 #[test]
@@ -209,4 +210,28 @@ fn each_format_keeps_mispred_where_the_sdm_says() {
         assert_eq!(pmu.wrmsr(from + 1, want), Ok(()), "{name}: a recorded FROM_IP can be written back");
     }
     assert!(!builtin("no-pmu").record_branch(&branch(1, 2, BranchType::Jcc)));
+}
+
+#[test]
+fn an_exception_copies_the_last_branch_into_the_ler_msrs() {
+    let mut pmu = builtin("sandybridge");
+    wr(&mut pmu, 0x1DD, 0xFFFF_FFFF_FFFF_FFFF);
+    assert_eq!(rd(&pmu, 0x1DD), u64::MAX, "LER_FROM_LIP is read/write with no reserved bits");
+    wr(&mut pmu, 0x1DD, 0);
+    wr(&mut pmu, msr::IA32_DEBUGCTL, msr::DEBUGCTL_LBR);
+    // Filtered Jcc: not in the stack, but still the last branch taken.
+    wr(&mut pmu, 0x1C8, 1 << 2);
+    assert!(!pmu.record_branch(&Branch { mispredicted: true, ..branch(0x1000, 0x2000, BranchType::Jcc) }));
+    let fault = Branch { event: true, ..branch(0x2005, 0x9000, BranchType::Far) };
+    assert!(pmu.record_branch(&fault));
+    assert_eq!((rd(&pmu, 0x1DD), rd(&pmu, 0x1DE)), (0x1000, 0x2000), "LER: the branch before the exception");
+    // Branches that are not events leave the LER as it is.
+    assert!(pmu.record_branch(&branch(0x9010, 0x9100, BranchType::NearRelJmp)));
+    assert_eq!((rd(&pmu, 0x1DD), rd(&pmu, 0x1DE)), (0x1000, 0x2000));
+    assert!(pmu.record_branch(&fault));
+    assert_eq!((rd(&pmu, 0x1DD), rd(&pmu, 0x1DE)), (0x9010, 0x9100));
+    // With DEBUGCTL.LBR clear nothing changes.
+    wr(&mut pmu, msr::IA32_DEBUGCTL, 0);
+    assert!(!pmu.record_branch(&fault));
+    assert_eq!((rd(&pmu, 0x1DD), rd(&pmu, 0x1DE)), (0x9010, 0x9100));
 }
