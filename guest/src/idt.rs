@@ -221,6 +221,13 @@ pub fn set_default_gate(v: u8) {
     unsafe { (*(&raw mut IDT))[v as usize] = gate(table + 16 * v as u64, ist, 0) }
 }
 
+/// The address vector `v`'s gate points at.
+pub fn gate_address(v: u8) -> u64 {
+    // SAFETY: single CPU; a plain read of the gate.
+    let Gate([lo, hi]) = unsafe { (*(&raw const IDT))[v as usize] };
+    (lo & 0xFFFF) | ((lo >> 48) << 16) | (hi << 32)
+}
+
 /// Makes vector `v` callable with `int v` from CPL 3.
 pub fn allow_user(v: u8) {
     let table = (&raw const emon_isr_table) as u64;
