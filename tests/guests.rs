@@ -172,3 +172,31 @@ fn model_specific_msrs_and_the_lbr_stack_are_the_named_cpus() {
     assert!(doc["msr"]["notes"][0].as_str().is_some_and(|n| n.starts_with(note)), "{}", doc["msr"]);
     assert!(r.stderr.lines().last().unwrap_or_default().contains(note), "{}", r.stderr);
 }
+
+/// PEBS under the precise backend (formats 0-3): with `--pebs on`, guest:pebs's records are the
+/// sampled instructions under every profile that has such a format (icelake's adaptive format 4
+/// and no-pmu skip, saying why). With `--pebs auto`, PEBS is presented exactly where the guest
+/// sees CPUID's debug store: this host hides it (`emon cpuid` says so), so there it is not.
+#[test]
+fn pebs_records_are_the_sampled_instructions() {
+    if !kvm_available() {
+        return;
+    }
+    for profile in Profile::builtin_names() {
+        let r = emon(&["run", "--profile", profile, "--pebs", "on", "guest:pebs"]);
+        r.assert_status(0).assert_no_failures();
+        let skips = matches!(profile, "icelake" | "no-pmu");
+        assert_eq!(r.stdout.contains("SKIP: "), skips, "{profile}: {}", r.stdout);
+        if !skips {
+            assert!(r.stdout.contains("PASS: record 7: the sampled instruction"), "{profile}: {}", r.stdout);
+        }
+    }
+    let cpuid = emon(&["cpuid", "--profile", "skylake"]);
+    let hidden = cpuid.stdout.contains("21 (DS) forced off");
+    let r = emon(&["run", "--profile", "skylake", "guest:pebs"]);
+    r.assert_status(0).assert_no_failures();
+    assert_eq!(r.stdout.contains("SKIP: PEBS unavailable according to MISC_ENABLE"), hidden, "{}", r.stdout);
+    assert!(!r.stderr.contains("NOT AS PROFILED"), "auto presents what the guest can see: {}", r.stderr);
+    let off = emon(&["run", "--profile", "skylake", "--pebs", "off", "guest:pebs"]);
+    assert!(off.stdout.contains("SKIP: PEBS unavailable according to MISC_ENABLE"), "{}", off.stdout);
+}

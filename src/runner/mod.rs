@@ -51,6 +51,8 @@ pub struct RunSpec {
     pub profile: String,
     pub pmu: Vec<String>,
     pub backend: Option<BackendKind>,
+    /// `--pebs`, where the suite sets it.
+    pub pebs: Option<crate::vmm::PebsMode>,
     pub args: Vec<String>,
     pub timeout: f64,
     /// `--memory` in MiB, where the suite sets it.
@@ -67,6 +69,11 @@ impl RunSpec {
     fn backend_name(&self) -> Option<String> {
         let b = self.backend?;
         clap::ValueEnum::to_possible_value(&b).map(|v| v.get_name().to_string())
+    }
+
+    fn pebs_name(&self) -> Option<String> {
+        let p = self.pebs?;
+        clap::ValueEnum::to_possible_value(&p).map(|v| v.get_name().to_string())
     }
 
     /// The kernel, with its command line if it has one.
@@ -87,6 +94,9 @@ impl RunSpec {
         if let Some(b) = self.backend_name() {
             s += &format!(" --backend {b}");
         }
+        if let Some(p) = self.pebs_name() {
+            s += &format!(" --pebs {p}");
+        }
         if let Some((round, of)) = self.round {
             s += &format!(" (round {round}/{of})");
         }
@@ -106,6 +116,9 @@ impl RunSpec {
         }
         if let Some(b) = self.backend_name() {
             a.extend(["--backend".into(), b]);
+        }
+        if let Some(p) = self.pebs_name() {
+            a.extend(["--pebs".into(), p]);
         }
         if let Some(m) = self.memory {
             a.extend(["--memory".into(), m.to_string()]);
@@ -226,6 +239,7 @@ mod tests {
             profile: "nehalem".into(),
             pmu: vec!["version=2".into()],
             backend: Some(BackendKind::Precise),
+            pebs: None,
             args: vec!["a".into(), "b".into()],
             timeout: 2.5,
             memory: None,

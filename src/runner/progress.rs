@@ -101,6 +101,7 @@ mod tests {
             profile: String::new(),
             pmu: vec![],
             backend: None,
+            pebs: None,
             args: vec![],
             timeout: DEFAULT_TIMEOUT_S,
             memory: None,

@@ -442,6 +442,7 @@ mod tests {
             profile: "nehalem".into(),
             pmu: vec![],
             backend: None,
+            pebs: None,
             args: vec![],
             timeout: 5.0,
             memory: None,

@@ -8,7 +8,7 @@ use super::error::kvm_err;
 use super::loader::{self, Format};
 use super::rdpmc::GpCatch;
 use super::vcpu::{ExitStats, Vcpu};
-use super::{boot, cpuid, host, kick, layout, msr, trace, xsave, SerialOut, VmConfig, VmmError};
+use super::{boot, cpuid, host, kick, layout, msr, trace, xsave, PebsMode, SerialOut, VmConfig, VmmError};
 use crate::backend::guest_debug::GuestDebug;
 use crate::pmu::Pmu;
 use kvm_bindings::{kvm_pit_config, kvm_userspace_memory_region};
@@ -40,11 +40,12 @@ pub fn build(config: VmConfig) -> Result<BuiltVm, VmmError> {
     let kvm = host::open()?;
     let vm = create_vm(&kvm)?;
     let mem = create_memory(&vm, ram)?;
-    let (mut fd, cpuid_overrides) = create_vcpu(&kvm, &vm, &config)?;
+    let (mut fd, cpuid_overrides, pebs) = create_vcpu(&kvm, &vm, &config)?;
     let format = load_kernel(&fd, &mem, ram, &config)?;
     let bus = create_bus(&vm, ram, &config)?;
     let tracer = config.trace.as_deref().map(create_tracer).transpose()?;
-    let pmu = Pmu::new(&config.profile.pmu);
+    let mut pmu = Pmu::new(&config.profile.pmu);
+    pmu.set_pebs(pebs);
     let catch = GpCatch::new(&kvm, &mut fd, &pmu);
     let vcpu = Vcpu {
         fd,
@@ -63,6 +64,9 @@ pub fn build(config: VmConfig) -> Result<BuiltVm, VmmError> {
     };
     Ok(BuiltVm { vcpu, format, vm, kvm, cpuid_overrides })
 }
+
+/// CPUID.01H:EDX.DS, the debug store.
+const LEAF1_EDX_DS: u32 = 1 << 21;
 
 /// `--memory` in bytes, within what emon's memory layout allows.
 fn guest_ram(mib: u64) -> Result<u64, VmmError> {
@@ -104,17 +108,33 @@ pub(super) fn create_memory(vm: &VmFd, ram: u64) -> Result<GuestMemoryMmap, VmmE
 }
 
 /// vCPU 0 with the profile's CPUID table and its local APIC wired as firmware leaves it; with
-/// what a probe VM with the same table reads differently.
-fn create_vcpu(kvm: &Kvm, vm: &VmFd, config: &VmConfig) -> Result<(VcpuFd, Vec<cpuid_probe::Override>), VmmError> {
+/// what a probe VM with the same table reads differently, and whether PEBS is presented: where
+/// the backend writes the profile's PEBS format and `--pebs` allows it (`auto`: only if the guest
+/// sees the debug store the table sets; README, "PEBS").
+type NewVcpu = (VcpuFd, Vec<cpuid_probe::Override>, bool);
+
+fn create_vcpu(kvm: &Kvm, vm: &VmFd, config: &VmConfig) -> Result<NewVcpu, VmmError> {
     let fd = vm.create_vcpu(0).map_err(kvm_err("KVM_CREATE_VCPU"))?;
-    let table = cpuid::guest_cpuid(kvm, &config.profile)?;
+    let mut pebs = config.pebs != PebsMode::Off && config.profile.pmu.presents_pebs(config.backend.writes_pebs());
+    let mut table = cpuid::guest_cpuid(kvm, &config.profile, pebs)?;
+    let mut overrides = cpuid_probe::probe(kvm, &table)?;
+    let ds_hidden = |o: &[cpuid_probe::Override]| {
+        o.iter().any(|o| (o.leaf, o.register) == (1, 3) && o.table & !o.guest & LEAF1_EDX_DS != 0)
+    };
+    if pebs && config.pebs == PebsMode::Auto && ds_hidden(&overrides) {
+        tracing::info!(
+            "PEBS not presented: this host hides CPUID.01H:EDX.DS from the guest (--pebs on presents it anyway)"
+        );
+        pebs = false;
+        table = cpuid::guest_cpuid(kvm, &config.profile, false)?;
+        overrides = cpuid_probe::probe(kvm, &table)?;
+    }
     fd.set_cpuid2(&table).map_err(kvm_err("KVM_SET_CPUID2"))?;
-    let overrides = cpuid_probe::probe(kvm, &table)?;
     setup_lapic(&fd)?;
     if let Some(revision) = config.profile.microcode {
         set_microcode_revision(&fd, revision)?;
     }
-    Ok((fd, overrides))
+    Ok((fd, overrides, pebs))
 }
 
 /// IA32_BIOS_SIGN_ID (SDM Vol. 4, Table 2-2): the guest reads the microcode update revision in

@@ -12,7 +12,8 @@ const LEAF_PERFMON: u32 = 0xA;
 const LEAF_TSC_CRYSTAL: u32 = 0x15;
 /// CPUID.01H:ECX.PDCM: IA32_PERF_CAPABILITIES exists.
 const LEAF1_ECX_PDCM: u32 = 1 << 15;
-/// CPUID.01H:ECX.DTES64 and DS-CPL, EDX.DS: the debug store (BTS/PEBS), not emulated yet.
+/// CPUID.01H:ECX.DTES64 and DS-CPL, EDX.DS: the debug store. DS and DTES64 (the 64-bit DS
+/// layout) are set where emon presents PEBS; DS-CPL (CPL-qualified BTS) never.
 const LEAF1_ECX_DTES64: u32 = 1 << 2;
 const LEAF1_ECX_DS_CPL: u32 = 1 << 4;
 const LEAF1_EDX_DS: u32 = 1 << 21;
@@ -22,18 +23,18 @@ const EXT1_ECX_AMD_PERFCTR: u32 = (1 << 23) | (1 << 24) | (1 << 28);
 /// (architectural perfmon extended) and AMD's 0x80000022 (PerfMonV2).
 const HIDDEN_LEAVES: [u32; 2] = [0x23, 0x8000_0022];
 
-/// The CPUID table the guest gets under `profile`.
-pub fn guest_cpuid(kvm: &Kvm, profile: &Profile) -> Result<kvm_bindings::CpuId, VmmError> {
+/// The CPUID table the guest gets under `profile`; `pebs`: emon presents PEBS (the debug store).
+pub fn guest_cpuid(kvm: &Kvm, profile: &Profile, pebs: bool) -> Result<kvm_bindings::CpuId, VmmError> {
     let supported = kvm.get_supported_cpuid(KVM_MAX_CPUID_ENTRIES).map_err(kvm_err("KVM_GET_SUPPORTED_CPUID"))?;
     let mut entries = supported.as_slice().to_vec();
-    apply_profile(&mut entries, profile);
+    apply_profile(&mut entries, profile, pebs);
     kvm_bindings::CpuId::from_entries(&entries).map_err(VmmError::CpuidTable)
 }
 
 /// Applies `profile` to a supported-CPUID table: vendor and signature (leaves 0, 1), leaf 0xA,
 /// PDCM, the modelled caches (leaf 4, Intel profiles) and reference clock (leaf 0x15), and hides
 /// every other PMU the host's table may advertise.
-pub fn apply_profile(entries: &mut Vec<kvm_cpuid_entry2>, profile: &Profile) {
+pub fn apply_profile(entries: &mut Vec<kvm_cpuid_entry2>, profile: &Profile, pebs: bool) {
     let intel = profile.vendor == "GenuineIntel";
     entries.retain(|e| {
         !HIDDEN_LEAVES.contains(&e.function) && e.function != LEAF_TSC_CRYSTAL && !(intel && e.function == LEAF_CACHE)
@@ -64,6 +65,10 @@ pub fn apply_profile(entries: &mut Vec<kvm_cpuid_entry2>, profile: &Profile) {
                     e.ecx |= LEAF1_ECX_PDCM;
                 }
                 e.edx &= !LEAF1_EDX_DS;
+                if pebs {
+                    e.ecx |= LEAF1_ECX_DTES64;
+                    e.edx |= LEAF1_EDX_DS;
+                }
             }
             LEAF_PERFMON => {
                 (e.eax, e.ebx, e.ecx, e.edx) = (a, b, c, d);
@@ -110,7 +115,7 @@ mod tests {
             entry(0x8000_0001, 0, 0, 0xFFFF_FFFF, 0),
             entry(0x8000_0022, 1, 2, 3, 4),
         ];
-        apply_profile(&mut t, &p);
+        apply_profile(&mut t, &p, false);
         let get = |f| t.iter().find(|e| e.function == f).copied();
         let l0 = get(0).unwrap();
         assert_eq!([l0.ebx, l0.edx, l0.ecx], p.vendor_regs());
@@ -118,6 +123,15 @@ mod tests {
         assert_eq!(l1.eax, p.leaf1_eax());
         assert_eq!(l1.ecx & LEAF1_ECX_PDCM != 0, p.pmu.perf_capabilities != 0);
         assert_eq!(l1.edx & LEAF1_EDX_DS, 0);
+        assert_eq!(l1.ecx & (LEAF1_ECX_DTES64 | LEAF1_ECX_DS_CPL), 0);
+        // Where emon presents PEBS: DS and the 64-bit layout, never DS-CPL.
+        let mut t = vec![entry(1, 0x00A0_0F11, 0, 0xFFFF_FFFF, 0xFFFF_FFFF)];
+        apply_profile(&mut t, &p, true);
+        let l1 = t.iter().find(|e| e.function == 1).copied().unwrap();
+        assert_eq!(
+            (l1.edx & LEAF1_EDX_DS, l1.ecx & (LEAF1_ECX_DTES64 | LEAF1_ECX_DS_CPL)),
+            (LEAF1_EDX_DS, LEAF1_ECX_DTES64)
+        );
         let a = get(LEAF_PERFMON).expect("leaf 0xA added");
         assert_eq!([a.eax, a.ebx, a.ecx, a.edx], p.pmu.leaf_0a());
         assert_eq!(get(0x8000_0001).unwrap().ecx & EXT1_ECX_AMD_PERFCTR, 0);
@@ -156,7 +170,7 @@ mod tests {
         for name in Profile::builtin_names() {
             let p = Profile::load(name).expect("built-in");
             let mut t = host_table(0x20);
-            apply_profile(&mut t, &p);
+            apply_profile(&mut t, &p, false);
             let ours = subleaves(&t, LEAF_CACHE);
             let expected: Vec<(u32, [u32; 4])> = (0..).zip(p.cache.leaf_04()).collect();
             assert_eq!(ours, expected, "{name}");
@@ -178,7 +192,7 @@ mod tests {
         }
         // Nehalem: L1i 4-way, L3 8 MiB 16-way inclusive, as CPUID.04H of the real part.
         let mut t = host_table(0x20);
-        apply_profile(&mut t, &Profile::load("nehalem").expect("built-in"));
+        apply_profile(&mut t, &Profile::load("nehalem").expect("built-in"), false);
         let ours = subleaves(&t, LEAF_CACHE);
         assert_eq!(ours[1].1[1..3], [0x00C0_003F, 0x7F]);
         assert_eq!(ours[3].1, [0x0000_0163, 0x03C0_003F, 0x1FFF, 2]);
@@ -191,7 +205,7 @@ mod tests {
         p.vendor = "AuthenticAMD".to_string();
         let mut t = host_table(0x20);
         let host = subleaves(&t, LEAF_CACHE);
-        apply_profile(&mut t, &p);
+        apply_profile(&mut t, &p, false);
         assert_eq!(subleaves(&t, LEAF_CACHE), host);
     }
 
@@ -200,7 +214,7 @@ mod tests {
         let p = Profile::load("icelake").expect("built-in");
         let mut t = host_table(0xD);
         t.retain(|e| e.function != LEAF_TSC_CRYSTAL);
-        apply_profile(&mut t, &p);
+        apply_profile(&mut t, &p, false);
         let leaf: Vec<[u32; 4]> =
             t.iter().filter(|e| e.function == LEAF_TSC_CRYSTAL).map(|e| [e.eax, e.ebx, e.ecx, e.edx]).collect();
         assert_eq!(leaf, [[2, 78, 38_400_000, 0]]);
@@ -208,7 +222,7 @@ mod tests {
         assert_eq!(max, Some(0x15));
         // A host max above 0x15 stays.
         let mut t = host_table(0x20);
-        apply_profile(&mut t, &Profile::load("skylake").expect("built-in"));
+        apply_profile(&mut t, &Profile::load("skylake").expect("built-in"), false);
         assert_eq!(t.iter().find(|e| e.function == 0).map(|e| e.eax), Some(0x20));
         let leaf: Vec<[u32; 4]> =
             t.iter().filter(|e| e.function == LEAF_TSC_CRYSTAL).map(|e| [e.eax, e.ebx, e.ecx, e.edx]).collect();
@@ -221,7 +235,7 @@ mod tests {
             let p = Profile::load(name).expect("built-in");
             assert!(!p.clock.leaf_15h, "{name}");
             let mut t = host_table(0x20);
-            apply_profile(&mut t, &p);
+            apply_profile(&mut t, &p, false);
             assert!(t.iter().all(|e| e.function != LEAF_TSC_CRYSTAL), "{name}: host leaf 0x15 visible");
             // The max basic leaf is not lowered: the host's other leaves (XSAVE, ...) stay.
             assert_eq!(t.iter().find(|e| e.function == 0).map(|e| e.eax), Some(0x20), "{name}");
@@ -230,7 +244,7 @@ mod tests {
         let text = "description = \"d\"\nvendor = \"GenuineIntel\"\nfamily = 6\nmodel = 0x5E\nstepping = 3\n[pmu]\nversion = 0\n";
         let p = Profile::from_toml("plain.toml", text).expect("loads");
         let mut t = host_table(0x20);
-        apply_profile(&mut t, &p);
+        apply_profile(&mut t, &p, false);
         assert!(t.iter().all(|e| e.function != LEAF_TSC_CRYSTAL));
     }
 }

@@ -34,6 +34,20 @@ pub use kick::StopReason;
 pub use report::{JsonReport, RunReport};
 pub use vcpu::{ExitStats, VcpuStop};
 
+/// `--pebs`: when emon presents PEBS (IA32_MISC_ENABLE.PEBS_UNAVAILABLE clear, CPUID.01H:EDX.DS
+/// and ECX.DTES64 set) under a backend that writes the profile's PEBS format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum PebsMode {
+    /// Where the guest sees CPUID.01H:EDX.DS: a host that hides it hides PEBS.
+    #[default]
+    Auto,
+    /// Even where the host hides CPUID.01H:EDX.DS from the guest (the run summary then says NOT
+    /// AS PROFILED): for guests that look only at MISC_ENABLE and PERF_CAPABILITIES.
+    On,
+    /// Never.
+    Off,
+}
+
 /// Where the guest's COM1 output goes.
 #[derive(Debug, Clone)]
 pub enum SerialOut {
@@ -56,6 +70,8 @@ pub struct VmConfig {
     pub serial: SerialOut,
     /// Unknown non-PMU MSRs read as 0 and ignore writes instead of raising #GP.
     pub ignore_msrs: bool,
+    /// `--pebs`: whether PEBS is presented (README, "PEBS").
+    pub pebs: PebsMode,
     /// What makes the counters count.
     pub backend: Box<dyn crate::backend::Backend>,
     /// `--trace`.

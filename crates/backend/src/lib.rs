@@ -92,6 +92,10 @@ pub trait Backend: Send {
     fn records_branches(&self) -> bool {
         false
     }
+    /// Does this backend write PEBS records into the guest's DS area (formats 0-3)?
+    fn writes_pebs(&self) -> bool {
+        false
+    }
 }
 
 /// The counters `r` marks, in IA32_PERF_GLOBAL_CTRL bit order (GP counters, then fixed).

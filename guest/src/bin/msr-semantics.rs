@@ -290,9 +290,12 @@ impl Pmu {
 
     /// IA32_MISC_ENABLE at power-on: fast strings, BTS and PEBS unavailable (no DS emulation),
     /// and "performance monitoring available" exactly when CPUID.0AH reports a PMU.
+    /// PEBS Unavailable (bit 12) is as the platform presents PEBS, which CPUID does not always
+    /// tell (a host may hide CPUID.01H:EDX.DS): it is taken as read, and checked read-only.
     fn misc_enable_power_on(&self) -> u64 {
         let perfmon = if self.version >= 1 { MISC_PERFMON_AVAILABLE } else { 0 };
-        MISC_FAST_STRINGS | perfmon | MISC_BTS_UNAVAILABLE | MISC_PEBS_UNAVAILABLE
+        let pebs = emon_guest::cpu::rdmsr(IA32_MISC_ENABLE) & MISC_PEBS_UNAVAILABLE;
+        MISC_FAST_STRINGS | perfmon | MISC_BTS_UNAVAILABLE | pebs
     }
 }
 

@@ -9,6 +9,7 @@
 //! counter is counting the guest runs free.
 pub mod cache;
 pub mod events;
+mod pebs;
 #[cfg(feature = "tcg")]
 pub mod tcg;
 #[cfg(test)]
@@ -135,6 +136,13 @@ pub struct Stats {
     /// Entries to the guest while MSR_LBR_SELECT asked for the call-stack mode, which emon does
     /// not model: the stack then records as if it were off.
     pub lbr_call_stack: u64,
+    /// PEBS assists: records written; none written because the buffer was at its absolute
+    /// maximum; none because the DS area was not mapped; and records whose registers are those
+    /// after later instructions that retired without their own single-step trap.
+    pub pebs_records: u64,
+    pub pebs_full: u64,
+    pub pebs_lost: u64,
+    pub pebs_inexact: u64,
 }
 
 /// The guest's time-stamp counter while emon counts (README, "Guest time"): it runs with the
@@ -335,9 +343,15 @@ impl Precise {
     /// [`tcg`]): `Some(Next::Retired)` if it retired anything, `None` to single-step instead.
     #[cfg(feature = "tcg")]
     fn fast_forward(&mut self, cx: &mut Cx, rip: u64, mode: &CpuMode) -> Result<Option<Next>, BackendError> {
-        // The engine counts but does not report branches: while the LBR stack records, every
-        // instruction is stepped.
-        if self.engine != Engine::Tcg || mode.bitness != 64 || self.armed.iter().any(|a| a.cmask != 0) || self.lbr_on {
+        // The engine counts but does not report branches or registers per instruction: while the
+        // LBR stack records or a counter is PEBS-enabled, every instruction is stepped.
+        let pebs = cx.pmu.pebs_on() && cx.pmu.pebs_enable() != 0;
+        if self.engine != Engine::Tcg
+            || mode.bitness != 64
+            || self.armed.iter().any(|a| a.cmask != 0)
+            || self.lbr_on
+            || pebs
+        {
             return Ok(None);
         }
         // User mode runs in the engine only where the engine entered it (through an IRETQ):
@@ -715,6 +729,7 @@ impl Precise {
         regs.rip = p.rip + i.len as u64;
         cx.vcpu.set_regs(&regs)?;
         self.retire(cx, &p.armed, i, p.rip, p.cpl, false);
+        self.pebs_assist(cx, p.rip, true)?;
         self.rip = Some(regs.rip);
         Ok(Next::Retired)
     }
@@ -996,6 +1011,7 @@ impl Precise {
                 }
                 let cpl = self.mode(cx)?.cpl;
                 self.record_branch(cx, &i, p.rip, end, cpl);
+                self.pebs_assist(cx, p.rip, run.is_empty())?;
                 for (n, (a, j)) in run.iter().enumerate() {
                     let next = run.get(n + 1).map_or(pc, |(b, _)| *b);
                     self.unseen_accesses(cx, &mode, *a);
@@ -1005,6 +1021,7 @@ impl Precise {
                     }
                     self.retire(cx, &p.armed, j, *a, cpl, taken(j, *a, next));
                     self.record_branch(cx, j, *a, next, cpl);
+                    self.pebs_assist(cx, *a, n + 1 == run.len())?;
                 }
                 self.stats.lost_traps += run.len() as u64;
                 self.rip = Some(pc);
@@ -1075,6 +1092,7 @@ impl Precise {
             let to_cpl = self.mode(cx)?.cpl;
             self.record_branch(cx, &i, rip, pc, to_cpl);
         }
+        self.pebs_assist(cx, rip, true)?;
         self.rip = Some(pc);
         Ok(())
     }
@@ -1107,6 +1125,10 @@ impl Backend for Precise {
         true
     }
 
+    fn writes_pebs(&self) -> bool {
+        true
+    }
+
     fn reprogrammed(&self) -> u64 {
         self.stats.reprogrammed
     }
@@ -1121,8 +1143,8 @@ impl Backend for Precise {
             (Engine::Step, None) => "single-stepped (--precise-engine step)".into(),
         };
         format!(
-            "precise backend: {} instructions counted ({engine}; {} without their own single-step trap), {} interrupts/exceptions seen while stepping, {} HLT, {} RDPMC and {} TSC reads emulated, {} TSC deadline accesses translated, {} branches recorded in the LBR stack, stepping switched {} times, {} counters reprogrammed",
-            s.retired, s.lost_traps, s.events, s.hlt, s.rdpmc, s.tsc_reads, s.tsc_deadlines, s.lbr_recorded, s.arm_changes, s.reprogrammed
+            "precise backend: {} instructions counted ({engine}; {} without their own single-step trap), {} interrupts/exceptions seen while stepping, {} HLT, {} RDPMC and {} TSC reads emulated, {} TSC deadline accesses translated, {} branches recorded in the LBR stack, {} PEBS records written ({} not, the buffer full), stepping switched {} times, {} counters reprogrammed",
+            s.retired, s.lost_traps, s.events, s.hlt, s.rdpmc, s.tsc_reads, s.tsc_deadlines, s.lbr_recorded, s.pebs_records, s.pebs_full, s.arm_changes, s.reprogrammed
         )
     }
 
@@ -1161,6 +1183,18 @@ impl Backend for Precise {
             notes.push(
                 "NOT EXACT: the LBR stack was asked for its call-stack mode (MSR_LBR_SELECT.EN_CALLSTACK), which emon does not model; it recorded every branch the filter let through (README, \"Model-specific PMU MSRs\")".into(),
             );
+        }
+        if self.stats.pebs_lost > 0 {
+            notes.push(format!(
+                "NOT EXACT: PEBS: {} assists found no DS area mapped at IA32_DS_AREA; no record was written and the counter reloaded 0 (README, \"PEBS\")",
+                self.stats.pebs_lost
+            ));
+        }
+        if self.stats.pebs_inexact > 0 {
+            notes.push(format!(
+                "NOT EXACT: PEBS: {} records hold the registers after instructions that retired without their own single-step trap, not the sampled instruction's (README, \"PEBS\")",
+                self.stats.pebs_inexact
+            ));
         }
         if self.stats.cpl3_lost > 0 {
             notes.push(format!(

@@ -86,12 +86,15 @@ impl Pmu {
         match self.reg(msr)? {
             // SDM 18.2.5: a legacy write stores EAX[31:0] sign-extended; EDX is ignored.
             Reg::Pmc(i) => {
+                (self.pebs_armed, self.pebs_due) = (self.pebs_armed & !(1 << i), self.pebs_due & !(1 << i));
                 self.pmc[usize::from(i)] = legacy_write_value(value, l.gp_width);
                 self.mark_written(CounterId::Gp(i));
             }
             // SDM 18.2.5: full-width write; bits above the counter width are reserved.
             Reg::APmc(i) => {
-                self.pmc[usize::from(i)] = check(value, width_mask(l.gp_width))?;
+                let v = check(value, width_mask(l.gp_width))?;
+                (self.pebs_armed, self.pebs_due) = (self.pebs_armed & !(1 << i), self.pebs_due & !(1 << i));
+                self.pmc[usize::from(i)] = v;
                 self.mark_written(CounterId::Gp(i));
             }
             Reg::PerfEvtSel(i) => {
@@ -136,7 +139,11 @@ impl Pmu {
                 let v = check(value, MISC_ENABLE_WRITABLE | MISC_ENABLE_READ_ONLY)?;
                 self.misc_enable = (v & MISC_ENABLE_WRITABLE) | (self.misc_enable & MISC_ENABLE_READ_ONLY);
             }
-            Reg::PebsEnable => self.pebs_enable = check(value, l.pebs_enable_valid)?,
+            Reg::PebsEnable => {
+                self.pebs_enable = check(value, l.pebs_enable_valid)?;
+                (self.pebs_armed, self.pebs_due) =
+                    (self.pebs_armed & self.pebs_enable, self.pebs_due & self.pebs_enable);
+            }
             Reg::DsArea => {
                 if !is_canonical_48(value) {
                     return Err(GpFault);

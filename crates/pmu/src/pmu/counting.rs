@@ -109,6 +109,22 @@ impl Pmu {
         let s = self.counter(id);
         let (value, overflowed) = counter::add_events(s.value, n, s.width);
         self.store_value(id, value);
+        let bit = id.status_mask();
+        if self.pebs_on && self.pebs_enable & self.layout.gp_bits & bit != 0 {
+            // SDM 18.6.1.1 (PEBS): the overflow arms PEBS instead of raising a PMI or setting the
+            // counter's overflow bit; the first event after it (a 0 to 1 transition) triggers
+            // the assist, which the backend performs (`pebs_due`, `pebs_assisted`).
+            if self.pebs_armed & bit != 0 && n > 0 {
+                self.pebs_due |= bit;
+            }
+            if overflowed {
+                self.pebs_armed |= bit;
+                if value > 0 {
+                    self.pebs_due |= bit;
+                }
+            }
+            return overflowed;
+        }
         if overflowed {
             if self.layout.version >= 2 {
                 self.global_status |= id.status_mask();
@@ -118,6 +134,45 @@ impl Pmu {
             }
         }
         overflowed
+    }
+
+    /// PEBS-enabled counters whose assist is due: they overflowed and have counted an event
+    /// since. The backend writes the record and calls [`Pmu::pebs_assisted`].
+    pub fn pebs_due(&self) -> u64 {
+        self.pebs_due
+    }
+
+    /// Is PEBS presented to the guest (MISC_ENABLE.PEBS_UNAVAILABLE clear)?
+    pub fn pebs_on(&self) -> bool {
+        self.pebs_on
+    }
+
+    /// Presents PEBS (`on`: the backend writes PEBS records) or not, through
+    /// MISC_ENABLE.PEBS_UNAVAILABLE (bit 12, read-only to the guest). Before the guest runs.
+    pub fn set_pebs(&mut self, on: bool) {
+        self.pebs_on = on;
+        if on {
+            self.misc_enable &= !MISC_ENABLE_PEBS_UNAVAILABLE;
+        } else {
+            self.misc_enable |= MISC_ENABLE_PEBS_UNAVAILABLE;
+        }
+    }
+
+    /// The backend performed the PEBS assist for `counters` (of [`Pmu::pebs_due`]; SDM 18.6.1.1
+    /// "PEBS Counter Reset"): each is reloaded with `reset(i)`, the DS area's PEBS counter i
+    /// reset value. `threshold`: the record brought the PEBS index to the interrupt threshold,
+    /// which sets GLOBAL_STATUS.OvfBuffer and raises a PMI.
+    pub fn pebs_assisted(&mut self, counters: u64, reset: impl Fn(u8) -> u64, threshold: bool) {
+        let counters = counters & self.pebs_due;
+        for i in (0..self.layout.gp).filter(|&i| counters & 1 << i != 0) {
+            self.store_value(CounterId::Gp(i), reset(i));
+        }
+        self.pebs_due &= !counters;
+        self.pebs_armed &= !counters;
+        if threshold {
+            self.global_status |= GLOBAL_STATUS_OVF_BUFFER;
+            self.pmi_pending = true;
+        }
     }
 
     /// Backend sync: set counter `id` to `value` masked to its width, with no side effects

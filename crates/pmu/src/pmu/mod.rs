@@ -15,6 +15,7 @@ mod access;
 pub mod counter;
 mod counting;
 mod decode;
+pub mod ds;
 mod dump;
 pub mod lbr;
 pub mod msr;
@@ -146,6 +147,12 @@ pub struct Pmu {
     pebs_enable: u64,
     ds_area: u64,
     lbr: LbrRegs,
+    /// PEBS is presented (the backend writes records): MISC_ENABLE.PEBS_UNAVAILABLE is clear.
+    pebs_on: bool,
+    /// PEBS-enabled GP counters that overflowed (armed), and those of them that have counted an
+    /// event since (the assist is due).
+    pebs_armed: u64,
+    pebs_due: u64,
     offcore_rsp: [u64; 2],
     pebs_ld_lat: u64,
     pebs_frontend: u64,
@@ -218,6 +225,9 @@ impl Pmu {
             pebs_enable: 0,
             ds_area: 0,
             lbr: LbrRegs::default(),
+            pebs_on: false,
+            pebs_armed: 0,
+            pebs_due: 0,
             offcore_rsp: [0; 2],
             pebs_ld_lat: 0,
             pebs_frontend: 0,

@@ -40,10 +40,8 @@ pub fn describe_leaf_0a(p: &PmuProfile) -> Vec<String> {
     lines.push(perf_capabilities_line(p));
     lines.push(format!("IA32_MISC_ENABLE[7] performance monitoring available: {}", yes_no(p.misc_enable_perfmon)));
     lines.push(lbr_line(p));
-    lines.push(
-        "PEBS and BTS: not presented (IA32_MISC_ENABLE[12] PEBS_UNAVAILABLE and [11] BTS_UNAVAILABLE set, CPUID.01H:EDX.DS clear)"
-            .to_string(),
-    );
+    lines.push(pebs_line(p));
+    lines.push("BTS: not presented (IA32_MISC_ENABLE[11] BTS_UNAVAILABLE set)".to_string());
     lines.push(model_msrs_line(p));
     lines
 }
@@ -66,6 +64,20 @@ fn lbr_line(p: &PmuProfile) -> String {
     }
     text += ", MSR_LER_FROM_LIP/TO_LIP";
     text + "; the precise backend records branches into it, the perf backend does not"
+}
+
+/// Whether PEBS is presented, and by which backend.
+fn pebs_line(p: &PmuProfile) -> String {
+    if p.presents_pebs(true) {
+        format!(
+            "PEBS format {}: presented under the precise backend, which writes the records (CPUID.01H:EDX.DS and ECX.DTES64 set, IA32_MISC_ENABLE[12] PEBS_UNAVAILABLE clear), where the guest sees CPUID.01H:EDX.DS or with --pebs on; not under the perf backend",
+            p.pebs_format()
+        )
+    } else if p.version >= 1 && p.pdcm() {
+        format!("PEBS format {}: not presented, emon does not write this format (IA32_MISC_ENABLE[12] PEBS_UNAVAILABLE set)", p.pebs_format())
+    } else {
+        "PEBS: none (no IA32_PERF_CAPABILITIES to name a format)".to_string()
+    }
 }
 
 /// The model-specific qualifier MSRs the profile has.

@@ -90,6 +90,18 @@ impl PmuProfile {
         (self.perf_capabilities & 0x3F) as u8
     }
 
+    /// IA32_PERF_CAPABILITIES[11:8] PEBS_FMT: the format of PEBS records.
+    pub fn pebs_format(&self) -> u8 {
+        ((self.perf_capabilities >> 8) & 0xF) as u8
+    }
+
+    /// Is PEBS presented when the backend writes PEBS records (`backend_writes`)? The profile
+    /// must enumerate a PEBS format emon writes (0-3, SDM 18.6: Core 2 to Skylake; not the
+    /// adaptive format 4) through IA32_PERF_CAPABILITIES, on a CPU with architectural perfmon.
+    pub fn presents_pebs(&self, backend_writes: bool) -> bool {
+        backend_writes && self.version >= 1 && self.pdcm() && self.pebs_format() <= 3
+    }
+
     /// CPUID.01H:ECX.PDCM[15]: IA32_PERF_CAPABILITIES exists.
     pub fn pdcm(&self) -> bool {
         self.perf_capabilities != 0
