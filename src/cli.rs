@@ -95,7 +95,7 @@ struct RunArgs {
     /// Unknown non-PMU MSRs read as 0 and ignore writes instead of raising #GP.
     #[arg(long)]
     ignore_msrs: bool,
-    /// Present PEBS (precise backend, PEBS formats 0-3): where the guest sees CPUID's debug store
+    /// Present PEBS (precise backend, PEBS formats 0-4): where the guest sees CPUID's debug store
     /// (auto), even where the host hides it (on: for guests that look only at MISC_ENABLE), or
     /// never (off).
     #[arg(long, value_enum, default_value_t = vmm::PebsMode::Auto)]

@@ -100,7 +100,7 @@ const PMU_RANGES: [(u32, u32); 19] = [
     (0x38D, 0x392),
     (0x1A0, 0x1A0),
     (0x1D9, 0x1D9),
-    (0x3F1, 0x3F1),
+    (0x3F1, 0x3F2),
     (0x600, 0x600),
     (0x4C1, 0x4C8),
     (0x40, 0x47),
@@ -431,6 +431,8 @@ enum Reg {
     MiscEnable,
     PebsEnable,
     DsArea,
+    /// MSR_PEBS_DATA_CFG (adaptive PEBS).
+    PebsDataCfg,
     /// MSR_LASTBRANCH_i_FROM_IP / TO_IP of the bank at `base`; MSR_LBR_INFO_i.
     LbrFrom { base: u32, i: u8 },
     LbrTo { base: u32, i: u8 },
@@ -457,6 +459,7 @@ fn reg(msr: u32) -> Option<Reg> {
         0x1A0 => Reg::MiscEnable,
         0x3F1 => Reg::PebsEnable,
         0x600 => Reg::DsArea,
+        0x3F2 => Reg::PebsDataCfg,
         0x1C8 => Reg::LbrSelect,
         0x1C9 => Reg::LbrTos,
         0x1DD | 0x1DE => Reg::Ler((msr - 0x1DD) as u8),
@@ -558,6 +561,8 @@ impl Shape {
             Some(Reg::StatusSet | Reg::Inuse) => v >= 4,
             Some(Reg::DebugCtl | Reg::MiscEnable) => true,
             Some(Reg::PebsEnable | Reg::DsArea) => v >= 1,
+            // PERF_CAPABILITIES.PEBS_BASELINE (bit 14) enumerates it (SDM 18.9.2.2).
+            Some(Reg::PebsDataCfg) => v >= 1 && self.perf_capabilities & 1 << 14 != 0,
             Some(Reg::LbrFrom { base, i }) => self.lbr.is_some_and(|l| l.from == base && i < l.depth),
             Some(Reg::LbrTo { base, i }) => self.lbr.is_some_and(|l| l.to == base && i < l.depth),
             Some(Reg::LbrInfo(i)) => self.lbr.is_some_and(|l| l.info.is_some() && i < l.depth),
@@ -606,6 +611,8 @@ impl Shape {
             // SDM Figure 18-12 (CondChgd cannot be set).
             Reg::StatusSet => fits(counters | 1 << 55 | 1 << 58 | 1 << 59 | 1 << 61 | 1 << 62),
             Reg::DebugCtl | Reg::MiscEnable | Reg::PebsEnable | Reg::DsArea => None,
+            // Memory info, GPRs, XMMs, LBRs (bits 3:0) and the LBR count (31:24).
+            Reg::PebsDataCfg => fits(0xFF00_000F),
             // SDM 17.4.8.1: the address bits below the format's flags (LBR_FMT 3: bit 63; 4:
             // bits 63:61) repeat bit 47; TO_IP has no flags.
             Reg::LbrFrom { .. } => {
@@ -1003,7 +1010,7 @@ fn wrmsr(pmu: &mut Pmu, shape: &Shape, model: &mut Model, msr: u32, value: u64, 
             except.push(0xC1 + u32::from(i));
         }
         Reg::FixedCtr(_) => assert_eq!(read(pmu), value & width_mask(shape.fixed_width), "{ctx}: fixed write"),
-        Reg::EvtSel(_) | Reg::FixedCtrCtrl | Reg::Ctrl | Reg::DebugCtl | Reg::PebsEnable | Reg::DsArea => {
+        Reg::EvtSel(_) | Reg::FixedCtrCtrl | Reg::Ctrl | Reg::DebugCtl | Reg::PebsEnable | Reg::DsArea | Reg::PebsDataCfg => {
             assert_eq!(read(pmu), value, "{ctx}: read-back")
         }
         Reg::OvfCtrl => {

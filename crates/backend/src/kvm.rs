@@ -98,6 +98,10 @@ impl Vcpu for KvmVcpu<'_> {
         self.fd.get_regs().map_err(VcpuError::op("KVM_GET_REGS"))
     }
 
+    fn xmm(&mut self) -> Result<[[u8; 16]; 16], VcpuError> {
+        Ok(self.fd.get_fpu().map_err(VcpuError::op("KVM_GET_FPU"))?.xmm)
+    }
+
     fn set_regs(&mut self, regs: &kvm_regs) -> Result<(), VcpuError> {
         self.fd.set_regs(regs).map_err(VcpuError::op("KVM_SET_REGS"))
     }

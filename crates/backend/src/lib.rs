@@ -92,7 +92,7 @@ pub trait Backend: Send {
     fn records_branches(&self) -> bool {
         false
     }
-    /// Does this backend write PEBS records into the guest's DS area (formats 0-3)?
+    /// Does this backend write PEBS records into the guest's DS area (formats 0-4)?
     fn writes_pebs(&self) -> bool {
         false
     }

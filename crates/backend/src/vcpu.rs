@@ -52,6 +52,10 @@ pub trait Vcpu {
     fn inject_exception(&mut self, vector: u8, error_code: Option<u32>) -> Result<(), VcpuError>;
     /// Guest-physical memory.
     fn memory(&self) -> &GuestMemoryMmap;
+    /// XMM0-15 (adaptive PEBS's XMM group).
+    fn xmm(&mut self) -> Result<[[u8; 16]; 16], VcpuError> {
+        Ok([[0; 16]; 16])
+    }
     /// The guest's MSR `index`, as the guest would read it where KVM answers it (IA32_TSC_AUX).
     fn get_msr(&mut self, index: u32) -> Result<u64, VcpuError>;
     /// Sets the guest's MSR `index` as the VMM (a host-initiated write: IA32_TSC_DEADLINE).

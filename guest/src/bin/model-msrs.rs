@@ -17,7 +17,7 @@ use emon_guest::models::{
     self, Bits, Cpu, MSR_LASTBRANCH_TOS, MSR_LBR_INFO_0, MSR_LBR_SELECT, MSR_OFFCORE_RSP_0, MSR_PEBS_FRONTEND,
     MSR_PEBS_LD_LAT,
 };
-use emon_guest::msr::{expect_gp_unchanged, expect_reserved_bits, is_gp, rd, wr, write_reads};
+use emon_guest::msr::{expect_gp_unchanged, expect_reserved_bits, is_gp, wr, write_reads};
 use emon_guest::{check, println, skip, BootInfo};
 
 emon_guest::entry!(main);

@@ -1059,16 +1059,12 @@ fn check_pebs_enable(p: &Pmu) {
         return;
     }
     let msr = IA32_PEBS_ENABLE;
-    let valid = p.gp_bits();
-    write_reads(format_args!("IA32_PEBS_ENABLE bits 0..{} accepted", p.gp - 1), msr, valid, valid);
+    // With adaptive PEBS (PERF_CAPABILITIES.PEBS_BASELINE, bit 14) the fixed counters' bits too.
+    let baseline = p.perf_capabilities & (1 << 14) != 0;
+    let valid = p.gp_bits() | if baseline { p.fixed_bits() } else { 0 };
+    write_reads(format_args!("IA32_PEBS_ENABLE bits {:#x} accepted", valid), msr, valid, valid);
     wr(msr, 1);
-    expect_reserved_bits(
-        format_args!("IA32_PEBS_ENABLE bits {}..63 each #GP, state unchanged", p.gp),
-        msr,
-        1,
-        !valid,
-        msr,
-    );
+    expect_reserved_bits(format_args!("IA32_PEBS_ENABLE's other bits each #GP, state unchanged"), msr, 1, !valid, msr);
     reset(p);
 }
 

@@ -36,8 +36,8 @@ const EVTSEL_INSTRUCTIONS_OS: u64 = PERFEVTSEL_EN | PERFEVTSEL_OS | 0xC0;
 const K: u64 = 10;
 /// Records the buffer holds.
 const RECORDS: usize = 8;
-/// The largest record emon writes (format 3).
-const MAX_RECORD: usize = 0xC8;
+/// The largest record emon writes here (format 4 with every group and 4 LBR entries).
+const MAX_RECORD: usize = 0x20 + 0x20 + 0x90 + 0x100 + 4 * 0x18;
 const MARKER_R14: u64 = 0x5EB5_0000_0000_0F14;
 const MARKER_R15: u64 = 0x5EB5_0000_0000_0F15;
 
@@ -76,6 +76,7 @@ fn sampled_loop(iterations: u64) -> (u64, u64) {
             "lea {dec}, [rip + 2f]",
             "lea {jnz}, [rip + 3f]",
             "mov r14, {m1}",
+            "movq xmm0, r14",
             "mov r15, {m2}",
             "mov ecx, 0x38F",
             "mov eax, 1",
@@ -92,7 +93,7 @@ fn sampled_loop(iterations: u64) -> (u64, u64) {
             m1 = in(reg) MARKER_R14,
             m2 = in(reg) MARKER_R15,
             n = in(reg) iterations,
-            out("rax") _, out("rcx") _, out("rdx") _, out("r14") _, out("r15") _,
+            out("rax") _, out("rcx") _, out("rdx") _, out("r14") _, out("r15") _, out("xmm0") _,
         );
     }
     (dec, jnz)
@@ -100,6 +101,199 @@ fn sampled_loop(iterations: u64) -> (u64, u64) {
 
 fn word(record: &[u8], offset: usize) -> u64 {
     u64::from_le_bytes(record[offset..offset + 8].try_into().expect("8 bytes"))
+}
+
+const IA32_DEBUGCTL: u32 = 0x1D9;
+const MSR_PEBS_DATA_CFG: u32 = 0x3F2;
+/// MSR_PEBS_DATA_CFG groups (SDM 18.9.2.2) and the LBR entry count field.
+const CFG_MEMINFO: u64 = 1 << 0;
+const CFG_GPRS: u64 = 1 << 1;
+const CFG_XMMS: u64 = 1 << 2;
+const CFG_LBRS: u64 = 1 << 3;
+const CFG_LBR_SHIFT: u32 = 24;
+
+/// Where a record's fields are, by format (and, for the adaptive format 4, MSR_PEBS_DATA_CFG).
+#[derive(Default)]
+struct Fields {
+    size: u64,
+    /// Format 4: the basic group's format and size word.
+    format_size: Option<u64>,
+    rip: Option<usize>,
+    rcx: Option<usize>,
+    r14: Option<usize>,
+    r15: Option<usize>,
+    status: Option<usize>,
+    eventing_ip: Option<usize>,
+    tsc: Option<usize>,
+    xmm0: Option<usize>,
+    /// The newest LBR entry's FROM_IP; its TO_IP follows.
+    lbr0: Option<usize>,
+}
+
+impl Fields {
+    /// Formats 0-3: RFLAGS, RIP, RAX..R15, then status (1+), EventingIP (2+) and TSC (3).
+    fn legacy(format: u8) -> Option<Fields> {
+        let size = [0x90, 0xB0, 0xC0, 0xC8].get(usize::from(format))?;
+        Some(Fields {
+            size: *size,
+            rip: Some(0x08),
+            rcx: Some(0x20),
+            r14: Some(0x80),
+            r15: Some(0x88),
+            status: (format >= 1).then_some(0x90),
+            eventing_ip: (format >= 2).then_some(0xB0),
+            tsc: (format >= 3).then_some(0xC0),
+            ..Fields::default()
+        })
+    }
+
+    /// Format 4: the basic group (format and size, IP, applicable counters, TSC), then memory
+    /// info, GPRs (RFLAGS, RIP, RAX, RCX, RDX, RBX, RSP, RBP, RSI, RDI, R8-R15), XMMs and LBRs.
+    fn adaptive(cfg: u64) -> Fields {
+        let mut f = Fields { eventing_ip: Some(0x08), status: Some(0x10), tsc: Some(0x18), ..Fields::default() };
+        let mut at = 0x20;
+        if cfg & CFG_MEMINFO != 0 {
+            at += 0x20;
+        }
+        if cfg & CFG_GPRS != 0 {
+            (f.rip, f.rcx, f.r14, f.r15) = (Some(at + 0x08), Some(at + 0x18), Some(at + 0x80), Some(at + 0x88));
+            at += 0x90;
+        }
+        if cfg & CFG_XMMS != 0 {
+            f.xmm0 = Some(at);
+            at += 0x100;
+        }
+        if cfg & CFG_LBRS != 0 {
+            f.lbr0 = Some(at);
+            at += 0x18 * (((cfg >> CFG_LBR_SHIFT) & 0xFF) as usize + 1);
+        }
+        f.size = at as u64;
+        f.format_size = Some(f.size << 48 | cfg);
+        f
+    }
+}
+
+/// One sampling run: the DS area, IA32_PMC0 counting instructions with PEBS (and the record
+/// groups `cfg` of format 4), the loop, and every record checked.
+fn sample(what: (&str, u64), format: u8, cfg: u64, f: &Fields) {
+    let size = f.size;
+    // The DS area: PEBS buffer base = index, absolute maximum after RECORDS records, interrupt
+    // threshold at the last one; counter 0 reloads -(2K - 1).
+    let ds = &raw mut DS;
+    // SAFETY: the guest's own statics, single CPU, not in use by PEBS now.
+    let (area, base) = unsafe {
+        (*ds).pebs.fill(0);
+        ((*ds).area.as_mut_ptr(), (*ds).pebs.as_ptr() as u64)
+    };
+    let absmax = base + RECORDS as u64 * size;
+    let reset = (2 * K - 1).wrapping_neg();
+    let fields = [0, 0, 0, 0, base, base, absmax, absmax, reset];
+    for (i, v) in fields.into_iter().enumerate() {
+        // SAFETY: within the area.
+        unsafe { area.add(i).write_volatile(v) };
+    }
+    PMIS.store(0, SeqCst);
+    wrmsr(IA32_DS_AREA, area as u64);
+    if format >= 4 {
+        wrmsr(MSR_PEBS_DATA_CFG, cfg);
+    }
+    let lbr = cfg & CFG_LBRS != 0;
+    // The first overflow 100 instructions in, as a 32-bit legacy write sign-extends.
+    wrmsr(IA32_PMC0, 100u64.wrapping_neg() & 0xFFFF_FFFF);
+    wrmsr(IA32_PERFEVTSEL0, EVTSEL_INSTRUCTIONS_OS);
+    wrmsr(IA32_PEBS_ENABLE, 1);
+    disable_interrupts();
+    if lbr {
+        wrmsr(IA32_DEBUGCTL, 1);
+    }
+    let (dec, jnz) = sampled_loop(1000);
+    wrmsr(IA32_DEBUGCTL, 0);
+    wrmsr(IA32_PEBS_ENABLE, 0);
+    let status_before_pmi = rdmsr(IA32_PERF_GLOBAL_STATUS);
+    enable_interrupts();
+    wrmsr(IA32_PERFEVTSEL0, 0);
+
+    // SAFETY: PEBS is off; the guest reads what emon wrote.
+    let (index, pebs) = unsafe { ((*ds).area[5], &(*ds).pebs) };
+    check_eq!(index, absmax, "{} {:#x}: the PEBS index stopped at the absolute maximum", what.0, what.1);
+    check!(
+        pebs[RECORDS * size as usize..].iter().all(|&b| b == 0),
+        "{} {:#x}: nothing is written past the absolute maximum",
+        what.0,
+        what.1
+    );
+    check_eq!(
+        status_before_pmi & 1,
+        0u64,
+        "{} {:#x}: PMC0's overflows armed PEBS instead of setting its overflow bit",
+        what.0,
+        what.1
+    );
+    check!(
+        status_before_pmi & GLOBAL_STATUS_OVF_BUFFER != 0,
+        "{} {:#x}: reaching the interrupt threshold set GLOBAL_STATUS.OvfBuffer",
+        what.0,
+        what.1
+    );
+    check_eq!(PMIS.load(SeqCst), 1u64, "{} {:#x}: one PMI at the interrupt threshold", what.0, what.1);
+    check!(
+        STATUS_IN_PMI.load(SeqCst) & GLOBAL_STATUS_OVF_BUFFER != 0,
+        "{} {:#x}: the PMI handler sees OvfBuffer",
+        what.0,
+        what.1
+    );
+
+    let mut previous: Option<(u64, u64, u64)> = None; // (eventing IP, RCX, TSC)
+    for n in 0..RECORDS {
+        let r = &pebs[n * size as usize..(n + 1) * size as usize];
+        let get = |at: Option<usize>| at.map(|o| word(r, o));
+        // Trap-like: RIP follows the instruction that counted the event.
+        let eventing = match (get(f.eventing_ip), get(f.rip)) {
+            (Some(ip), _) => ip,
+            (None, Some(rip)) if rip == jnz => dec,
+            _ => jnz,
+        };
+        let mut ok = eventing == dec || eventing == jnz;
+        if let Some(rip) = get(f.rip) {
+            ok &= rip == if eventing == dec { jnz } else { dec } || eventing == jnz && rip == jnz + 2;
+        }
+        ok &= get(f.r14).is_none_or(|v| v == MARKER_R14) && get(f.r15).is_none_or(|v| v == MARKER_R15);
+        ok &= get(f.status).is_none_or(|v| v & 1 != 0);
+        ok &= f.format_size.is_none_or(|fs| word(r, 0) == fs);
+        ok &= f.xmm0.is_none_or(|o| word(r, o) == MARKER_R14);
+        // The newest LBR entry: the loop's JNZ back to the DEC.
+        ok &= f.lbr0.is_none_or(|o| (word(r, o), word(r, o + 8)) == (jnz, dec));
+        let rcx = get(f.rcx).unwrap_or(0);
+        let tsc = get(f.tsc).unwrap_or(0);
+        if let Some((prev_ip, prev_rcx, prev_tsc)) = previous {
+            ok &= eventing == prev_ip;
+            ok &= f.rcx.is_none() || prev_rcx.wrapping_sub(rcx) == K;
+            ok &= f.tsc.is_none() || tsc > prev_tsc;
+        }
+        if !ok {
+            println!(
+                "  record {}: IP {:#x} RIP {:#x} RCX {} status {:#x} TSC {}; loop at {:#x}/{:#x}",
+                n,
+                eventing,
+                get(f.rip).unwrap_or(0),
+                rcx,
+                get(f.status).unwrap_or(0),
+                tsc,
+                dec,
+                jnz
+            );
+        }
+        check!(
+            ok,
+            "{} {:#x}: record {}: the sampled instruction, {} iterations after the one before",
+            what.0,
+            what.1,
+            n,
+            K
+        );
+        previous = Some((eventing, rcx, tsc));
+    }
+    wrmsr(IA32_DS_AREA, 0);
 }
 
 fn main(_boot: &BootInfo) -> i32 {
@@ -120,97 +314,20 @@ fn main(_boot: &BootInfo) -> i32 {
     }
     let caps = pmu.perf_capabilities().unwrap_or(0);
     let format = ((caps >> 8) & 0xF) as u8;
-    let size = match format {
-        0 => 0x90,
-        1 => 0xB0,
-        2 => 0xC0,
-        3 => 0xC8,
-        _ => {
-            check!(false, "PEBS is presented only in a format emon writes (got format {})", format);
-            return emon_guest::summary();
-        }
-    };
-    println!("PEBS format {} ({:#x}-byte records), PEBS_TRAP {}", format, size, caps >> 6 & 1);
+    let baseline = caps & (1 << 14) != 0;
+    println!("PEBS format {}, PEBS_TRAP {}, PEBS_BASELINE {}", format, caps >> 6 & 1, baseline);
     check!(caps & (1 << 6) != 0, "PERF_CAPABILITIES.PEBS_TRAP: records hold the state after the instruction");
-
-    // The DS area: PEBS buffer base = index, absolute maximum after RECORDS records, interrupt
-    // threshold at the last one; counter 0 reloads -(2K - 1).
-    let ds = &raw mut DS;
-    // SAFETY: the guest's own statics, single CPU, not in use by PEBS yet.
-    let (area, base) = unsafe { ((*ds).area.as_mut_ptr(), (*ds).pebs.as_ptr() as u64) };
-    let absmax = base + RECORDS as u64 * size;
-    let reset = (2 * K - 1).wrapping_neg();
-    let fields = [0, 0, 0, 0, base, base, absmax, absmax, reset];
-    for (i, v) in fields.into_iter().enumerate() {
-        // SAFETY: within the area.
-        unsafe { area.add(i).write_volatile(v) };
-    }
     idt::set_handler(APIC_PERFMON_VECTOR, pmi_handler);
     apic::enable();
     apic::write(apic::LVT_PMC, APIC_PERFMON_VECTOR as u32);
-    wrmsr(IA32_DS_AREA, area as u64);
-    // The first overflow 100 instructions in, as a 32-bit legacy write sign-extends.
-    wrmsr(IA32_PMC0, 100u64.wrapping_neg() & 0xFFFF_FFFF);
-    wrmsr(IA32_PERFEVTSEL0, EVTSEL_INSTRUCTIONS_OS);
-    wrmsr(IA32_PEBS_ENABLE, 1);
-    let iterations = 1000;
-    disable_interrupts();
-    let (dec, jnz) = sampled_loop(iterations);
-    wrmsr(IA32_PEBS_ENABLE, 0);
-    let status_before_pmi = rdmsr(IA32_PERF_GLOBAL_STATUS);
-    enable_interrupts();
-    wrmsr(IA32_PERFEVTSEL0, 0);
-
-    // SAFETY: PEBS is off; the guest reads what emon wrote.
-    let (index, pebs) = unsafe { ((*ds).area[5], &(*ds).pebs) };
-    check_eq!(index, absmax, "the PEBS index stopped at the absolute maximum");
-    check!(pebs[RECORDS * size as usize..].iter().all(|&b| b == 0), "nothing is written past the absolute maximum");
-    check_eq!(status_before_pmi & 1, 0u64, "PMC0's overflows armed PEBS instead of setting its overflow bit");
-    check!(
-        status_before_pmi & GLOBAL_STATUS_OVF_BUFFER != 0,
-        "reaching the interrupt threshold set GLOBAL_STATUS.OvfBuffer"
-    );
-    check_eq!(PMIS.load(SeqCst), 1u64, "one PMI at the interrupt threshold");
-    check!(STATUS_IN_PMI.load(SeqCst) & GLOBAL_STATUS_OVF_BUFFER != 0, "the PMI handler sees OvfBuffer");
-
-    let mut previous: Option<(u64, u64, u64)> = None; // (eventing IP, RCX, TSC)
-    for n in 0..RECORDS {
-        let r = &pebs[n * size as usize..(n + 1) * size as usize];
-        let (rip, rcx) = (word(r, 0x08), word(r, 0x20));
-        // Trap-like: RIP follows the instruction that counted the event.
-        let eventing = if rip == jnz { dec } else { jnz };
-        let in_loop = rip == jnz || rip == dec || rip == jnz + 2;
-        let markers = word(r, 0x80) == MARKER_R14 && word(r, 0x88) == MARKER_R15;
-        let mut ok = in_loop && markers;
-        if format >= 1 {
-            ok &= word(r, 0x90) & 1 != 0;
+    if let Some(f) = Fields::legacy(format) {
+        sample(("format", u64::from(format)), format, 0, &f);
+    } else if format == 4 && baseline {
+        for cfg in [0, CFG_GPRS, CFG_MEMINFO | CFG_GPRS | CFG_XMMS | CFG_LBRS | 3 << CFG_LBR_SHIFT] {
+            sample(("adaptive, PEBS_DATA_CFG", cfg), format, cfg, &Fields::adaptive(cfg));
         }
-        if format >= 2 {
-            ok &= word(r, 0xB0) == eventing;
-        }
-        let tsc = if format >= 3 { word(r, 0xC0) } else { 0 };
-        if let Some((prev_ip, prev_rcx, prev_tsc)) = previous {
-            ok &= eventing == prev_ip && prev_rcx.wrapping_sub(rcx) == K;
-            ok &= format < 3 || tsc > prev_tsc;
-        }
-        if !ok {
-            println!(
-                "  record {}: RIP {:#x} RCX {} R14 {:#x} R15 {:#x} status {:#x} EventingIP {:#x} TSC {}; loop at {:#x}/{:#x}",
-                n,
-                rip,
-                rcx,
-                word(r, 0x80),
-                word(r, 0x88),
-                if format >= 1 { word(r, 0x90) } else { 0 },
-                if format >= 2 { word(r, 0xB0) } else { 0 },
-                tsc,
-                dec,
-                jnz
-            );
-        }
-        check!(ok, "record {}: the sampled instruction, {} iterations after the one before", n, K);
-        previous = Some((eventing, rcx, tsc));
+    } else {
+        check!(false, "PEBS is presented only in a format emon writes (got format {})", format);
     }
-    wrmsr(IA32_DS_AREA, 0);
     emon_guest::summary()
 }

@@ -6,6 +6,7 @@
 use super::Precise;
 use crate::{BackendError, Cx};
 use emon_pmu::pmu::ds::{self, DsArea, PebsInput, DS_AREA_SIZE, DS_PEBS_INDEX};
+use emon_pmu::pmu::CounterId;
 use emon_x86::mode::CpuMode;
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
@@ -52,17 +53,23 @@ impl Precise {
         if !exact {
             self.stats.pebs_inexact += 1;
         }
-        let format = ((cx.pmu.profile().perf_capabilities >> 8) & 0xF) as u8;
-        let size = ds::record_size(format).expect("PEBS is presented only in a format emon writes");
+        let format = cx.pmu.profile().pebs_format();
+        let cfg = cx.pmu.pebs_data_cfg();
+        let size = match format {
+            4 => ds::adaptive_record_size(cfg),
+            _ => ds::record_size(format).expect("PEBS is presented only in a format emon writes"),
+        };
         let mode = self.mode(cx)?;
         let regs = cx.vcpu.regs()?;
         let tsc = match self.virtual_tsc() {
             Some(t) => t,
             None => cx.vcpu.guest_tsc()?,
         };
-        // Format 3 stores the applicable counters; formats 1 and 2 IA32_PERF_GLOBAL_STATUS, in
-        // which the counters the record is for read as overflowed.
+        // Formats 3 and 4 store the applicable counters; formats 1 and 2 IA32_PERF_GLOBAL_STATUS,
+        // in which the counters the record is for read as overflowed.
         let status = if format >= 3 { due } else { cx.pmu.global_status() | due };
+        let xmm = if format == 4 && cfg & ds::PEBS_DATA_CFG_XMMS != 0 { cx.vcpu.xmm()? } else { [[0; 16]; 16] };
+        let lbr = cx.pmu.lbr_newest(ds::adaptive_lbr_entries(if format == 4 { cfg } else { 0 }));
         let input = PebsInput {
             rflags: regs.rflags,
             rip: regs.rip,
@@ -73,6 +80,8 @@ impl Precise {
             eventing_ip,
             status,
             tsc,
+            xmm,
+            lbr,
         };
         let mem = cx.vcpu.memory();
         let area = cx.pmu.ds_area();
@@ -85,7 +94,8 @@ impl Precise {
         };
         let ds = DsArea::parse(&bytes);
         let written = ds.next_record(size).and_then(|at| {
-            write_linear(mem, &mode, at, &ds::record(format, &input))?;
+            let record = if format == 4 { ds::adaptive_record(cfg, &input) } else { ds::record(format, &input) };
+            write_linear(mem, &mode, at, &record)?;
             let index = at + size;
             write_linear(mem, &mode, area + DS_PEBS_INDEX, &index.to_le_bytes())?;
             Some(index)
@@ -95,7 +105,11 @@ impl Precise {
             None => self.stats.pebs_full += 1,
         }
         let threshold = written.is_some_and(|index| index >= ds.pebs_interrupt_threshold);
-        cx.pmu.pebs_assisted(due, |i| ds.pebs_counter_reset[usize::from(i)], threshold);
+        let reset = |id| match id {
+            CounterId::Gp(i) => ds.pebs_counter_reset[usize::from(i)],
+            CounterId::Fixed(i) => ds.pebs_fixed_reset[usize::from(i)],
+        };
+        cx.pmu.pebs_assisted(due, reset, threshold);
         Ok(())
     }
 }

@@ -63,6 +63,7 @@ impl Pmu {
             Reg::MiscEnable => self.misc_enable,
             Reg::PebsEnable => self.pebs_enable,
             Reg::DsArea => self.ds_area,
+            Reg::PebsDataCfg => self.pebs_data_cfg,
             Reg::OffcoreRsp(i) => self.offcore_rsp[usize::from(i)],
             Reg::PebsLdLat => self.pebs_ld_lat,
             Reg::PebsFrontend => self.pebs_frontend,
@@ -106,6 +107,8 @@ impl Pmu {
             }
             // Like KVM (pmu_intel.c), bits above the fixed width are dropped, not #GP.
             Reg::FixedCtr(i) => {
+                let bit = CounterId::Fixed(i).status_mask();
+                (self.pebs_armed, self.pebs_due) = (self.pebs_armed & !bit, self.pebs_due & !bit);
                 self.fixed_ctr[usize::from(i)] = value & width_mask(l.fixed_width);
                 self.mark_written(CounterId::Fixed(i));
             }
@@ -150,6 +153,7 @@ impl Pmu {
                 }
                 self.ds_area = value;
             }
+            Reg::PebsDataCfg => self.pebs_data_cfg = check(value, PEBS_DATA_CFG_VALID)?,
             // The model-specific MSRs store, ignore and #GP bits as the profile measured them.
             Reg::OffcoreRsp(i) => {
                 self.offcore_rsp[usize::from(i)] = model_write(l.msrs.offcore_rsp[usize::from(i)], value)?

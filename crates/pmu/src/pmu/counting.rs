@@ -110,7 +110,7 @@ impl Pmu {
         let (value, overflowed) = counter::add_events(s.value, n, s.width);
         self.store_value(id, value);
         let bit = id.status_mask();
-        if self.pebs_on && self.pebs_enable & self.layout.gp_bits & bit != 0 {
+        if self.pebs_on && self.pebs_enable & self.layout.pebs_enable_valid & bit != 0 {
             // SDM 18.6.1.1 (PEBS): the overflow arms PEBS instead of raising a PMI or setting the
             // counter's overflow bit; the first event after it (a 0 to 1 transition) triggers
             // the assist, which the backend performs (`pebs_due`, `pebs_assisted`).
@@ -158,14 +158,19 @@ impl Pmu {
         }
     }
 
-    /// The backend performed the PEBS assist for `counters` (of [`Pmu::pebs_due`]; SDM 18.6.1.1
-    /// "PEBS Counter Reset"): each is reloaded with `reset(i)`, the DS area's PEBS counter i
-    /// reset value. `threshold`: the record brought the PEBS index to the interrupt threshold,
-    /// which sets GLOBAL_STATUS.OvfBuffer and raises a PMI.
-    pub fn pebs_assisted(&mut self, counters: u64, reset: impl Fn(u8) -> u64, threshold: bool) {
+    /// MSR_PEBS_DATA_CFG: the adaptive record's groups.
+    pub fn pebs_data_cfg(&self) -> u64 {
+        self.pebs_data_cfg
+    }
+
+    /// The backend performed the PEBS assist for `counters` (of [`Pmu::pebs_due`], in the
+    /// GLOBAL_STATUS layout; SDM 18.6.1.1 "PEBS Counter Reset"): each is reloaded with
+    /// `reset(id)`, its reset value in the DS area. `threshold`: the record brought the PEBS
+    /// index to the interrupt threshold, which sets GLOBAL_STATUS.OvfBuffer and raises a PMI.
+    pub fn pebs_assisted(&mut self, counters: u64, reset: impl Fn(CounterId) -> u64, threshold: bool) {
         let counters = counters & self.pebs_due;
-        for i in (0..self.layout.gp).filter(|&i| counters & 1 << i != 0) {
-            self.store_value(CounterId::Gp(i), reset(i));
+        for id in self.counter_ids().into_iter().filter(|id| counters & id.status_mask() != 0) {
+            self.store_value(id, reset(id));
         }
         self.pebs_due &= !counters;
         self.pebs_armed &= !counters;

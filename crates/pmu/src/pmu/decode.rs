@@ -37,6 +37,8 @@ pub enum Reg {
     PebsEnable,
     /// IA32_DS_AREA.
     DsArea,
+    /// MSR_PEBS_DATA_CFG.
+    PebsDataCfg,
     /// MSR_OFFCORE_RSP_i.
     OffcoreRsp(u8),
     /// MSR_PEBS_LD_LAT.
@@ -80,6 +82,7 @@ impl Reg {
             IA32_MISC_ENABLE => Reg::MiscEnable,
             IA32_PEBS_ENABLE => Reg::PebsEnable,
             IA32_DS_AREA => Reg::DsArea,
+            MSR_PEBS_DATA_CFG => Reg::PebsDataCfg,
             MSR_PEBS_LD_LAT => Reg::PebsLdLat,
             MSR_PEBS_FRONTEND => Reg::PebsFrontend,
             MSR_LBR_SELECT => Reg::LbrSelect,
@@ -118,6 +121,7 @@ impl Reg {
             Reg::GlobalStatusSet | Reg::GlobalInuse => v >= 4,
             Reg::DebugCtl | Reg::MiscEnable => true,
             Reg::PebsEnable | Reg::DsArea => v >= 1,
+            Reg::PebsDataCfg => v >= 1 && l.pebs_baseline,
             Reg::OffcoreRsp(i) => l.msrs.offcore_rsp[usize::from(i)].is_some(),
             Reg::PebsLdLat => l.msrs.pebs_ld_lat.is_some(),
             Reg::PebsFrontend => l.msrs.pebs_frontend.is_some(),

@@ -80,6 +80,19 @@ impl Pmu {
             && !(self.layout.version >= 4 && self.global_status & GLOBAL_STATUS_LBR_FRZ != 0)
     }
 
+    /// The newest `n` entries of the stack (at most its depth), newest first: (FROM_IP, TO_IP,
+    /// LBR_INFO or 0). Adaptive PEBS's LBR group copies them.
+    pub fn lbr_newest(&self, n: usize) -> Vec<(u64, u64, u64)> {
+        let Some(lbr) = self.layout.lbr else { return Vec::new() };
+        let depth = u64::from(lbr.depth);
+        (0..(n as u64).min(depth))
+            .map(|back| {
+                let i = ((self.lbr.tos + depth - back) % depth) as usize;
+                (self.lbr.from[i], self.lbr.to[i], if lbr.info.is_some() { self.lbr.info[i] } else { 0 })
+            })
+            .collect()
+    }
+
     /// Does MSR_LBR_SELECT ask for the call-stack mode, which emon does not model?
     pub fn lbr_call_stack(&self) -> bool {
         self.lbr.select & LBR_SELECT_EN_CALLSTACK != 0

@@ -29,6 +29,13 @@ pub const IA32_PERF_GLOBAL_STATUS_SET: u32 = 0x391;
 pub const IA32_PERF_GLOBAL_INUSE: u32 = 0x392;
 /// IA32_PEBS_ENABLE.
 pub const IA32_PEBS_ENABLE: u32 = 0x3F1;
+/// MSR_PEBS_DATA_CFG (adaptive PEBS, PERF_CAPABILITIES.PEBS_BASELINE): the record groups.
+pub const MSR_PEBS_DATA_CFG: u32 = 0x3F2;
+/// MSR_PEBS_DATA_CFG bits (SDM 18.9.2.2): Memory Info (0), GPRs (1), XMMs (2), LBRs (3), and the
+/// number of LBR entries minus one (31:24).
+pub const PEBS_DATA_CFG_VALID: u64 = 0xFF00_000F;
+/// IA32_PERF_CAPABILITIES.PEBS_BASELINE (bit 14): adaptive PEBS, on every counter.
+pub const PERF_CAPABILITIES_PEBS_BASELINE: u64 = 1 << 14;
 /// IA32_A_PMC0: full-width alias of IA32_PMC0 (exists when IA32_PERF_CAPABILITIES.FW_WRITE = 1, SDM 18.2.5).
 pub const IA32_A_PMC0: u32 = 0x4C1;
 /// IA32_DS_AREA.
@@ -184,6 +191,7 @@ pub fn msr_name(msr: u32) -> Option<String> {
         IA32_PERF_GLOBAL_STATUS_SET => Some("IA32_PERF_GLOBAL_STATUS_SET"),
         IA32_PERF_GLOBAL_INUSE => Some("IA32_PERF_GLOBAL_INUSE"),
         IA32_PEBS_ENABLE => Some("IA32_PEBS_ENABLE"),
+        MSR_PEBS_DATA_CFG => Some("MSR_PEBS_DATA_CFG"),
         IA32_DS_AREA => Some("IA32_DS_AREA"),
         MSR_LBR_SELECT => Some("MSR_LBR_SELECT"),
         MSR_LASTBRANCH_TOS => Some("MSR_LASTBRANCH_TOS"),

@@ -122,8 +122,10 @@ pub struct Layout {
     pub status_set_valid: u64,
     /// Writable bits of IA32_DEBUGCTL.
     pub debugctl_valid: u64,
-    /// Writable bits of IA32_PEBS_ENABLE.
+    /// Writable bits of IA32_PEBS_ENABLE: the GP counters, and with adaptive PEBS the fixed ones.
     pub pebs_enable_valid: u64,
+    /// PERF_CAPABILITIES.PEBS_BASELINE: adaptive PEBS (MSR_PEBS_DATA_CFG, PEBS on fixed counters).
+    pub pebs_baseline: bool,
     /// The LBR stack's MSRs, if the profile has them.
     pub lbr: Option<Lbr>,
     /// IA32_PERF_CAPABILITIES\[5:0\] LBR_FMT.
@@ -178,6 +180,7 @@ impl Layout {
             .fold(0u64, |m, (i, _)| m | field << (u32::from(i) * FIXED_CTR_CTRL_FIELD_BITS));
 
         let counters = gp_bits | fixed_bits;
+        let baseline = version >= 1 && p.perf_capabilities & PERF_CAPABILITIES_PEBS_BASELINE != 0;
         // With PERF_METRICS, bit 48 of GLOBAL_CTRL, OVF_CTRL/STATUS_RESET and STATUS_SET is the
         // metrics' (SDM 18.3.9.3). emon does not count the metrics: they never overflow.
         let metrics = if version >= 2 && p.perf_capabilities & PERF_CAPABILITIES_PERF_METRICS != 0 {
@@ -230,7 +233,8 @@ impl Layout {
             ovf_ctrl_valid: if version >= 2 { ovf_ctrl_valid } else { 0 },
             status_set_valid,
             debugctl_valid,
-            pebs_enable_valid: gp_bits,
+            pebs_enable_valid: if baseline { gp_bits | fixed_bits } else { gp_bits },
+            pebs_baseline: baseline,
             lbr: p.lbr,
             lbr_format: p.lbr_format(),
             msrs: p.msrs,

@@ -96,10 +96,13 @@ impl PmuProfile {
     }
 
     /// Is PEBS presented when the backend writes PEBS records (`backend_writes`)? The profile
-    /// must enumerate a PEBS format emon writes (0-3, SDM 18.6: Core 2 to Skylake; not the
-    /// adaptive format 4) through IA32_PERF_CAPABILITIES, on a CPU with architectural perfmon.
+    /// must enumerate a PEBS format emon writes through IA32_PERF_CAPABILITIES, on a CPU with
+    /// architectural perfmon: 0-3 (SDM 18.6: Core 2 to Skylake), or 4 with PEBS_BASELINE
+    /// (adaptive PEBS, Ice Lake).
     pub fn presents_pebs(&self, backend_writes: bool) -> bool {
-        backend_writes && self.version >= 1 && self.pdcm() && self.pebs_format() <= 3
+        let baseline = self.perf_capabilities & (1 << 14) != 0;
+        let format = self.pebs_format();
+        backend_writes && self.version >= 1 && self.pdcm() && (format <= 3 || format == 4 && baseline)
     }
 
     /// CPUID.01H:ECX.PDCM[15]: IA32_PERF_CAPABILITIES exists.

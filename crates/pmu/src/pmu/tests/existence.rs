@@ -64,7 +64,8 @@ fn existence_matches_semantics_table_for_every_profile() {
 #[test]
 fn trapped_ranges_are_the_architectural_ones() {
     let all = trapped();
-    let architectural = 8 + 8 + 1 + 1 + 4 + 1 + 6 + 1 + 8 + 1;
+    // PEBS_DATA_CFG (0x3F2) with PEBS_ENABLE.
+    let architectural = 8 + 8 + 1 + 1 + 4 + 1 + 6 + 1 + 1 + 8 + 1;
     // LBR FROM/TO at 0x40/0x60 (8 each) and 0x680/0x6C0 plus LBR_INFO (32 each); LBR_SELECT
     // and TOS; LER_FROM/TO; OFFCORE_RSP_0/1; PEBS_LD_LAT and PEBS_FRONTEND.
     let model_specific = 2 * 8 + 3 * 32 + 2 + 2 + 2 + 2;

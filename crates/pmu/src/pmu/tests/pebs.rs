@@ -35,7 +35,7 @@ fn an_overflow_arms_pebs_and_the_next_event_makes_the_assist_due() {
     assert_eq!(pmu.pebs_due(), 0, "armed, not yet due: the counter is at 0");
     pmu.add_events(CounterId::Gp(0), 1);
     assert_eq!(pmu.pebs_due(), 1, "the first event after the overflow triggers the assist");
-    pmu.pebs_assisted(1, |i| if i == 0 { 0xFFFF_FFFF_FFF0 } else { 0 }, false);
+    pmu.pebs_assisted(1, |id| if id == CounterId::Gp(0) { 0xFFFF_FFFF_FFF0 } else { 0 }, false);
     assert_eq!(pmu.pebs_due(), 0);
     assert_eq!(rd(&pmu, msr::IA32_PMC0), 0xFFFF_FFFF_FFF0, "reloaded from the DS area's reset value");
     assert!(!pmu.pmi_pending() && pmu.global_status() == 0, "below the threshold: no PMI");
@@ -67,4 +67,26 @@ fn writes_disarm_and_without_pebs_presented_an_overflow_is_an_overflow() {
     plain.add_events(CounterId::Gp(0), 2);
     assert_eq!(plain.global_status() & 1, 1, "PEBS not presented: the overflow sets the status bit");
     assert_eq!(plain.pebs_due(), 0);
+}
+
+#[test]
+fn adaptive_pebs_adds_the_fixed_counters_and_pebs_data_cfg() {
+    let mut pmu = Pmu::new(&Profile::load("icelake").unwrap().pmu);
+    pmu.set_pebs(true);
+    wr(&mut pmu, msr::IA32_PEBS_ENABLE, 0xF_0000_00FF);
+    assert_wr_gp(&mut pmu, msr::IA32_PEBS_ENABLE, 1 << 36);
+    wr(&mut pmu, msr::MSR_PEBS_DATA_CFG, 0xFF00_000F);
+    assert_wr_gp(&mut pmu, msr::MSR_PEBS_DATA_CFG, 1 << 4);
+    assert_eq!(pmu.pebs_data_cfg(), 0xFF00_000F);
+    wr(&mut pmu, msr::IA32_FIXED_CTR_CTRL, 0x3);
+    wr(&mut pmu, msr::IA32_PERF_GLOBAL_CTRL, 1 << 32);
+    wr(&mut pmu, msr::IA32_FIXED_CTR0, 0xFFFF_FFFF_FFFF);
+    pmu.add_events(CounterId::Fixed(0), 2);
+    assert_eq!(pmu.pebs_due(), 1 << 32, "a fixed counter's PEBS assist");
+    pmu.pebs_assisted(1 << 32, |id| if id == CounterId::Fixed(0) { 0xFFFF_FFFF_FF00 } else { 0 }, false);
+    assert_eq!(rd(&pmu, msr::IA32_FIXED_CTR0), 0xFFFF_FFFF_FF00);
+    // Skylake has no adaptive PEBS: no PEBS_DATA_CFG, no fixed-counter PEBS.
+    let mut skl = Pmu::new(&Profile::load("skylake").unwrap().pmu);
+    assert_eq!(skl.rdmsr(msr::MSR_PEBS_DATA_CFG), Err(GpFault));
+    assert_wr_gp(&mut skl, msr::IA32_PEBS_ENABLE, 1 << 32);
 }
