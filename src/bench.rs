@@ -35,7 +35,7 @@ fn run_with_memory(
         timeout: Some(Duration::from_secs(600)),
         serial: SerialOut::File(out.clone()),
         ignore_msrs: false,
-        pebs: vmm::PebsMode::Auto,
+        debug_store: vmm::DebugStoreMode::Auto,
         backend,
         trace: None,
     };

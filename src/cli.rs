@@ -95,11 +95,11 @@ struct RunArgs {
     /// Unknown non-PMU MSRs read as 0 and ignore writes instead of raising #GP.
     #[arg(long)]
     ignore_msrs: bool,
-    /// Present PEBS (precise backend, PEBS formats 0-4): where the guest sees CPUID's debug store
-    /// (auto), even where the host hides it (on: for guests that look only at MISC_ENABLE), or
-    /// never (off).
-    #[arg(long, value_enum, default_value_t = vmm::PebsMode::Auto)]
-    pebs: vmm::PebsMode,
+    /// Present the Debug Store, PEBS (formats 0-4) and BTS (precise backend): where the guest sees
+    /// CPUID's DS bit (auto), even where the host hides it (on: for guests that look only at
+    /// MISC_ENABLE), or never (off).
+    #[arg(long, value_enum, default_value_t = vmm::DebugStoreMode::Auto)]
+    debug_store: vmm::DebugStoreMode,
     /// What makes the guest's counters count.
     #[arg(long, value_enum, default_value_t = BackendKind::Auto)]
     backend: BackendKind,
@@ -250,7 +250,7 @@ fn run(args: RunArgs) -> Result<ExitCode, CliError> {
         timeout,
         serial: args.serial.map(SerialOut::File).unwrap_or(SerialOut::Stdout),
         ignore_msrs: args.ignore_msrs,
-        pebs: args.pebs,
+        debug_store: args.debug_store,
         backend,
         trace: args.trace.clone(),
     };
@@ -376,8 +376,8 @@ fn list_profiles() -> Result<ExitCode, CliError> {
 fn show_cpuid(args: &ProfileArgs) -> Result<ExitCode, CliError> {
     let profile = load_profile(args)?;
     let kvm = vmm::host::open()?;
-    // As the precise backend presents it: the perf backend presents no debug store (PEBS).
-    let cpuid = vmm::guest_cpuid(&kvm, &profile, profile.pmu.presents_pebs(true))?;
+    // As the precise backend presents it: the perf backend presents no Debug Store (PEBS, BTS).
+    let cpuid = vmm::guest_cpuid(&kvm, &profile, profile.pmu.version >= 1)?;
     println!("CPUID presented under profile {} ({}), precise backend:", profile.name, profile.description);
     println!("{:>10} {:>6}  {:>10} {:>10} {:>10} {:>10}", "leaf", "index", "eax", "ebx", "ecx", "edx");
     for e in cpuid.as_slice() {

@@ -177,9 +177,9 @@ impl KvmReport {
             .map(|name| {
                 let probed = crate::profile::Profile::load(name)
                     .map_err(|e| e.to_string())
-                    // The table as the precise backend presents it (with the debug store where
-                    // the profile has PEBS emon writes).
-                    .and_then(|p| vmm::guest_cpuid(&kvm, &p, p.pmu.presents_pebs(true)).map_err(|e| e.to_string()))
+                    // The table as the precise backend presents it (with the Debug Store, for BTS
+                    // and PEBS, wherever the profile has architectural perfmon).
+                    .and_then(|p| vmm::guest_cpuid(&kvm, &p, p.pmu.version >= 1).map_err(|e| e.to_string()))
                     .and_then(|table| vmm::cpuid_probe::probe(&kvm, &table).map_err(|e| e.to_string()));
                 (name, probed)
             })

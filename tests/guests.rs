@@ -173,9 +173,9 @@ fn model_specific_msrs_and_the_lbr_stack_are_the_named_cpus() {
     assert!(r.stderr.lines().last().unwrap_or_default().contains(note), "{}", r.stderr);
 }
 
-/// PEBS under the precise backend: with `--pebs on`, guest:pebs's records are the sampled
+/// PEBS under the precise backend: with `--debug-store on`, guest:pebs's records are the sampled
 /// instructions under every profile with PEBS, formats 0, 1 and 3 and icelake's adaptive format 4
-/// with its record groups (no-pmu skips, saying why). With `--pebs auto`, PEBS is presented exactly where the guest
+/// with its record groups (no-pmu skips, saying why). With `--debug-store auto`, PEBS is presented exactly where the guest
 /// sees CPUID's debug store: this host hides it (`emon cpuid` says so), so there it is not.
 #[test]
 fn pebs_records_are_the_sampled_instructions() {
@@ -183,7 +183,7 @@ fn pebs_records_are_the_sampled_instructions() {
         return;
     }
     for profile in Profile::builtin_names() {
-        let r = emon(&["run", "--profile", profile, "--pebs", "on", "guest:pebs"]);
+        let r = emon(&["run", "--profile", profile, "--debug-store", "on", "guest:pebs"]);
         r.assert_status(0).assert_no_failures();
         let skips = profile == "no-pmu";
         assert_eq!(r.stdout.contains("SKIP: "), skips, "{profile}: {}", r.stdout);
@@ -197,6 +197,26 @@ fn pebs_records_are_the_sampled_instructions() {
     r.assert_status(0).assert_no_failures();
     assert_eq!(r.stdout.contains("SKIP: PEBS unavailable according to MISC_ENABLE"), hidden, "{}", r.stdout);
     assert!(!r.stderr.contains("NOT AS PROFILED"), "auto presents what the guest can see: {}", r.stderr);
-    let off = emon(&["run", "--profile", "skylake", "--pebs", "off", "guest:pebs"]);
+    let off = emon(&["run", "--profile", "skylake", "--debug-store", "off", "guest:pebs"]);
     assert!(off.stdout.contains("SKIP: PEBS unavailable according to MISC_ENABLE"), "{}", off.stdout);
+}
+
+/// BTS under the precise backend: with `--debug-store on`, guest:bts's records are the path's
+/// branches under every profile with architectural perfmon (no-pmu skips); under `auto` BTS is
+/// presented exactly where the guest sees CPUID's DS bit, and never under the perf backend.
+#[test]
+fn bts_records_are_the_paths_branches() {
+    if !kvm_available() {
+        return;
+    }
+    for profile in Profile::builtin_names() {
+        let r = emon(&["run", "--profile", profile, "--debug-store", "on", "guest:bts"]);
+        r.assert_status(0).assert_no_failures();
+        assert_eq!(r.stdout.contains("SKIP: "), profile == "no-pmu", "{profile}: {}", r.stdout);
+    }
+    let hidden = emon(&["cpuid", "--profile", "skylake"]).stdout.contains("21 (DS) forced off");
+    let r = emon(&["run", "guest:bts"]);
+    assert_eq!(r.stdout.contains("SKIP: BTS unavailable according to MISC_ENABLE"), hidden, "{}", r.stdout);
+    let perf = emon(&["run", "--backend", "perf", "--debug-store", "on", "guest:bts"]);
+    assert!(perf.stdout.contains("SKIP: BTS unavailable according to MISC_ENABLE"), "{}", perf.stdout);
 }

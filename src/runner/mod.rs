@@ -51,8 +51,8 @@ pub struct RunSpec {
     pub profile: String,
     pub pmu: Vec<String>,
     pub backend: Option<BackendKind>,
-    /// `--pebs`, where the suite sets it.
-    pub pebs: Option<crate::vmm::PebsMode>,
+    /// `--debug-store`, where the suite sets it.
+    pub debug_store: Option<crate::vmm::DebugStoreMode>,
     pub args: Vec<String>,
     pub timeout: f64,
     /// `--memory` in MiB, where the suite sets it.
@@ -71,8 +71,8 @@ impl RunSpec {
         clap::ValueEnum::to_possible_value(&b).map(|v| v.get_name().to_string())
     }
 
-    fn pebs_name(&self) -> Option<String> {
-        let p = self.pebs?;
+    fn debug_store_name(&self) -> Option<String> {
+        let p = self.debug_store?;
         clap::ValueEnum::to_possible_value(&p).map(|v| v.get_name().to_string())
     }
 
@@ -94,8 +94,8 @@ impl RunSpec {
         if let Some(b) = self.backend_name() {
             s += &format!(" --backend {b}");
         }
-        if let Some(p) = self.pebs_name() {
-            s += &format!(" --pebs {p}");
+        if let Some(p) = self.debug_store_name() {
+            s += &format!(" --debug-store {p}");
         }
         if let Some((round, of)) = self.round {
             s += &format!(" (round {round}/{of})");
@@ -117,8 +117,8 @@ impl RunSpec {
         if let Some(b) = self.backend_name() {
             a.extend(["--backend".into(), b]);
         }
-        if let Some(p) = self.pebs_name() {
-            a.extend(["--pebs".into(), p]);
+        if let Some(p) = self.debug_store_name() {
+            a.extend(["--debug-store".into(), p]);
         }
         if let Some(m) = self.memory {
             a.extend(["--memory".into(), m.to_string()]);
@@ -239,7 +239,7 @@ mod tests {
             profile: "nehalem".into(),
             pmu: vec!["version=2".into()],
             backend: Some(BackendKind::Precise),
-            pebs: None,
+            debug_store: None,
             args: vec!["a".into(), "b".into()],
             timeout: 2.5,
             memory: None,

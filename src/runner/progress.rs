@@ -101,7 +101,7 @@ mod tests {
             profile: String::new(),
             pmu: vec![],
             backend: None,
-            pebs: None,
+            debug_store: None,
             args: vec![],
             timeout: DEFAULT_TIMEOUT_S,
             memory: None,

@@ -442,7 +442,7 @@ mod tests {
             profile: "nehalem".into(),
             pmu: vec![],
             backend: None,
-            pebs: None,
+            debug_store: None,
             args: vec![],
             timeout: 5.0,
             memory: None,

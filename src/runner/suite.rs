@@ -9,7 +9,7 @@
 //! args = "iterations=1000"      # optional: the kernel command line
 //! pmu = "version=2,gp=2"        # optional: profile overrides, as `emon run --pmu`
 //! backend = "precise"           # optional: auto, precise or perf
-//! pebs = "on"                   # optional: auto, on or off, as `emon run --pebs`
+//! debug-store = "on"            # optional: auto, on or off, as `emon run --debug-store`
 //! timeout = 30                  # optional: seconds (default: `emon test --timeout`)
 //! memory = 128                  # optional: guest RAM in MiB (default: `emon run`'s)
 //! initrd = "initramfs.cpio"     # optional: a Linux kernel's initrd, as `emon run --initrd`
@@ -25,7 +25,7 @@
 //! error is one line naming the file, the line and the field.
 use super::RunnerError;
 use crate::backend::BackendKind;
-use crate::vmm::PebsMode;
+use crate::vmm::DebugStoreMode;
 use serde::Deserialize;
 use std::path::{Path, PathBuf};
 
@@ -51,7 +51,7 @@ pub struct Entry {
     pub args: Option<String>,
     pub pmu: Option<String>,
     pub backend: Option<BackendKind>,
-    pub pebs: Option<PebsMode>,
+    pub debug_store: Option<DebugStoreMode>,
     pub timeout: Option<f64>,
     /// Guest RAM in MiB.
     pub memory: Option<u64>,
@@ -77,7 +77,8 @@ struct EntryFile {
     args: Option<String>,
     pmu: Option<String>,
     backend: Option<String>,
-    pebs: Option<String>,
+    #[serde(rename = "debug-store")]
+    debug_store: Option<String>,
     timeout: Option<f64>,
     memory: Option<u64>,
     initrd: Option<String>,
@@ -128,11 +129,11 @@ pub fn from_toml(origin: &str, dir: PathBuf, text: &str) -> Result<Suite, Runner
                     .map_err(|_| bad("backend", &b, "must be auto, precise or perf"))?,
             ),
         };
-        let pebs = match e.pebs {
+        let debug_store = match e.debug_store {
             None => None,
             Some(p) => Some(
-                <PebsMode as clap::ValueEnum>::from_str(&p, false)
-                    .map_err(|_| bad("pebs", &p, "must be auto, on or off"))?,
+                <DebugStoreMode as clap::ValueEnum>::from_str(&p, false)
+                    .map_err(|_| bad("debug-store", &p, "must be auto, on or off"))?,
             ),
         };
         if let Some(t) = e.timeout {
@@ -152,7 +153,7 @@ pub fn from_toml(origin: &str, dir: PathBuf, text: &str) -> Result<Suite, Runner
             args: e.args,
             pmu: e.pmu,
             backend,
-            pebs,
+            debug_store,
             timeout: e.timeout,
             memory: e.memory,
             initrd: e.initrd,
@@ -188,7 +189,7 @@ mod tests {
     fn full_entry() {
         let s = parse(
             "description = \"d\"\n\n[[run]]\nkernels = [\"guest:*\"]\n\n[[run]]\nkernels = [\"k.elf\"]\n\
-             profiles = [\"nehalem*\", \"p.toml\"]\nargs = \"a b\"\npmu = \"version=2\"\nbackend = \"precise\"\npebs = \"on\"\ntimeout = 5\n\
+             profiles = [\"nehalem*\", \"p.toml\"]\nargs = \"a b\"\npmu = \"version=2\"\nbackend = \"precise\"\ndebug-store = \"on\"\ntimeout = 5\n\
              initrd = \"initrd.img\"\nexpect = [\"... version: 4\"]\nforbid = [\"Broken PMU\"]\n",
         )
         .unwrap();
@@ -203,8 +204,8 @@ mod tests {
         assert_eq!(e.args.as_deref(), Some("a b"));
         assert_eq!(e.pmu.as_deref(), Some("version=2"));
         assert_eq!(e.backend, Some(BackendKind::Precise));
-        assert_eq!(e.pebs, Some(PebsMode::On));
-        assert_eq!(s.entries[0].pebs, None);
+        assert_eq!(e.debug_store, Some(DebugStoreMode::On));
+        assert_eq!(s.entries[0].debug_store, None);
         assert_eq!(e.timeout, Some(5.0));
         assert_eq!(e.initrd.as_deref(), Some("initrd.img"));
         assert_eq!(s.entries[0].initrd, None);
@@ -240,8 +241,8 @@ mod tests {
         assert_eq!(e, "s.toml: line 4: run.timeout = -1.0: must be a positive number of seconds");
         let e = error("[[run]]\nkernels = [\"guest:x\"]\nbackend = \"fast\"\n");
         assert_eq!(e, "s.toml: line 1: run.backend = \"fast\": must be auto, precise or perf");
-        let e = parse("[[run]]\nkernels = [\"k\"]\npebs = \"yes\"\n").unwrap_err().to_string();
-        assert_eq!(e, "s.toml: line 1: run.pebs = \"yes\": must be auto, on or off");
+        let e = parse("[[run]]\nkernels = [\"k\"]\ndebug-store = \"yes\"\n").unwrap_err().to_string();
+        assert_eq!(e, "s.toml: line 1: run.debug-store = \"yes\": must be auto, on or off");
         let e = error("[[run]]\nkernels = []\n");
         assert!(e.contains("run.kernels = []"), "{e}");
         let e = error("[[run]]\nkernels = [\"guest:x\"]\nprofiles = [\"\"]\n");

@@ -8,7 +8,7 @@ use super::error::kvm_err;
 use super::loader::{self, Format};
 use super::rdpmc::GpCatch;
 use super::vcpu::{ExitStats, Vcpu};
-use super::{boot, cpuid, host, kick, layout, msr, trace, xsave, PebsMode, SerialOut, VmConfig, VmmError};
+use super::{boot, cpuid, host, kick, layout, msr, trace, xsave, DebugStoreMode, SerialOut, VmConfig, VmmError};
 use crate::backend::guest_debug::GuestDebug;
 use crate::pmu::Pmu;
 use kvm_bindings::{kvm_pit_config, kvm_userspace_memory_region};
@@ -40,12 +40,13 @@ pub fn build(config: VmConfig) -> Result<BuiltVm, VmmError> {
     let kvm = host::open()?;
     let vm = create_vm(&kvm)?;
     let mem = create_memory(&vm, ram)?;
-    let (mut fd, cpuid_overrides, pebs) = create_vcpu(&kvm, &vm, &config)?;
+    let (mut fd, cpuid_overrides, DebugStore { pebs, bts }) = create_vcpu(&kvm, &vm, &config)?;
     let format = load_kernel(&fd, &mem, ram, &config)?;
     let bus = create_bus(&vm, ram, &config)?;
     let tracer = config.trace.as_deref().map(create_tracer).transpose()?;
     let mut pmu = Pmu::new(&config.profile.pmu);
     pmu.set_pebs(pebs);
+    pmu.set_bts(bts);
     let catch = GpCatch::new(&kvm, &mut fd, &pmu);
     let vcpu = Vcpu {
         fd,
@@ -107,25 +108,38 @@ pub(super) fn create_memory(vm: &VmFd, ram: u64) -> Result<GuestMemoryMmap, VmmE
     Ok(mem)
 }
 
+/// What of the Debug Store a run presents.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+struct DebugStore {
+    pebs: bool,
+    bts: bool,
+}
+
 /// vCPU 0 with the profile's CPUID table and its local APIC wired as firmware leaves it; with
-/// what a probe VM with the same table reads differently, and whether PEBS is presented: where
-/// the backend writes the profile's PEBS format and `--pebs` allows it (`auto`: only if the guest
-/// sees the debug store the table sets; README, "PEBS").
-type NewVcpu = (VcpuFd, Vec<cpuid_probe::Override>, bool);
+/// what a probe VM with the same table reads differently, and what of the Debug Store is
+/// presented: PEBS where the backend writes the profile's PEBS format, BTS where it records
+/// branches, as `--debug-store` allows (`auto`: only if the guest sees the DS bit the table
+/// sets; README, "PEBS", "BTS").
+type NewVcpu = (VcpuFd, Vec<cpuid_probe::Override>, DebugStore);
 
 fn create_vcpu(kvm: &Kvm, vm: &VmFd, config: &VmConfig) -> Result<NewVcpu, VmmError> {
     let fd = vm.create_vcpu(0).map_err(kvm_err("KVM_CREATE_VCPU"))?;
-    let mut pebs = config.pebs != PebsMode::Off && config.profile.pmu.presents_pebs(config.backend.writes_pebs());
-    let mut table = cpuid::guest_cpuid(kvm, &config.profile, pebs)?;
+    let allowed = config.debug_store != DebugStoreMode::Off;
+    let pmu = &config.profile.pmu;
+    let mut ds = DebugStore {
+        pebs: allowed && pmu.presents_pebs(config.backend.writes_pebs()),
+        bts: allowed && pmu.version >= 1 && config.backend.records_branches(),
+    };
+    let mut table = cpuid::guest_cpuid(kvm, &config.profile, ds.pebs || ds.bts)?;
     let mut overrides = cpuid_probe::probe(kvm, &table)?;
     let ds_hidden = |o: &[cpuid_probe::Override]| {
         o.iter().any(|o| (o.leaf, o.register) == (1, 3) && o.table & !o.guest & LEAF1_EDX_DS != 0)
     };
-    if pebs && config.pebs == PebsMode::Auto && ds_hidden(&overrides) {
+    if (ds.pebs || ds.bts) && config.debug_store == DebugStoreMode::Auto && ds_hidden(&overrides) {
         tracing::info!(
-            "PEBS not presented: this host hides CPUID.01H:EDX.DS from the guest (--pebs on presents it anyway)"
+            "the Debug Store (PEBS, BTS) is not presented: this host hides CPUID.01H:EDX.DS from the guest (--debug-store on presents it anyway)"
         );
-        pebs = false;
+        ds = DebugStore::default();
         table = cpuid::guest_cpuid(kvm, &config.profile, false)?;
         overrides = cpuid_probe::probe(kvm, &table)?;
     }
@@ -134,7 +148,7 @@ fn create_vcpu(kvm: &Kvm, vm: &VmFd, config: &VmConfig) -> Result<NewVcpu, VmmEr
     if let Some(revision) = config.profile.microcode {
         set_microcode_revision(&fd, revision)?;
     }
-    Ok((fd, overrides, pebs))
+    Ok((fd, overrides, ds))
 }
 
 /// IA32_BIOS_SIGN_ID (SDM Vol. 4, Table 2-2): the guest reads the microcode update revision in

@@ -23,18 +23,18 @@ const EXT1_ECX_AMD_PERFCTR: u32 = (1 << 23) | (1 << 24) | (1 << 28);
 /// (architectural perfmon extended) and AMD's 0x80000022 (PerfMonV2).
 const HIDDEN_LEAVES: [u32; 2] = [0x23, 0x8000_0022];
 
-/// The CPUID table the guest gets under `profile`; `pebs`: emon presents PEBS (the debug store).
-pub fn guest_cpuid(kvm: &Kvm, profile: &Profile, pebs: bool) -> Result<kvm_bindings::CpuId, VmmError> {
+/// The CPUID table the guest gets under `profile`; `ds`: emon presents the Debug Store (PEBS, BTS).
+pub fn guest_cpuid(kvm: &Kvm, profile: &Profile, ds: bool) -> Result<kvm_bindings::CpuId, VmmError> {
     let supported = kvm.get_supported_cpuid(KVM_MAX_CPUID_ENTRIES).map_err(kvm_err("KVM_GET_SUPPORTED_CPUID"))?;
     let mut entries = supported.as_slice().to_vec();
-    apply_profile(&mut entries, profile, pebs);
+    apply_profile(&mut entries, profile, ds);
     kvm_bindings::CpuId::from_entries(&entries).map_err(VmmError::CpuidTable)
 }
 
 /// Applies `profile` to a supported-CPUID table: vendor and signature (leaves 0, 1), leaf 0xA,
 /// PDCM, the modelled caches (leaf 4, Intel profiles) and reference clock (leaf 0x15), and hides
 /// every other PMU the host's table may advertise.
-pub fn apply_profile(entries: &mut Vec<kvm_cpuid_entry2>, profile: &Profile, pebs: bool) {
+pub fn apply_profile(entries: &mut Vec<kvm_cpuid_entry2>, profile: &Profile, ds: bool) {
     let intel = profile.vendor == "GenuineIntel";
     entries.retain(|e| {
         !HIDDEN_LEAVES.contains(&e.function) && e.function != LEAF_TSC_CRYSTAL && !(intel && e.function == LEAF_CACHE)
@@ -65,7 +65,7 @@ pub fn apply_profile(entries: &mut Vec<kvm_cpuid_entry2>, profile: &Profile, peb
                     e.ecx |= LEAF1_ECX_PDCM;
                 }
                 e.edx &= !LEAF1_EDX_DS;
-                if pebs {
+                if ds {
                     e.ecx |= LEAF1_ECX_DTES64;
                     e.edx |= LEAF1_EDX_DS;
                 }

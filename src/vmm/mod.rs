@@ -34,11 +34,12 @@ pub use kick::StopReason;
 pub use report::{JsonReport, RunReport};
 pub use vcpu::{ExitStats, VcpuStop};
 
-/// `--pebs`: when emon presents PEBS (IA32_MISC_ENABLE.PEBS_UNAVAILABLE clear, CPUID.01H:EDX.DS
-/// and ECX.DTES64 set) under a backend that writes the profile's PEBS format.
+/// `--debug-store`: when emon presents the Debug Store (CPUID.01H:EDX.DS and ECX.DTES64 set):
+/// PEBS (IA32_MISC_ENABLE.PEBS_UNAVAILABLE clear) under a backend that writes the profile's PEBS
+/// format, and BTS (MISC_ENABLE.BTS_UNAVAILABLE clear) under one that records branches.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
-pub enum PebsMode {
-    /// Where the guest sees CPUID.01H:EDX.DS: a host that hides it hides PEBS.
+pub enum DebugStoreMode {
+    /// Where the guest sees CPUID.01H:EDX.DS: a host that hides it hides PEBS and BTS.
     #[default]
     Auto,
     /// Even where the host hides CPUID.01H:EDX.DS from the guest (the run summary then says NOT
@@ -70,8 +71,8 @@ pub struct VmConfig {
     pub serial: SerialOut,
     /// Unknown non-PMU MSRs read as 0 and ignore writes instead of raising #GP.
     pub ignore_msrs: bool,
-    /// `--pebs`: whether PEBS is presented (README, "PEBS").
-    pub pebs: PebsMode,
+    /// `--debug-store`: whether PEBS and BTS are presented (README, "PEBS", "BTS").
+    pub debug_store: DebugStoreMode,
     /// What makes the counters count.
     pub backend: Box<dyn crate::backend::Backend>,
     /// `--trace`.

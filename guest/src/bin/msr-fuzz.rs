@@ -12,8 +12,8 @@
 //! - sometimes an access to an index nothing implements (0xDEADxxxx), which must raise #GP.
 //!
 //! Every access must complete or raise #GP: any other exception fails, and a hang or crash fails
-//! the run. Where PEBS is available, IA32_PEBS_ENABLE is only written with 0, so that no PEBS
-//! record goes through a random IA32_DS_AREA. On registers that nothing changes behind the guest's back (PERFEVTSELx,
+//! the run. Where PEBS and BTS are available, IA32_PEBS_ENABLE is only written with 0 and
+//! IA32_DEBUGCTL without TR and BTS, so that no record goes through a random IA32_DS_AREA. On registers that nothing changes behind the guest's back (PERFEVTSELx,
 //! FIXED_CTR_CTRL, PEBS_ENABLE, DS_AREA) a WRMSR that succeeds must read back, and one that
 //! raises #GP must leave the register as it was.
 //!
@@ -198,6 +198,8 @@ fn main(boot: &BootInfo) -> i32 {
     // the processor write PEBS records into whatever memory that points at, this guest's own
     // included: PEBS_ENABLE is then only ever written with 0.
     let pebs_available = rdmsr(IA32_MISC_ENABLE) & (1 << 12) == 0;
+    // Likewise BTS: DEBUGCTL.TR and BTS (bits 6, 7) are never set where BTS is available.
+    let bts_available = rdmsr(IA32_MISC_ENABLE) & (1 << 11) == 0;
 
     // The PMU ranges, then RDMSR anywhere else, the non-PMU write allow-list, unimplemented.
     let pmu_ranges = PMU_RANGES.len();
@@ -241,7 +243,11 @@ fn main(boot: &BootInfo) -> i32 {
         };
         let r = &mut ranges[slot];
         if write {
-            let value = if msr == IA32_PEBS_ENABLE && pebs_available { 0 } else { random_value(&mut rng, msr) };
+            let value = match random_value(&mut rng, msr) {
+                _ if msr == IA32_PEBS_ENABLE && pebs_available => 0,
+                v if msr == IA32_DEBUGCTL && bts_available => v & !(3 << 6),
+                v => v,
+            };
             let check_stable = stable(msr);
             let before = if check_stable { rdmsr_safe(msr).ok() } else { None };
             let e = catch(|| wrmsr(msr, value));

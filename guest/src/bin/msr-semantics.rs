@@ -274,10 +274,18 @@ impl Pmu {
     }
 
     /// IA32_DEBUGCTL bits emon implements, with whether this PMU allows them.
-    fn debugctl_bits(&self) -> [(u32, &'static str, bool); 5] {
+    fn debugctl_bits(&self) -> [(u32, &'static str, bool); 10] {
+        // TR, BTS, BTINT, BTS_OFF_OS and BTS_OFF_USR exist where BTS is available (SDM 17.4.9:
+        // MISC_ENABLE.BTS_UNAVAILABLE clear).
+        let bts = emon_guest::cpu::rdmsr(IA32_MISC_ENABLE) & MISC_BTS_UNAVAILABLE == 0;
         [
             (DEBUGCTL_LBR, "LBR", true),
             (DEBUGCTL_BTF, "BTF", true),
+            (6, "TR", bts),
+            (7, "BTS", bts),
+            (8, "BTINT", bts),
+            (9, "BTS_OFF_OS", bts),
+            (10, "BTS_OFF_USR", bts),
             (DEBUGCTL_FREEZE_LBRS_ON_PMI, "FREEZE_LBRS_ON_PMI", true),
             (DEBUGCTL_FREEZE_PERFMON_ON_PMI, "FREEZE_PERFMON_ON_PMI", self.version >= 2),
             (DEBUGCTL_FREEZE_WHILE_SMM, "FREEZE_WHILE_SMM", self.perf_capabilities & PERF_CAPABILITIES_SMM_FRZ != 0),
@@ -290,12 +298,13 @@ impl Pmu {
 
     /// IA32_MISC_ENABLE at power-on: fast strings, BTS and PEBS unavailable (no DS emulation),
     /// and "performance monitoring available" exactly when CPUID.0AH reports a PMU.
-    /// PEBS Unavailable (bit 12) is as the platform presents PEBS, which CPUID does not always
-    /// tell (a host may hide CPUID.01H:EDX.DS): it is taken as read, and checked read-only.
+    /// BTS and PEBS Unavailable (bits 11, 12) are as the platform presents the Debug Store, which
+    /// CPUID does not always tell (a host may hide CPUID.01H:EDX.DS): taken as read, and checked
+    /// read-only.
     fn misc_enable_power_on(&self) -> u64 {
         let perfmon = if self.version >= 1 { MISC_PERFMON_AVAILABLE } else { 0 };
-        let pebs = emon_guest::cpu::rdmsr(IA32_MISC_ENABLE) & MISC_PEBS_UNAVAILABLE;
-        MISC_FAST_STRINGS | perfmon | MISC_BTS_UNAVAILABLE | pebs
+        let ds = emon_guest::cpu::rdmsr(IA32_MISC_ENABLE) & (MISC_BTS_UNAVAILABLE | MISC_PEBS_UNAVAILABLE);
+        MISC_FAST_STRINGS | perfmon | ds
     }
 }
 

@@ -8,8 +8,8 @@
 //! HLT (which KVM steps over) and RDPMC (which has no userspace exit) are emulated. When no
 //! counter is counting the guest runs free.
 pub mod cache;
+mod debug_store;
 pub mod events;
-mod pebs;
 #[cfg(feature = "tcg")]
 pub mod tcg;
 #[cfg(test)]
@@ -143,6 +143,9 @@ pub struct Stats {
     pub pebs_full: u64,
     pub pebs_lost: u64,
     pub pebs_inexact: u64,
+    /// BTS records written, and branches the BTS buffer could not take (no DS area mapped).
+    pub bts_records: u64,
+    pub bts_lost: u64,
 }
 
 /// The guest's time-stamp counter while emon counts (README, "Guest time"): it runs with the
@@ -209,6 +212,8 @@ pub struct Precise {
     /// so the guest is single-stepped whether a counter counts or not (README, "Model-specific
     /// PMU MSRs").
     lbr_on: bool,
+    /// The BTS buffer takes branch records (DEBUGCTL.TR and BTS): stepped likewise.
+    bts_on: bool,
     /// The model clock when the stack last recorded a branch (LBR_INFO's cycle count).
     lbr_cycles: u64,
     #[cfg(feature = "tcg")]
@@ -252,6 +257,7 @@ impl Precise {
             engine_failed: (engine == Engine::Tcg && !cfg!(feature = "tcg"))
                 .then(|| "this emon was built without the tcg feature".to_string()),
             lbr_on: false,
+            bts_on: false,
             lbr_cycles: 0,
             #[cfg(feature = "tcg")]
             tcg: TcgSlot::default(),
@@ -350,6 +356,7 @@ impl Precise {
             || mode.bitness != 64
             || self.armed.iter().any(|a| a.cmask != 0)
             || self.lbr_on
+            || self.bts_on
             || pebs
         {
             return Ok(None);
@@ -599,10 +606,19 @@ impl Precise {
         }
     }
 
-    /// Gives the LBR stack the branch `i` at `rip` made if it was taken to `to`, ending at CPL
-    /// `cpl` (SDM 17.4.8).
-    fn record_branch(&mut self, cx: &mut Cx, i: &Insn, rip: u64, to: u64, cpl: u8) {
-        let Some(transfer) = i.transfer.filter(|_| self.lbr_on && taken(i, rip, to)) else { return };
+    /// Gives the LBR stack and the BTS buffer the branch `i` at `rip`, taken at CPL `from_cpl`,
+    /// made if it was taken to `to`, ending at CPL `cpl` (SDM 17.4.8, 17.4.9).
+    fn record_branch(
+        &mut self,
+        cx: &mut Cx,
+        i: &Insn,
+        rip: u64,
+        to: u64,
+        from_cpl: u8,
+        cpl: u8,
+    ) -> Result<(), BackendError> {
+        let on = self.lbr_on || self.bts_on;
+        let Some(transfer) = i.transfer.filter(|_| on && taken(i, rip, to)) else { return Ok(()) };
         let kind = match transfer {
             Transfer::Conditional => BranchType::Jcc,
             Transfer::RelCall => BranchType::NearRelCall,
@@ -613,16 +629,23 @@ impl Precise {
             Transfer::Far => BranchType::Far,
         };
         let mispredicted = mispredicted(i, rip, true);
-        self.lbr_record(cx, Branch { from: rip, to, kind, cpl, mispredicted, cycles: 0, event: false });
+        self.take_branch(cx, Branch { from: rip, to, kind, cpl, mispredicted, cycles: 0, event: false }, from_cpl)
     }
 
-    /// Records `b` with the cycles since the stack's last record.
-    fn lbr_record(&mut self, cx: &mut Cx, b: Branch) {
-        let b = Branch { cycles: self.cycles - self.lbr_cycles, ..b };
-        if cx.pmu.record_branch(&b) {
-            self.lbr_cycles = self.cycles;
-            self.stats.lbr_recorded += 1;
+    /// Records `b`, taken at CPL `from_cpl`: in the LBR stack with the cycles since the stack's
+    /// last record, and in the BTS buffer.
+    fn take_branch(&mut self, cx: &mut Cx, b: Branch, from_cpl: u8) -> Result<(), BackendError> {
+        if self.lbr_on {
+            let b = Branch { cycles: self.cycles - self.lbr_cycles, ..b };
+            if cx.pmu.record_branch(&b) {
+                self.lbr_cycles = self.cycles;
+                self.stats.lbr_recorded += 1;
+            }
         }
+        if self.bts_on && cx.pmu.bts_records(from_cpl) {
+            self.bts_store(cx, b.from, b.to, !b.mispredicted)?;
+        }
+        Ok(())
     }
 
     /// The handler whose first instruction, retired, leaves the vCPU at `pc`: the event that
@@ -901,10 +924,11 @@ impl Precise {
         let r = cx.pmu.take_reprogram();
         self.reprogram(cx, r);
         self.lbr_on = cx.pmu.lbr_recording();
+        self.bts_on = cx.pmu.bts_records(0) || cx.pmu.bts_records(3);
         if self.lbr_on && cx.pmu.lbr_call_stack() {
             self.stats.lbr_call_stack += 1;
         }
-        let active = !self.armed.is_empty() || self.lbr_on;
+        let active = !self.armed.is_empty() || self.lbr_on || self.bts_on;
         if !at_boundary {
             // In the middle of an instruction (an MSR or I/O exit): start stepping as soon as a
             // counter goes live, but never stop before the instruction retires (the WRMSR that
@@ -1010,7 +1034,7 @@ impl Precise {
                     self.mode = None;
                 }
                 let cpl = self.mode(cx)?.cpl;
-                self.record_branch(cx, &i, p.rip, end, cpl);
+                self.record_branch(cx, &i, p.rip, end, p.cpl, cpl)?;
                 self.pebs_assist(cx, p.rip, run.is_empty())?;
                 for (n, (a, j)) in run.iter().enumerate() {
                     let next = run.get(n + 1).map_or(pc, |(b, _)| *b);
@@ -1020,7 +1044,7 @@ impl Precise {
                         self.stats.tsc_unseen += 1;
                     }
                     self.retire(cx, &p.armed, j, *a, cpl, taken(j, *a, next));
-                    self.record_branch(cx, j, *a, next, cpl);
+                    self.record_branch(cx, j, *a, next, cpl, cpl)?;
                     self.pebs_assist(cx, *a, n + 1 == run.len())?;
                 }
                 self.stats.lost_traps += run.len() as u64;
@@ -1060,7 +1084,7 @@ impl Precise {
                 let first = handler.as_ref().map_or(pc, |(_, h, _)| *h);
                 self.unseen_accesses(cx, &mode, first);
                 // The delivery is a far branch from the interrupted instruction to the handler.
-                if self.lbr_on {
+                if self.lbr_on || self.bts_on {
                     let b = Branch {
                         from: p.rip,
                         to: first,
@@ -1070,7 +1094,7 @@ impl Precise {
                         cycles: 0,
                         event: true,
                     };
-                    self.lbr_record(cx, b);
+                    self.take_branch(cx, b, p.cpl)?;
                 }
                 match handler {
                     Some((_, h, i)) => (i, h, mode.cpl),
@@ -1088,9 +1112,9 @@ impl Precise {
         if i.changes_mode {
             self.mode = None;
         }
-        if self.lbr_on && i.transfer.is_some() {
+        if (self.lbr_on || self.bts_on) && i.transfer.is_some() {
             let to_cpl = self.mode(cx)?.cpl;
-            self.record_branch(cx, &i, rip, pc, to_cpl);
+            self.record_branch(cx, &i, rip, pc, cpl, to_cpl)?;
         }
         self.pebs_assist(cx, rip, true)?;
         self.rip = Some(pc);
@@ -1188,6 +1212,12 @@ impl Backend for Precise {
             notes.push(format!(
                 "NOT EXACT: PEBS: {} assists found no DS area mapped at IA32_DS_AREA; no record was written and the counter reloaded 0 (README, \"PEBS\")",
                 self.stats.pebs_lost
+            ));
+        }
+        if self.stats.bts_lost > 0 {
+            notes.push(format!(
+                "NOT EXACT: BTS: {} branches found no DS area mapped at IA32_DS_AREA and were not stored (README, \"BTS\")",
+                self.stats.bts_lost
             ));
         }
         if self.stats.pebs_inexact > 0 {

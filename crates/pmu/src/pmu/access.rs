@@ -137,7 +137,10 @@ impl Pmu {
                 let v = check(value, l.status_set_valid)?;
                 self.set_status(self.global_status | v);
             }
-            Reg::DebugCtl => self.debugctl = check(value, l.debugctl_valid)?,
+            Reg::DebugCtl => {
+                let bts = if self.bts_on { DEBUGCTL_BTS_BITS } else { 0 };
+                self.debugctl = check(value, l.debugctl_valid | bts)?;
+            }
             Reg::MiscEnable => {
                 let v = check(value, MISC_ENABLE_WRITABLE | MISC_ENABLE_READ_ONLY)?;
                 self.misc_enable = (v & MISC_ENABLE_WRITABLE) | (self.misc_enable & MISC_ENABLE_READ_ONLY);

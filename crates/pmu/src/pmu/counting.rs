@@ -158,6 +158,41 @@ impl Pmu {
         }
     }
 
+    /// Presents BTS (`on`: the backend writes branch records into the BTS buffer) or not,
+    /// through MISC_ENABLE.BTS_UNAVAILABLE (bit 11, read-only to the guest). Before the guest runs.
+    pub fn set_bts(&mut self, on: bool) {
+        self.bts_on = on;
+        if on {
+            self.misc_enable &= !MISC_ENABLE_BTS_UNAVAILABLE;
+        } else {
+            self.misc_enable |= MISC_ENABLE_BTS_UNAVAILABLE;
+        }
+    }
+
+    /// Is BTS presented?
+    pub fn bts_on(&self) -> bool {
+        self.bts_on
+    }
+
+    /// Does a branch taken at CPL `cpl` go into the BTS buffer? DEBUGCTL.TR and BTS are set, and
+    /// BTS_OFF_OS / BTS_OFF_USR do not skip that CPL (SDM 17.4.9).
+    pub fn bts_records(&self, cpl: u8) -> bool {
+        let d = self.debugctl;
+        let off = if cpl == 0 { DEBUGCTL_BTS_OFF_OS } else { DEBUGCTL_BTS_OFF_USR };
+        self.bts_on && d & (DEBUGCTL_TR | DEBUGCTL_BTS) == DEBUGCTL_TR | DEBUGCTL_BTS && d & off == 0
+    }
+
+    /// DEBUGCTL.BTINT: the BTS buffer interrupts at its threshold instead of wrapping around.
+    pub fn bts_interrupts(&self) -> bool {
+        self.debugctl & DEBUGCTL_BTINT != 0
+    }
+
+    /// The BTS index reached the interrupt threshold with BTINT set: a DS interrupt, the PMI
+    /// through LVTPC (SDM 17.4.9).
+    pub fn bts_threshold_reached(&mut self) {
+        self.pmi_pending = true;
+    }
+
     /// MSR_PEBS_DATA_CFG: the adaptive record's groups.
     pub fn pebs_data_cfg(&self) -> u64 {
         self.pebs_data_cfg

@@ -19,9 +19,13 @@ pub const DS_PEBS_FIXED0_RESET: u64 = 0x80;
 /// counters.
 pub const DS_AREA_SIZE: usize = 0xA0;
 
-/// The PEBS fields of the DS buffer management area.
+/// The DS buffer management area's BTS and PEBS fields.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct DsArea {
+    pub bts_buffer_base: u64,
+    pub bts_index: u64,
+    pub bts_absolute_maximum: u64,
+    pub bts_interrupt_threshold: u64,
     pub pebs_buffer_base: u64,
     pub pebs_index: u64,
     pub pebs_absolute_maximum: u64,
@@ -47,6 +51,10 @@ impl DsArea {
             *r = field(bytes, DS_PEBS_FIXED0_RESET + 8 * i);
         }
         DsArea {
+            bts_buffer_base: field(bytes, DS_BTS_BUFFER_BASE),
+            bts_index: field(bytes, DS_BTS_INDEX),
+            bts_absolute_maximum: field(bytes, DS_BTS_ABSOLUTE_MAXIMUM),
+            bts_interrupt_threshold: field(bytes, DS_BTS_INTERRUPT_THRESHOLD),
             pebs_fixed_reset: fixed,
             pebs_buffer_base: field(bytes, DS_PEBS_BUFFER_BASE),
             pebs_index: field(bytes, DS_PEBS_INDEX),
@@ -61,6 +69,35 @@ impl DsArea {
     pub fn next_record(&self, size: u64) -> Option<u64> {
         let end = self.pebs_index.checked_add(size)?;
         (end <= self.pebs_absolute_maximum).then_some(self.pebs_index)
+    }
+}
+
+/// A BTS record (64-bit layout): branch from, branch to, and a flags word whose bit 4 says the
+/// branch was predicted (SDM 17.4.9.1).
+pub const BTS_RECORD_SIZE: u64 = 24;
+
+/// The BTS record of a branch from `from` to `to`.
+pub fn bts_record(from: u64, to: u64, predicted: bool) -> [u8; 24] {
+    let mut r = [0u8; 24];
+    r[..8].copy_from_slice(&from.to_le_bytes());
+    r[8..16].copy_from_slice(&to.to_le_bytes());
+    r[16..].copy_from_slice(&(u64::from(predicted) << 4).to_le_bytes());
+    r
+}
+
+impl DsArea {
+    /// Where the next BTS record goes. A record that would pass the absolute maximum goes to the
+    /// buffer base when the buffer is circular (`interrupts` clear: DEBUGCTL.BTINT = 0); with
+    /// BTINT set it is not written (SDM 17.4.9).
+    pub fn next_bts(&self, interrupts: bool) -> Option<u64> {
+        let fits = |at: u64| at.checked_add(BTS_RECORD_SIZE).is_some_and(|end| end <= self.bts_absolute_maximum);
+        if fits(self.bts_index) {
+            Some(self.bts_index)
+        } else if !interrupts && fits(self.bts_buffer_base) {
+            Some(self.bts_buffer_base)
+        } else {
+            None
+        }
     }
 }
 
@@ -210,6 +247,21 @@ mod tests {
         assert_eq!((word(&r, 0x90), word(&r, 0x98)), (1, 0), "applicable counters, data linear address");
         assert_eq!((word(&r, 0xB0), word(&r, 0xC0)), (0xFFE, 0x1234), "EventingIP, TSC");
         assert_eq!(record_size(4), None, "adaptive PEBS has its own layout");
+    }
+
+    #[test]
+    fn bts_records_wrap_without_btint_and_stop_with_it() {
+        let ds = DsArea {
+            bts_buffer_base: 0x1000,
+            bts_index: 0x1000 + 48,
+            bts_absolute_maximum: 0x1000 + 72,
+            ..Default::default()
+        };
+        assert_eq!(ds.next_bts(false), Some(0x1000 + 48));
+        let full = DsArea { bts_index: 0x1000 + 72, ..ds };
+        assert_eq!(full.next_bts(false), Some(0x1000), "circular");
+        assert_eq!(full.next_bts(true), None, "BTINT: no record past the absolute maximum");
+        assert_eq!(bts_record(1, 2, true)[16..], (1u64 << 4).to_le_bytes(), "predicted: bit 4 of the flags");
     }
 
     #[test]

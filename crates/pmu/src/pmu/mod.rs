@@ -149,6 +149,9 @@ pub struct Pmu {
     lbr: LbrRegs,
     /// PEBS is presented (the backend writes records): MISC_ENABLE.PEBS_UNAVAILABLE is clear.
     pebs_on: bool,
+    /// BTS is presented (the backend writes branch records): MISC_ENABLE.BTS_UNAVAILABLE is
+    /// clear and DEBUGCTL takes TR, BTS, BTINT and BTS_OFF_OS/USR.
+    bts_on: bool,
     /// PEBS-enabled GP counters that overflowed (armed), and those of them that have counted an
     /// event since (the assist is due).
     pebs_armed: u64,
@@ -227,6 +230,7 @@ impl Pmu {
             ds_area: 0,
             lbr: LbrRegs::default(),
             pebs_on: false,
+            bts_on: false,
             pebs_armed: 0,
             pebs_due: 0,
             pebs_data_cfg: 0,

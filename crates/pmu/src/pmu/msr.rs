@@ -132,6 +132,18 @@ pub const GLOBAL_INUSE_PMI: u64 = 1 << 63;
 pub const DEBUGCTL_LBR: u64 = 1 << 0;
 /// DEBUGCTL.BTF (bit 1).
 pub const DEBUGCTL_BTF: u64 = 1 << 1;
+/// DEBUGCTL.TR (bit 6): branch trace messages; with BTS (bit 7) they go to the BTS buffer.
+pub const DEBUGCTL_TR: u64 = 1 << 6;
+/// DEBUGCTL.BTS (bit 7).
+pub const DEBUGCTL_BTS: u64 = 1 << 7;
+/// DEBUGCTL.BTINT (bit 8): a DS interrupt at the BTS threshold; clear, the buffer is circular.
+pub const DEBUGCTL_BTINT: u64 = 1 << 8;
+/// DEBUGCTL.BTS_OFF_OS (bit 9) and BTS_OFF_USR (bit 10): no records at CPL 0 / CPL > 0.
+pub const DEBUGCTL_BTS_OFF_OS: u64 = 1 << 9;
+pub const DEBUGCTL_BTS_OFF_USR: u64 = 1 << 10;
+/// The DEBUGCTL bits that exist where BTS is presented.
+pub const DEBUGCTL_BTS_BITS: u64 =
+    DEBUGCTL_TR | DEBUGCTL_BTS | DEBUGCTL_BTINT | DEBUGCTL_BTS_OFF_OS | DEBUGCTL_BTS_OFF_USR;
 /// DEBUGCTL.FREEZE_LBRS_ON_PMI (bit 11).
 pub const DEBUGCTL_FREEZE_LBRS_ON_PMI: u64 = 1 << 11;
 /// DEBUGCTL.FREEZE_PERFMON_ON_PMI (bit 12).

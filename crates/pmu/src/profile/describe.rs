@@ -41,7 +41,11 @@ pub fn describe_leaf_0a(p: &PmuProfile) -> Vec<String> {
     lines.push(format!("IA32_MISC_ENABLE[7] performance monitoring available: {}", yes_no(p.misc_enable_perfmon)));
     lines.push(lbr_line(p));
     lines.push(pebs_line(p));
-    lines.push("BTS: not presented (IA32_MISC_ENABLE[11] BTS_UNAVAILABLE set)".to_string());
+    lines.push(if p.version >= 1 {
+        "BTS: presented under the precise backend, which stores the branch records (IA32_MISC_ENABLE[11] BTS_UNAVAILABLE clear), where the guest sees CPUID.01H:EDX.DS or with --debug-store on; not under the perf backend".to_string()
+    } else {
+        "BTS: none (no architectural perfmon)".to_string()
+    });
     lines.push(model_msrs_line(p));
     lines
 }
@@ -70,7 +74,7 @@ fn lbr_line(p: &PmuProfile) -> String {
 fn pebs_line(p: &PmuProfile) -> String {
     if p.presents_pebs(true) {
         format!(
-            "PEBS format {}: presented under the precise backend, which writes the records (CPUID.01H:EDX.DS and ECX.DTES64 set, IA32_MISC_ENABLE[12] PEBS_UNAVAILABLE clear), where the guest sees CPUID.01H:EDX.DS or with --pebs on; not under the perf backend",
+            "PEBS format {}: presented under the precise backend, which writes the records (CPUID.01H:EDX.DS and ECX.DTES64 set, IA32_MISC_ENABLE[12] PEBS_UNAVAILABLE clear), where the guest sees CPUID.01H:EDX.DS or with --debug-store on; not under the perf backend",
             p.pebs_format()
         )
     } else if p.version >= 1 && p.pdcm() {

@@ -90,3 +90,23 @@ fn adaptive_pebs_adds_the_fixed_counters_and_pebs_data_cfg() {
     assert_eq!(skl.rdmsr(msr::MSR_PEBS_DATA_CFG), Err(GpFault));
     assert_wr_gp(&mut skl, msr::IA32_PEBS_ENABLE, 1 << 32);
 }
+
+#[test]
+fn bts_adds_its_debugctl_bits_and_filters_by_cpl() {
+    let mut pmu = Pmu::new(&Profile::load("nehalem").unwrap().pmu);
+    assert_wr_gp(&mut pmu, msr::IA32_DEBUGCTL, msr::DEBUGCTL_TR);
+    assert_ne!(rd(&pmu, msr::IA32_MISC_ENABLE) & msr::MISC_ENABLE_BTS_UNAVAILABLE, 0);
+    pmu.set_bts(true);
+    assert_eq!(rd(&pmu, msr::IA32_MISC_ENABLE) & msr::MISC_ENABLE_BTS_UNAVAILABLE, 0);
+    wr(&mut pmu, msr::IA32_DEBUGCTL, msr::DEBUGCTL_BTS_BITS);
+    assert!(!pmu.bts_records(0) && !pmu.bts_records(3), "BTS_OFF_OS and BTS_OFF_USR");
+    assert!(pmu.bts_interrupts());
+    wr(&mut pmu, msr::IA32_DEBUGCTL, msr::DEBUGCTL_TR | msr::DEBUGCTL_BTS | msr::DEBUGCTL_BTS_OFF_USR);
+    assert!(pmu.bts_records(0) && !pmu.bts_records(3));
+    wr(&mut pmu, msr::IA32_DEBUGCTL, msr::DEBUGCTL_BTS);
+    assert!(!pmu.bts_records(0), "BTS without TR stores nothing");
+    assert!(!pmu.pmi_pending());
+    pmu.bts_threshold_reached();
+    assert!(pmu.pmi_pending(), "the DS interrupt is the PMI");
+    assert_eq!(pmu.global_status(), 0, "with no status bit");
+}

@@ -1,8 +1,11 @@
-//! The PEBS assist (SDM Vol. 3B 18.6.1.1 and the seed's "PEBS Interrupt Threshold" and "PEBS
-//! CounterX Reset"): when a PEBS-enabled counter that overflowed counts its next event, the
-//! record of the instruction that counted it goes into the guest's PEBS buffer through the DS
-//! area, the counter reloads its reset value, and at the interrupt threshold a PMI with
-//! GLOBAL_STATUS.OvfBuffer follows (README, "PEBS").
+//! The Debug Store's two writers.
+//! - The PEBS assist (SDM Vol. 3B 18.6.1.1 and the seed's "PEBS Interrupt Threshold" and "PEBS
+//!   CounterX Reset"): when a PEBS-enabled counter that overflowed counts its next event, the
+//!   record of the instruction that counted it goes into the guest's PEBS buffer through the DS
+//!   area, the counter reloads its reset value, and at the interrupt threshold a PMI with
+//!   GLOBAL_STATUS.OvfBuffer follows (README, "PEBS").
+//! - BTS (SDM 17.4.9): every taken branch's record goes into the BTS buffer, circular or with an
+//!   interrupt at its threshold (README, "BTS").
 use super::Precise;
 use crate::{BackendError, Cx};
 use emon_pmu::pmu::ds::{self, DsArea, PebsInput, DS_AREA_SIZE, DS_PEBS_INDEX};
@@ -42,6 +45,37 @@ fn write_linear(mem: &GuestMemoryMmap, mode: &CpuMode, la: u64, buf: &[u8]) -> O
 }
 
 impl Precise {
+    /// Stores a BTS record of the branch from `from` to `to` at the DS area's BTS index.
+    pub(super) fn bts_store(&mut self, cx: &mut Cx, from: u64, to: u64, predicted: bool) -> Result<(), BackendError> {
+        let mode = self.mode(cx)?;
+        let mem = cx.vcpu.memory();
+        let area = cx.pmu.ds_area();
+        let mut bytes = [0u8; DS_AREA_SIZE];
+        let Some(()) = read_linear(mem, &mode, area, &mut bytes) else {
+            self.stats.bts_lost += 1;
+            return Ok(());
+        };
+        let ds = DsArea::parse(&bytes);
+        let interrupts = cx.pmu.bts_interrupts();
+        let written = ds.next_bts(interrupts).and_then(|at| {
+            write_linear(mem, &mode, at, &ds::bts_record(from, to, predicted))?;
+            let index = at + ds::BTS_RECORD_SIZE;
+            write_linear(mem, &mode, area + ds::DS_BTS_INDEX, &index.to_le_bytes())?;
+            Some(index)
+        });
+        match written {
+            Some(index) => {
+                self.stats.bts_records += 1;
+                if interrupts && index >= ds.bts_interrupt_threshold {
+                    cx.pmu.bts_threshold_reached();
+                }
+            }
+            None if ds.next_bts(interrupts).is_some() => self.stats.bts_lost += 1,
+            None => {}
+        }
+        Ok(())
+    }
+
     /// Performs the PEBS assist if one is due: the instruction at `eventing_ip` just retired and
     /// the vCPU's registers are its results (`exact`: they are that instruction's, not those of
     /// instructions that retired after it without their own trap).
