@@ -13,7 +13,7 @@ use emon_x86::insn::{self, Special};
 use emon_x86::mode::{segment_from_descriptor, CpuMode};
 use kvm_bindings::{kvm_regs, kvm_segment, kvm_sregs};
 use std::fmt;
-use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+use vm_memory::GuestMemoryMmap;
 
 /// #GP, the general-protection exception.
 pub const GP_VECTOR: u8 = 13;
@@ -56,28 +56,15 @@ impl fmt::Display for Aside {
     }
 }
 
-/// Reads `buf.len()` bytes of guest memory at linear address `la`, page by page.
-fn read_linear(mode: &CpuMode, mem: &GuestMemoryMmap, la: u64, buf: &mut [u8]) -> Option<()> {
-    let mut done = 0;
-    while done < buf.len() {
-        let a = la.wrapping_add(done as u64);
-        let n = (buf.len() - done).min((0x1000 - (a & 0xFFF)) as usize);
-        let pa = mode.translate(mem, a)?;
-        mem.read_slice(&mut buf[done..done + n], GuestAddress(pa)).ok()?;
-        done += n;
-    }
-    Some(())
-}
-
 fn read_u64(mode: &CpuMode, mem: &GuestMemoryMmap, la: u64) -> Option<u64> {
     let mut b = [0u8; 8];
-    read_linear(mode, mem, la, &mut b)?;
+    mode.read_linear(mem, la, &mut b)?;
     Some(u64::from_le_bytes(b))
 }
 
 fn read_u32(mode: &CpuMode, mem: &GuestMemoryMmap, la: u64) -> Option<u32> {
     let mut b = [0u8; 4];
-    read_linear(mode, mem, la, &mut b)?;
+    mode.read_linear(mem, la, &mut b)?;
     Some(u32::from_le_bytes(b))
 }
 
@@ -307,6 +294,7 @@ mod tests {
     use emon_pmu::pmu::rdpmc::{RDPMC_FAST, RDPMC_FIXED};
     use emon_pmu::pmu::Pmu;
     use emon_pmu::profile::Profile;
+    use vm_memory::{Bytes, GuestAddress};
 
     const PML4: u64 = 0x1000;
     const GDT: u64 = 0x5000;

@@ -75,6 +75,38 @@ impl CpuMode {
         self.cr4 & CR4_PCE != 0
     }
 
+    /// The guest-physical pieces of the `len` bytes at linear address `la`, page by page:
+    /// (physical address, offset into the bytes, length); `None` if a page is not mapped.
+    fn pieces(&self, mem: &GuestMemoryMmap, la: u64, len: usize) -> Option<Vec<(u64, usize, usize)>> {
+        let mut pieces = Vec::new();
+        let mut done = 0usize;
+        while done < len {
+            let at = la.wrapping_add(done as u64);
+            let n = ((0x1000 - (at & 0xFFF)) as usize).min(len - done);
+            pieces.push((self.translate(mem, at)?, done, n));
+            done += n;
+        }
+        Some(pieces)
+    }
+
+    /// Reads `buf.len()` bytes of guest memory at linear address `la`, through the guest's page
+    /// tables; `None` if any of it is not mapped.
+    pub fn read_linear(&self, mem: &GuestMemoryMmap, la: u64, buf: &mut [u8]) -> Option<()> {
+        for (pa, at, n) in self.pieces(mem, la, buf.len())? {
+            mem.read_slice(&mut buf[at..at + n], GuestAddress(pa)).ok()?;
+        }
+        Some(())
+    }
+
+    /// Writes `buf` to guest memory at linear address `la`, through the guest's page tables;
+    /// `None`, with nothing written, if any of it is not mapped.
+    pub fn write_linear(&self, mem: &GuestMemoryMmap, la: u64, buf: &[u8]) -> Option<()> {
+        for (pa, at, n) in self.pieces(mem, la, buf.len())? {
+            mem.write_slice(&buf[at..at + n], GuestAddress(pa)).ok()?;
+        }
+        Some(())
+    }
+
     /// Guest-physical address of linear address `la`, walking the guest's page tables
     /// (SDM Vol. 3A 4.3-4.5: 32-bit, PAE and 4-level paging; large pages).
     pub fn translate(&self, mem: &GuestMemoryMmap, la: u64) -> Option<u64> {

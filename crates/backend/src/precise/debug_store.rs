@@ -11,67 +11,45 @@ use crate::{BackendError, Cx};
 use emon_pmu::pmu::ds::{self, DsArea, PebsInput, DS_AREA_SIZE, DS_PEBS_INDEX};
 use emon_pmu::pmu::CounterId;
 use emon_x86::mode::CpuMode;
-use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+use vm_memory::GuestMemoryMmap;
 
-const PAGE: u64 = 4096;
-
-/// Copies between guest linear memory at `la` and `buf`, page by page through the guest's page
-/// tables; `None` if a page is not mapped (nothing is written then).
-fn linear(mem: &GuestMemoryMmap, mode: &CpuMode, la: u64, len: usize) -> Option<Vec<(u64, usize, usize)>> {
-    let mut chunks = Vec::new();
-    let mut done = 0usize;
-    while done < len {
-        let at = la.checked_add(done as u64)?;
-        let n = ((PAGE - at % PAGE) as usize).min(len - done);
-        chunks.push((mode.translate(mem, at)?, done, n));
-        done += n;
-    }
-    Some(chunks)
-}
-
-fn read_linear(mem: &GuestMemoryMmap, mode: &CpuMode, la: u64, buf: &mut [u8]) -> Option<()> {
-    for (pa, at, n) in linear(mem, mode, la, buf.len())? {
-        mem.read_slice(&mut buf[at..at + n], GuestAddress(pa)).ok()?;
-    }
-    Some(())
-}
-
-fn write_linear(mem: &GuestMemoryMmap, mode: &CpuMode, la: u64, buf: &[u8]) -> Option<()> {
-    let chunks = linear(mem, mode, la, buf.len())?;
-    for (pa, at, n) in chunks {
-        mem.write_slice(&buf[at..at + n], GuestAddress(pa)).ok()?;
-    }
-    Some(())
+/// Writes `record` at linear address `at` and the buffer's new index (`at` + the record's size)
+/// into the DS area field at `index_field`; the new index, or `None` with nothing written if
+/// either is not mapped.
+fn store(mem: &GuestMemoryMmap, mode: &CpuMode, at: u64, record: &[u8], index_field: u64) -> Option<u64> {
+    let index = at + record.len() as u64;
+    mode.write_linear(mem, at, record)?;
+    mode.write_linear(mem, index_field, &index.to_le_bytes())?;
+    Some(index)
 }
 
 impl Precise {
+    /// The DS buffer management area at IA32_DS_AREA, or `None` if it is not mapped.
+    fn ds_area(&mut self, cx: &mut Cx) -> Result<Option<(CpuMode, DsArea)>, BackendError> {
+        let mode = self.mode(cx)?;
+        let mut bytes = [0u8; DS_AREA_SIZE];
+        let read = mode.read_linear(cx.vcpu.memory(), cx.pmu.ds_area(), &mut bytes);
+        Ok(read.map(|()| (mode, DsArea::parse(&bytes))))
+    }
+
     /// Stores a BTS record of the branch from `from` to `to` at the DS area's BTS index.
     pub(super) fn bts_store(&mut self, cx: &mut Cx, from: u64, to: u64, predicted: bool) -> Result<(), BackendError> {
-        let mode = self.mode(cx)?;
-        let mem = cx.vcpu.memory();
-        let area = cx.pmu.ds_area();
-        let mut bytes = [0u8; DS_AREA_SIZE];
-        let Some(()) = read_linear(mem, &mode, area, &mut bytes) else {
+        let Some((mode, ds)) = self.ds_area(cx)? else {
             self.stats.bts_lost += 1;
             return Ok(());
         };
-        let ds = DsArea::parse(&bytes);
         let interrupts = cx.pmu.bts_interrupts();
-        let written = ds.next_bts(interrupts).and_then(|at| {
-            write_linear(mem, &mode, at, &ds::bts_record(from, to, predicted))?;
-            let index = at + ds::BTS_RECORD_SIZE;
-            write_linear(mem, &mode, area + ds::DS_BTS_INDEX, &index.to_le_bytes())?;
-            Some(index)
-        });
-        match written {
-            Some(index) => {
-                self.stats.bts_records += 1;
-                if interrupts && index >= ds.bts_interrupt_threshold {
-                    cx.pmu.bts_threshold_reached();
-                }
-            }
-            None if ds.next_bts(interrupts).is_some() => self.stats.bts_lost += 1,
-            None => {}
+        // With BTINT, nothing is stored at the absolute maximum (SDM 17.4.9).
+        let Some(at) = ds.next_bts(interrupts) else { return Ok(()) };
+        let record = ds::bts_record(from, to, predicted);
+        let index_field = cx.pmu.ds_area() + ds::DS_BTS_INDEX;
+        let Some(index) = store(cx.vcpu.memory(), &mode, at, &record, index_field) else {
+            self.stats.bts_lost += 1;
+            return Ok(());
+        };
+        self.stats.bts_records += 1;
+        if interrupts && index >= ds.bts_interrupt_threshold {
+            cx.pmu.bts_threshold_reached();
         }
         Ok(())
     }
@@ -84,16 +62,59 @@ impl Precise {
         if due == 0 {
             return Ok(());
         }
-        if !exact {
-            self.stats.pebs_inexact += 1;
-        }
+        let Some((mode, ds)) = self.ds_area(cx)? else {
+            // No DS area to read: no record and no reset (README, "PEBS").
+            self.stats.pebs_lost += 1;
+            cx.pmu.pebs_assisted(due, |_| 0, false);
+            return Ok(());
+        };
         let format = cx.pmu.profile().pebs_format();
         let cfg = cx.pmu.pebs_data_cfg();
         let size = match format {
             4 => ds::adaptive_record_size(cfg),
             _ => ds::record_size(format).expect("PEBS is presented only in a format emon writes"),
         };
-        let mode = self.mode(cx)?;
+        let threshold = match ds.next_record(size) {
+            None => {
+                self.stats.pebs_full += 1;
+                false
+            }
+            Some(at) => {
+                if !exact {
+                    self.stats.pebs_inexact += 1;
+                }
+                let record = self.pebs_record(cx, format, cfg, due, eventing_ip)?;
+                let index_field = cx.pmu.ds_area() + DS_PEBS_INDEX;
+                match store(cx.vcpu.memory(), &mode, at, &record, index_field) {
+                    Some(index) => {
+                        self.stats.pebs_records += 1;
+                        index >= ds.pebs_interrupt_threshold
+                    }
+                    None => {
+                        self.stats.pebs_lost += 1;
+                        false
+                    }
+                }
+            }
+        };
+        let reset = |id| match id {
+            CounterId::Gp(i) => ds.pebs_counter_reset[usize::from(i)],
+            CounterId::Fixed(i) => ds.pebs_fixed_reset[usize::from(i)],
+        };
+        cx.pmu.pebs_assisted(due, reset, threshold);
+        Ok(())
+    }
+
+    /// The PEBS record, in `format` (and groups `cfg` for format 4), of the instruction at
+    /// `eventing_ip` for the counters `due`, from the vCPU's state now.
+    fn pebs_record(
+        &mut self,
+        cx: &mut Cx,
+        format: u8,
+        cfg: u64,
+        due: u64,
+        eventing_ip: u64,
+    ) -> Result<Vec<u8>, BackendError> {
         let regs = cx.vcpu.regs()?;
         let tsc = match self.virtual_tsc() {
             Some(t) => t,
@@ -102,8 +123,8 @@ impl Precise {
         // Formats 3 and 4 store the applicable counters; formats 1 and 2 IA32_PERF_GLOBAL_STATUS,
         // in which the counters the record is for read as overflowed.
         let status = if format >= 3 { due } else { cx.pmu.global_status() | due };
-        let xmm = if format == 4 && cfg & ds::PEBS_DATA_CFG_XMMS != 0 { cx.vcpu.xmm()? } else { [[0; 16]; 16] };
-        let lbr = cx.pmu.lbr_newest(ds::adaptive_lbr_entries(if format == 4 { cfg } else { 0 }));
+        let adaptive = if format == 4 { cfg } else { 0 };
+        let xmm = if adaptive & ds::PEBS_DATA_CFG_XMMS != 0 { cx.vcpu.xmm()? } else { [[0; 16]; 16] };
         let input = PebsInput {
             rflags: regs.rflags,
             rip: regs.rip,
@@ -115,35 +136,8 @@ impl Precise {
             status,
             tsc,
             xmm,
-            lbr,
+            lbr: cx.pmu.lbr_newest(ds::adaptive_lbr_entries(adaptive)),
         };
-        let mem = cx.vcpu.memory();
-        let area = cx.pmu.ds_area();
-        let mut bytes = [0u8; DS_AREA_SIZE];
-        let Some(()) = read_linear(mem, &mode, area, &mut bytes) else {
-            // No DS area to read: no record and no reset (README, "PEBS").
-            self.stats.pebs_lost += 1;
-            cx.pmu.pebs_assisted(due, |_| 0, false);
-            return Ok(());
-        };
-        let ds = DsArea::parse(&bytes);
-        let written = ds.next_record(size).and_then(|at| {
-            let record = if format == 4 { ds::adaptive_record(cfg, &input) } else { ds::record(format, &input) };
-            write_linear(mem, &mode, at, &record)?;
-            let index = at + size;
-            write_linear(mem, &mode, area + DS_PEBS_INDEX, &index.to_le_bytes())?;
-            Some(index)
-        });
-        match written {
-            Some(_) => self.stats.pebs_records += 1,
-            None => self.stats.pebs_full += 1,
-        }
-        let threshold = written.is_some_and(|index| index >= ds.pebs_interrupt_threshold);
-        let reset = |id| match id {
-            CounterId::Gp(i) => ds.pebs_counter_reset[usize::from(i)],
-            CounterId::Fixed(i) => ds.pebs_fixed_reset[usize::from(i)],
-        };
-        cx.pmu.pebs_assisted(due, reset, threshold);
-        Ok(())
+        Ok(if format == 4 { ds::adaptive_record(cfg, &input) } else { ds::record(format, &input) })
     }
 }

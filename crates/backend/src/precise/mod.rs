@@ -137,13 +137,13 @@ pub struct Stats {
     /// not model: the stack then records as if it were off.
     pub lbr_call_stack: u64,
     /// PEBS assists: records written; none written because the buffer was at its absolute
-    /// maximum; none because the DS area was not mapped; and records whose registers are those
-    /// after later instructions that retired without their own single-step trap.
+    /// maximum; none because the DS area or the buffer was not mapped; and records whose
+    /// registers are those after later instructions that retired without their own trap.
     pub pebs_records: u64,
     pub pebs_full: u64,
     pub pebs_lost: u64,
     pub pebs_inexact: u64,
-    /// BTS records written, and branches the BTS buffer could not take (no DS area mapped).
+    /// BTS records written, and branches not stored because the DS area or the buffer was not mapped.
     pub bts_records: u64,
     pub bts_lost: u64,
 }
@@ -1210,13 +1210,13 @@ impl Backend for Precise {
         }
         if self.stats.pebs_lost > 0 {
             notes.push(format!(
-                "NOT EXACT: PEBS: {} assists found no DS area mapped at IA32_DS_AREA; no record was written and the counter reloaded 0 (README, \"PEBS\")",
+                "NOT EXACT: PEBS: {} assists wrote no record: the DS area (the counter then reloaded 0) or the PEBS buffer was not mapped (README, \"PEBS\")",
                 self.stats.pebs_lost
             ));
         }
         if self.stats.bts_lost > 0 {
             notes.push(format!(
-                "NOT EXACT: BTS: {} branches found no DS area mapped at IA32_DS_AREA and were not stored (README, \"BTS\")",
+                "NOT EXACT: BTS: {} branches were not stored: the DS area or the BTS buffer was not mapped (README, \"BTS\")",
                 self.stats.bts_lost
             ));
         }

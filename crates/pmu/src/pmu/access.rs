@@ -87,14 +87,14 @@ impl Pmu {
         match self.reg(msr)? {
             // SDM 18.2.5: a legacy write stores EAX[31:0] sign-extended; EDX is ignored.
             Reg::Pmc(i) => {
-                (self.pebs_armed, self.pebs_due) = (self.pebs_armed & !(1 << i), self.pebs_due & !(1 << i));
+                self.pebs.disarm(CounterId::Gp(i).status_mask());
                 self.pmc[usize::from(i)] = legacy_write_value(value, l.gp_width);
                 self.mark_written(CounterId::Gp(i));
             }
             // SDM 18.2.5: full-width write; bits above the counter width are reserved.
             Reg::APmc(i) => {
                 let v = check(value, width_mask(l.gp_width))?;
-                (self.pebs_armed, self.pebs_due) = (self.pebs_armed & !(1 << i), self.pebs_due & !(1 << i));
+                self.pebs.disarm(CounterId::Gp(i).status_mask());
                 self.pmc[usize::from(i)] = v;
                 self.mark_written(CounterId::Gp(i));
             }
@@ -107,8 +107,7 @@ impl Pmu {
             }
             // Like KVM (pmu_intel.c), bits above the fixed width are dropped, not #GP.
             Reg::FixedCtr(i) => {
-                let bit = CounterId::Fixed(i).status_mask();
-                (self.pebs_armed, self.pebs_due) = (self.pebs_armed & !bit, self.pebs_due & !bit);
+                self.pebs.disarm(CounterId::Fixed(i).status_mask());
                 self.fixed_ctr[usize::from(i)] = value & width_mask(l.fixed_width);
                 self.mark_written(CounterId::Fixed(i));
             }
@@ -147,8 +146,7 @@ impl Pmu {
             }
             Reg::PebsEnable => {
                 self.pebs_enable = check(value, l.pebs_enable_valid)?;
-                (self.pebs_armed, self.pebs_due) =
-                    (self.pebs_armed & self.pebs_enable, self.pebs_due & self.pebs_enable);
+                self.pebs.disarm(!self.pebs_enable);
             }
             Reg::DsArea => {
                 if !is_canonical_48(value) {

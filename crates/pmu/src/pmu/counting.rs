@@ -114,13 +114,13 @@ impl Pmu {
             // SDM 18.6.1.1 (PEBS): the overflow arms PEBS instead of raising a PMI or setting the
             // counter's overflow bit; the first event after it (a 0 to 1 transition) triggers
             // the assist, which the backend performs (`pebs_due`, `pebs_assisted`).
-            if self.pebs_armed & bit != 0 && n > 0 {
-                self.pebs_due |= bit;
+            if self.pebs.armed & bit != 0 && n > 0 {
+                self.pebs.due |= bit;
             }
             if overflowed {
-                self.pebs_armed |= bit;
+                self.pebs.armed |= bit;
                 if value > 0 {
-                    self.pebs_due |= bit;
+                    self.pebs.due |= bit;
                 }
             }
             return overflowed;
@@ -139,7 +139,7 @@ impl Pmu {
     /// PEBS-enabled counters whose assist is due: they overflowed and have counted an event
     /// since. The backend writes the record and calls [`Pmu::pebs_assisted`].
     pub fn pebs_due(&self) -> u64 {
-        self.pebs_due
+        self.pebs.due
     }
 
     /// Is PEBS presented to the guest (MISC_ENABLE.PEBS_UNAVAILABLE clear)?
@@ -151,22 +151,19 @@ impl Pmu {
     /// MISC_ENABLE.PEBS_UNAVAILABLE (bit 12, read-only to the guest). Before the guest runs.
     pub fn set_pebs(&mut self, on: bool) {
         self.pebs_on = on;
-        if on {
-            self.misc_enable &= !MISC_ENABLE_PEBS_UNAVAILABLE;
-        } else {
-            self.misc_enable |= MISC_ENABLE_PEBS_UNAVAILABLE;
-        }
+        self.set_misc_unavailable(MISC_ENABLE_PEBS_UNAVAILABLE, !on);
+    }
+
+    /// Sets (`unavailable`) or clears a read-only "unavailable" bit of IA32_MISC_ENABLE.
+    fn set_misc_unavailable(&mut self, bit: u64, unavailable: bool) {
+        self.misc_enable = if unavailable { self.misc_enable | bit } else { self.misc_enable & !bit };
     }
 
     /// Presents BTS (`on`: the backend writes branch records into the BTS buffer) or not,
     /// through MISC_ENABLE.BTS_UNAVAILABLE (bit 11, read-only to the guest). Before the guest runs.
     pub fn set_bts(&mut self, on: bool) {
         self.bts_on = on;
-        if on {
-            self.misc_enable &= !MISC_ENABLE_BTS_UNAVAILABLE;
-        } else {
-            self.misc_enable |= MISC_ENABLE_BTS_UNAVAILABLE;
-        }
+        self.set_misc_unavailable(MISC_ENABLE_BTS_UNAVAILABLE, !on);
     }
 
     /// Is BTS presented?
@@ -203,12 +200,11 @@ impl Pmu {
     /// `reset(id)`, its reset value in the DS area. `threshold`: the record brought the PEBS
     /// index to the interrupt threshold, which sets GLOBAL_STATUS.OvfBuffer and raises a PMI.
     pub fn pebs_assisted(&mut self, counters: u64, reset: impl Fn(CounterId) -> u64, threshold: bool) {
-        let counters = counters & self.pebs_due;
+        let counters = counters & self.pebs.due;
         for id in self.counter_ids().into_iter().filter(|id| counters & id.status_mask() != 0) {
             self.store_value(id, reset(id));
         }
-        self.pebs_due &= !counters;
-        self.pebs_armed &= !counters;
+        self.pebs.disarm(counters);
         if threshold {
             self.global_status |= GLOBAL_STATUS_OVF_BUFFER;
             self.pmi_pending = true;

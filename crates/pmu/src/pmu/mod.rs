@@ -152,16 +152,31 @@ pub struct Pmu {
     /// BTS is presented (the backend writes branch records): MISC_ENABLE.BTS_UNAVAILABLE is
     /// clear and DEBUGCTL takes TR, BTS, BTINT and BTS_OFF_OS/USR.
     bts_on: bool,
-    /// PEBS-enabled GP counters that overflowed (armed), and those of them that have counted an
-    /// event since (the assist is due).
-    pebs_armed: u64,
-    pebs_due: u64,
+    /// PEBS-enabled counters that overflowed, and those of them whose assist is due.
+    pebs: PebsArmed,
     pebs_data_cfg: u64,
     offcore_rsp: [u64; 2],
     pebs_ld_lat: u64,
     pebs_frontend: u64,
     pmi_pending: bool,
     reprogram: Reprogram,
+}
+
+/// PEBS-enabled counters (GLOBAL_STATUS layout) that overflowed (armed), and those of them that
+/// have counted an event since (the assist is due).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+struct PebsArmed {
+    armed: u64,
+    due: u64,
+}
+
+impl PebsArmed {
+    /// `counters` are no longer armed: the guest wrote them, or cleared their PEBS_ENABLE bits,
+    /// or the assist ran.
+    fn disarm(&mut self, counters: u64) {
+        self.armed &= !counters;
+        self.due &= !counters;
+    }
 }
 
 /// The LBR stack's MSRs (0 at power-on): what the guest wrote, and the branches a backend
@@ -231,8 +246,7 @@ impl Pmu {
             lbr: LbrRegs::default(),
             pebs_on: false,
             bts_on: false,
-            pebs_armed: 0,
-            pebs_due: 0,
+            pebs: PebsArmed::default(),
             pebs_data_cfg: 0,
             offcore_rsp: [0; 2],
             pebs_ld_lat: 0,
