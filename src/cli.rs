@@ -143,6 +143,8 @@ pub enum CliError {
     JsonFile { path: PathBuf, source: std::io::Error },
     #[error("--timeout {0}: must be a positive number of seconds")]
     Timeout(f64),
+    #[error("--backend perf: profile {0} presents the NetBurst PMU, whose ESCR events host perf cannot count for a guest; use --backend precise (README, \"The NetBurst PMU\")")]
+    NetBurstPerf(String),
     /// `emon test`'s errors in its input, as the runner words them.
     #[error(transparent)]
     Runner(#[from] crate::runner::RunnerError),
@@ -234,6 +236,9 @@ fn run(args: RunArgs) -> Result<ExitCode, CliError> {
         Some(s) => Some(Duration::from_secs_f64(s)),
         None => None,
     };
+    if profile.pmu.netburst() && args.backend == backend::BackendKind::Perf {
+        return Err(CliError::NetBurstPerf(profile.name));
+    }
     let (backend, why) =
         backend::select(args.backend, &profile, args.allow_raw_events, vmm::kick::kick_signal(), args.precise_engine);
     if args.verbose {
@@ -459,9 +464,47 @@ fn bench(args: &BenchArgs) -> Result<ExitCode, CliError> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// `emon events` under a NetBurst profile: the events the precise backend derives, by ESCR and
+/// event-mask bit, and that every other event counts 0.
+fn list_netburst_events(p: &crate::profile::Profile) {
+    use crate::backend::precise::events::Model;
+    use crate::pmu::netburst::{self, Selection, EVENTS};
+    println!("NetBurst events under profile {} ({}), SDM Table 19-33:", p.name, p.description);
+    println!("{:<28} {:<32} {:<6} {:<14} precise backend", "event", "ESCRs", "select", "mask bit");
+    for e in EVENTS {
+        let escrs = e.escrs.map(|m| netburst::msr_name(m).unwrap_or("?")).join(", ");
+        for (bit, name) in e.mask_bits.iter().enumerate() {
+            let s = Selection { escr: e.escrs[0], event: e.event, mask: 1 << bit };
+            let precise = match Model::of_netburst(s) {
+                Model::Instructions => "counted exactly",
+                Model::BranchMisses
+                | Model::NetBurstBranches(_)
+                | Model::NetBurstBranchType { mispredicted: true, .. } => "counted (static predictor)",
+                Model::NetBurstBranchType { .. } => "counted exactly",
+                Model::CoreCycles => "counted (cost model)",
+                Model::Nothing => "counts 0 exactly: nothing emon models (no wrong path, no tagged µops)",
+                _ => "unsupported: counts 0",
+            };
+            println!("{:<28} {:<32} {:#04x}   {bit:<2} {name:<11} {precise}", e.name, escrs, e.event);
+        }
+    }
+    println!(
+        "Any other ESCR event counts 0 under the precise backend, and the run summary says NOT EXACT when a counter counts one."
+    );
+    println!(
+        "CCCR filters (COMPARE, COMPLEMENT, THRESHOLD, EDGE) apply per retired instruction; T0_OS/T0_USR by CPL; the T1 bits, \
+         OVF_PMI_T1 and active-thread 10B (both threads) never count: emon runs logical processor 0 only. \
+         The perf backend cannot count the NetBurst PMU and refuses it (README, \"The NetBurst PMU\")."
+    );
+}
+
 fn list_events(args: &ProfileArgs) -> Result<ExitCode, CliError> {
     use crate::backend::precise::events::Model;
     let p = load_profile(args)?;
+    if p.pmu.netburst() {
+        list_netburst_events(&p);
+        return Ok(ExitCode::SUCCESS);
+    }
     println!(
         "architectural events under profile {} (CPUID.0AH EBX length {}, EBX {:#x}):",
         p.name, p.pmu.ebx_length, p.pmu.ebx_unavailable

@@ -52,6 +52,9 @@ const FORBIDDEN: &[&str] = &[
 ///   lines, with the "core: " prefix of intel/core.c), then `x86_pmu_show_pmu_cap`;
 /// - `fixup_ht_bug` (Sandy Bridge, Ivy Bridge, Haswell): one thread per core here.
 fn linux_6_1_pmu_lines(p: &Profile) -> Vec<String> {
+    if p.pmu.netburst() {
+        return netburst_lines();
+    }
     let [eax, ebx, ecx, edx] = p.pmu.leaf_0a();
     let (version, gp, width, mask_length) = (eax & 0xFF, (eax >> 8) & 0xFF, (eax >> 16) & 0xFF, eax >> 24);
     if version == 0 || gp <= 1 {
@@ -141,6 +144,25 @@ fn linux_6_1_pmu_lines(p: &Profile) -> Vec<String> {
     lines
 }
 
+/// A NetBurst processor (family 0FH without ARCH_PERFMON): intel/core.c `intel_pmu_init` calls
+/// intel/p4.c `p4_pmu_init`, which needs IA32_MISC_ENABLE[7] and prints "Netburst events, "; the
+/// driver is `p4_pmu` ("Netburst P4/Xeon", 18 counters of 40 bits, max period 2^39 - 1, no
+/// version, no fixed counters), whose event mask `init_hw_perf_events` makes (1 << 18) - 1.
+fn netburst_lines() -> Vec<String> {
+    [
+        "Performance Events: Netburst events, Netburst P4/Xeon PMU driver.",
+        "... version:                0",
+        "... bit width:              40",
+        "... generic registers:      18",
+        "... value mask:             000000ffffffffff",
+        "... max period:             0000007fffffffff",
+        "... fixed-purpose events:   0",
+        "... event mask:             000000000003ffff",
+    ]
+    .map(String::from)
+    .to_vec()
+}
+
 /// The suite runs every shipped profile once, and expects exactly what Linux's source says for
 /// it and forbids what no profile may provoke.
 #[test]
@@ -159,7 +181,11 @@ fn the_suite_expects_what_linuxs_source_says_for_every_profile() {
         seen.push(name.clone());
     }
     seen.sort();
-    assert_eq!(seen, Profile::builtin_names(), "every shipped profile, once");
+    // pentium4 boots in its own test below: Linux 6.1's p4 driver fails the sampling self-test
+    // on NetBurst whatever the PMU does, so its run cannot pass as a suite entry.
+    let architectural: Vec<&str> =
+        Profile::builtin_names().into_iter().filter(|n| !Profile::load(n).unwrap().pmu.netburst()).collect();
+    assert_eq!(seen, architectural, "every shipped profile with architectural perfmon, once");
 }
 
 /// The lines of a few profiles, written out: the derivation itself, checked against what real
@@ -194,7 +220,7 @@ fn the_derivation_gives_linuxs_known_lines() {
 }
 
 /// Builds (or finds cached) the kernel, then runs the suite: every profile boots to the end of
-/// the self-test with the expected lines.
+/// the self-test with the expected lines; then Linux under the NetBurst profile.
 #[test]
 fn linux_boots_under_every_profile_with_the_lines_its_source_predicts() {
     if !kvm_available() {
@@ -202,13 +228,64 @@ fn linux_boots_under_every_profile_with_the_lines_its_source_predicts() {
     }
     build_the_kernel();
     let json = tmp_dir("linux-suite").join("linux.json");
-    let r = emon(&["test", "--suite", SUITE, "--jobs", "2", "--json", json.to_str().unwrap()]);
+    // One boot at a time: with a_linux_panic_ends_the_run_with_its_line beside it, that is a VM
+    // per CPU of this 2-CPU machine. A third Linux boot here stalls in the perf self-test (README,
+    // "Linux guests": counted interrupt handling cannot keep up with the timer tick).
+    let r = emon(&["test", "--suite", SUITE, "--jobs", "1", "--json", json.to_str().unwrap()]);
     assert_eq!(r.status, 0, "{}\n{}", r.stdout, r.stderr);
     let doc: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
     let runs = doc["runs"].as_array().expect("runs");
-    assert_eq!(runs.len(), Profile::builtin_names().len());
+    assert_eq!(runs.len(), Profile::builtin_names().len() - 1, "all but pentium4");
     for run in runs {
         assert_eq!(run["status"], "pass", "{run}");
+    }
+    linux_drives_the_netburst_pmu_with_its_p4_driver();
+}
+
+/// Linux under the NetBurst profile: its p4 driver finds the PMU (the lines its source predicts),
+/// and the self-test counts instructions, branches (retired_branch_type) and cycles
+/// (global_power_events) through ESCRs and CCCRs. Its sampling test gets no overflow: Linux 6.1's
+/// `p4_pmu_set_period` reads `pmc_prev_left` before `x86_perf_event_set_period` updates it, so its
+/// erratum-N15 second write reloads the counter with the previous event's period (here the
+/// counting test's 2^39 - 1, visible as `wrmsr MSR_IQ_COUNTER0 0x8000000001` in `--trace`). That
+/// is Linux's doing, as it would be on a Pentium 4: emon counts the 2^39 + loop instructions
+/// exactly, and the callback count is 0 (README, "The NetBurst PMU").
+///
+/// It runs after the suite, in the same test, so that no more VMs share this machine's two CPUs
+/// than before: a Linux boot here counts its perf self-test at the host's emulation speed.
+fn linux_drives_the_netburst_pmu_with_its_p4_driver() {
+    let r = emon(&[
+        "run",
+        "--profile",
+        "pentium4",
+        "--debug-store",
+        "off",
+        "--timeout",
+        "280",
+        "target/emon-linux/vmlinux",
+        "--",
+        "console=ttyS0",
+        "noxsave",
+    ]);
+    // Linux's console lines, without their timestamps.
+    let lines: Vec<&str> = r.stdout.lines().map(|l| l.split_once("] ").map_or(l, |(_, rest)| rest)).collect();
+    for want in netburst_lines() {
+        assert!(lines.contains(&want.as_str()), "missing {want:?}\n{}", r.stdout);
+    }
+    for pass in [
+        "PASS: instructions (",
+        "PASS: branches (",
+        "PASS: cycles (",
+        "PASS: instructions sampling: the loop was counted (",
+    ] {
+        assert!(lines.iter().any(|l| l.starts_with(pass)), "missing {pass:?}\n{}", r.stdout);
+    }
+    let fail = "FAIL: instructions sampling: overflow callbacks (0, expected 5497560";
+    assert!(lines.iter().any(|l| l.starts_with(fail)), "missing {fail:?}\n{}", r.stdout);
+    assert!(lines.contains(&"SUMMARY: 5 tests, 1 unexpected failures, 0 skipped"), "{}", r.stdout);
+    assert_eq!(r.status, 1, "the self-test's one failure: {}", r.stderr);
+    for bad in FORBIDDEN {
+        assert!(!r.stdout.contains(bad), "{bad:?}\n{}", r.stdout);
     }
 }
 

@@ -22,6 +22,11 @@ fn rdpmc_follows_the_sdm_under_both_backends_on_every_profile() {
         return;
     }
     for profile in emon::profile::Profile::builtin_names() {
+        if emon::profile::Profile::load(profile).unwrap().pmu.netburst() {
+            // guest:rdpmc skips on NetBurst, where guest:netburst-counters reads the counters with
+            // RDPMC through the same catch, and --backend perf is refused (tests/netburst.rs).
+            continue;
+        }
         let mut completed = Vec::new();
         for backend in ["precise", "perf"] {
             let (rdpmc, line) = rdpmc_guest(profile, backend);

@@ -42,7 +42,7 @@ use emon_pmu::pmu::counter::width_mask;
 use emon_pmu::pmu::regs::{MISC_ENABLE_READ_ONLY, MISC_ENABLE_WRITABLE};
 use emon_pmu::pmu::lbr::{Branch, BranchType};
 use emon_pmu::pmu::{CounterId, CounterState, GpFault, Pmu};
-use emon_pmu::profile::{describe_leaf_0a, Cache, Clock, Lbr, ModelMsrs, MsrBits, PmuProfile, Profile};
+use emon_pmu::profile::{describe_leaf_0a, Cache, Clock, Lbr, ModelMsrs, MsrBits, PmuKind, PmuProfile, Profile};
 use libfuzzer_sys::fuzz_target;
 
 // ---------------------------------------------------------------------------------------------
@@ -77,6 +77,8 @@ struct RawProfile {
     msrs: u8,
     msr_bits: [u64; 4],
     msr_ignored: [u64; 4],
+    /// `pmu.kind = "netburst"` (validation must reject it outside family 0FH).
+    netburst: bool,
 }
 
 #[derive(Debug, Arbitrary)]
@@ -87,12 +89,14 @@ enum ProfileChoice {
     Clamped(RawProfile),
     /// Fields as they come (mostly rejected by validation; exercises it).
     Raw(RawProfile),
+    /// The NetBurst PMU (SDM 18.15) of a family 0FH part, with `nominal_mhz`.
+    NetBurst(u16),
 }
 
 /// The PMU MSR ranges emon traps (inclusive): the architectural ones, then the model-specific
 /// ones (LBR banks at 0x40/0x60 and 0x680/0x6C0/0xDC0, OFFCORE_RSP, LBR_SELECT/TOS, PEBS_LD_LAT
-/// and PEBS_FRONTEND, LER_FROM/TO).
-const PMU_RANGES: [(u32, u32); 19] = [
+/// and PEBS_FRONTEND, LER_FROM/TO), then NetBurst's (counters, CCCRs, ESCRs, TC_PRECISE_EVENT).
+const PMU_RANGES: [(u32, u32); 23] = [
     (0xC1, 0xC8),
     (0x186, 0x18D),
     (0x309, 0x30C),
@@ -112,6 +116,10 @@ const PMU_RANGES: [(u32, u32); 19] = [
     (0x680, 0x69F),
     (0x6C0, 0x6DF),
     (0xDC0, 0xDDF),
+    (0x300, 0x311),
+    (0x360, 0x371),
+    (0x3A0, 0x3E1),
+    (0x3F0, 0x3F2),
 ];
 
 #[derive(Debug, Clone, Copy, Arbitrary)]
@@ -162,6 +170,20 @@ enum Value {
     },
     /// A few chosen bits (DEBUGCTL freeze bits, CTR_Frz, INT | EN...).
     Bits([u8; 3]),
+    /// A NetBurst CCCR: ESCR select, active thread, and `flags` bits 0-6 for ENABLE, CASCADE,
+    /// FORCE_OVF, OVF_PMI_T0, OVF, COMPARE and OVF_PMI_T1.
+    Cccr {
+        select: u8,
+        thread: u8,
+        flags: u8,
+    },
+    /// A NetBurst ESCR: event select (30:25), event mask (24:9), and the T0/T1 OS/USR and tag
+    /// bits (4:0).
+    Escr {
+        event: u8,
+        mask: u16,
+        flags: u8,
+    },
 }
 
 impl Value {
@@ -178,6 +200,21 @@ impl Value {
             }
             Value::Global { gp, fixed, high } => u64::from(gp) | u64::from(fixed & 0xF) << 32 | u64::from(high) << 48,
             Value::Bits(bits) => bits.iter().fold(0, |v, b| v | 1u64 << (b % 64)),
+            Value::Cccr { select, thread, flags } => {
+                let f = |b: u8, at: u32| u64::from(flags >> b & 1) << at;
+                u64::from(select & 7) << 13
+                    | u64::from(thread & 3) << 16
+                    | f(0, 12)
+                    | f(1, 30)
+                    | f(2, 25)
+                    | f(3, 26)
+                    | f(4, 31)
+                    | f(5, 18)
+                    | f(6, 27)
+            }
+            Value::Escr { event, mask, flags } => {
+                u64::from(event & 0x3F) << 25 | u64::from(mask) << 9 | u64::from(flags & 0x1F)
+            }
         }
     }
 }
@@ -191,6 +228,8 @@ enum Ctr {
     /// Any id.
     RawGp(u8),
     RawFixed(u8),
+    /// NetBurst counter i % 20: some beyond the 18.
+    NetBurst(u8),
 }
 
 impl Ctr {
@@ -200,6 +239,7 @@ impl Ctr {
             Ctr::Fixed(i) => CounterId::Fixed(i % 6),
             Ctr::RawGp(i) => CounterId::Gp(i),
             Ctr::RawFixed(i) => CounterId::Fixed(i),
+            Ctr::NetBurst(i) => CounterId::NetBurst(i % 20),
         }
     }
 }
@@ -295,6 +335,7 @@ impl RawProfile {
             nominal_mhz: self.nominal_mhz,
             lbr: self.stack(self.perf_capabilities & 0x3F == 5),
             msrs: self.model_msrs(|bits, ignored| MsrBits { bits, ignored }),
+            kind: if self.netburst { PmuKind::NetBurst } else { PmuKind::Architectural },
         }
     }
 
@@ -366,6 +407,7 @@ impl RawProfile {
 impl ProfileChoice {
     /// The profile to fuzz under, if it is valid.
     fn build(&self) -> Option<PmuProfile> {
+        let mut family = 6;
         let pmu = match self {
             ProfileChoice::Builtin(i) => {
                 let all = builtins();
@@ -373,13 +415,22 @@ impl ProfileChoice {
             }
             ProfileChoice::Clamped(raw) => raw.clamped(),
             ProfileChoice::Raw(raw) => raw.raw(),
+            ProfileChoice::NetBurst(mhz) => {
+                family = 0xF;
+                PmuProfile {
+                    kind: PmuKind::NetBurst,
+                    misc_enable_perfmon: true,
+                    nominal_mhz: 100 + u32::from(*mhz) % 9901,
+                    ..PmuProfile::default()
+                }
+            }
         };
         let profile = Profile {
             name: "fuzz".into(),
             description: "fuzz".into(),
             vendor: "GenuineIntel".into(),
-            family: 6,
-            model: 0x5E,
+            family,
+            model: if family == 0xF { 4 } else { 0x5E },
             stepping: 3,
             microcode: None,
             pmu,
@@ -389,7 +440,7 @@ impl ProfileChoice {
         // Exercise the description code too: it must not panic on any profile.
         let _ = describe_leaf_0a(&profile.pmu);
         let valid = profile.validate().is_ok();
-        if let ProfileChoice::Clamped(_) = self {
+        if let ProfileChoice::Clamped(_) | ProfileChoice::NetBurst(_) = self {
             assert!(valid, "clamped profile rejected by validation: {:?}", profile.validate());
         }
         valid.then_some(profile.pmu)
@@ -411,6 +462,8 @@ struct Shape {
     misc_enable_perfmon: bool,
     lbr: Option<Lbr>,
     msrs: ModelMsrs,
+    /// The NetBurst PMU (then `version` is 0 and none of the architectural counters exist).
+    netburst: bool,
 }
 
 /// What an MSR index names.
@@ -511,6 +564,7 @@ impl Shape {
             misc_enable_perfmon: p.misc_enable_perfmon,
             lbr: p.lbr,
             msrs: p.msrs,
+            netburst: p.kind == PmuKind::NetBurst,
         }
     }
 
@@ -532,6 +586,7 @@ impl Shape {
         match id {
             CounterId::Gp(i) => i < self.gp,
             CounterId::Fixed(i) => self.fixed.get(usize::from(i)).copied().unwrap_or(false),
+            CounterId::NetBurst(i) => self.netburst && i < NB_COUNTERS,
         }
     }
 
@@ -539,10 +594,14 @@ impl Shape {
         match id {
             CounterId::Gp(_) => self.gp_width,
             CounterId::Fixed(_) => self.fixed_width,
+            CounterId::NetBurst(_) => 40,
         }
     }
 
     fn ids(&self) -> Vec<CounterId> {
+        if self.netburst {
+            return (0..NB_COUNTERS).map(CounterId::NetBurst).collect();
+        }
         let gp = (0..self.gp).map(CounterId::Gp);
         let fixed = (0..4u8).filter(|&i| self.fixed[usize::from(i)]).map(CounterId::Fixed);
         gp.chain(fixed).collect()
@@ -551,6 +610,9 @@ impl Shape {
     /// Does RDMSR of `msr` succeed under this profile?
     fn exists(&self, msr: u32) -> bool {
         let v = self.version;
+        if self.netburst && nb_in_ranges(msr) {
+            return nb_reg(msr).is_some();
+        }
         match reg(msr) {
             None => false,
             Some(Reg::Pmc(i) | Reg::EvtSel(i)) => i < self.gp,
@@ -560,7 +622,9 @@ impl Shape {
             Some(Reg::FixedCtrCtrl | Reg::Status | Reg::Ctrl | Reg::OvfCtrl) => v >= 2,
             Some(Reg::StatusSet | Reg::Inuse) => v >= 4,
             Some(Reg::DebugCtl | Reg::MiscEnable) => true,
-            Some(Reg::PebsEnable | Reg::DsArea) => v >= 1,
+            // IA32_DS_AREA exists on NetBurst too (SDM 18.15.7).
+            Some(Reg::DsArea) => v >= 1 || self.netburst,
+            Some(Reg::PebsEnable) => v >= 1,
             // PERF_CAPABILITIES.PEBS_BASELINE (bit 14) enumerates it (SDM 18.9.2.2).
             Some(Reg::PebsDataCfg) => v >= 1 && self.perf_capabilities & 1 << 14 != 0,
             Some(Reg::LbrFrom { base, i }) => self.lbr.is_some_and(|l| l.from == base && i < l.depth),
@@ -580,6 +644,18 @@ impl Shape {
             return Some(false);
         }
         let v = self.version;
+        if self.netburst {
+            match nb_reg(msr) {
+                // ESCR bit 31 #GPs (as measured); everything else is ignored, never #GP.
+                Some(NbReg::Escr { .. }) => return Some(value & 1 << 31 == 0),
+                Some(_) => return Some(true),
+                None => {}
+            }
+            // MSR_DEBUGCTLA (SDM 17.5.1): bits 6:0, the others #GP (as measured).
+            if reg(msr) == Some(Reg::DebugCtl) {
+                return Some(value & !0x7F == 0);
+            }
+        }
         // Bit 48, EN_PERF_METRICS / PERF_METRICS_OVF, with PERF_CAPABILITIES[15] (SDM 18.3.9.3).
         let metrics = if v >= 2 && self.perf_capabilities & 1 << 15 != 0 { 1 << 48 } else { 0 };
         let counters = self.gp_bits() | self.fixed_bits() | metrics;
@@ -634,6 +710,214 @@ impl Shape {
     }
 }
 
+
+// ---------------------------------------------------------------------------------------------
+// NetBurst (SDM 18.15-18.16), restated independently of emon's netburst module
+// ---------------------------------------------------------------------------------------------
+
+const NB_COUNTERS: u8 = 18;
+const NB_WIDTH_MASK: u64 = (1 << 40) - 1;
+const CCCR_ENABLE: u64 = 1 << 12;
+const CCCR_FORCE_OVF: u64 = 1 << 25;
+const CCCR_OVF_PMI_T0: u64 = 1 << 26;
+const CCCR_CASCADE: u64 = 1 << 30;
+const CCCR_OVF: u64 = 1 << 31;
+
+/// The ESCRs of the Pentium 4 3.00 GHz, model 4 (SDM Table 18-63), with the bits 30:0 a WRMSR
+/// ignores as the VirtualBox CPU database measured them (Intel_Pentium_4_3_00GHz.h); bits 63:32
+/// are ignored everywhere and bit 31 #GPs.
+const NB_ESCRS: [(u32, u64); 45] = [
+    (0x3A0, 0),
+    (0x3A1, 0),
+    (0x3A2, 0x4000_0000),
+    (0x3A3, 0x4000_0000),
+    (0x3A4, 0),
+    (0x3A5, 0),
+    (0x3A6, 0),
+    (0x3A7, 0),
+    (0x3A8, 0x61FE_01F0),
+    (0x3A9, 0x61FE_01F0),
+    (0x3AA, 0),
+    (0x3AB, 0),
+    (0x3AC, 0),
+    (0x3AD, 0),
+    (0x3AE, 0),
+    (0x3AF, 0),
+    (0x3B0, 0x71C0_01F0),
+    (0x3B1, 0x71C0_01F0),
+    (0x3B2, 0x61FC_0000),
+    (0x3B3, 0x61FC_0000),
+    (0x3B4, 0x71FE_01F0),
+    (0x3B5, 0x71FE_01F0),
+    (0x3B6, 0x0FFF_F1E0),
+    (0x3B7, 0x0FFF_F1E0),
+    (0x3B8, 0x71FE_01F0),
+    (0x3B9, 0x71FE_01F0),
+    (0x3BA, 0x7FFF_FFFF),
+    (0x3BB, 0x7FFF_FFFF),
+    (0x3BC, 0),
+    (0x3BD, 0),
+    (0x3BE, 0),
+    (0x3C0, 0x61FF_81E0),
+    (0x3C1, 0x61FF_81E0),
+    (0x3C2, 0x71FE_01F0),
+    (0x3C3, 0x71FE_01F0),
+    (0x3C4, 0x61F8_01F0),
+    (0x3C5, 0x61F8_01F0),
+    (0x3C8, 0x71FE_01F0),
+    (0x3C9, 0x71FE_01F0),
+    (0x3CA, 0x7000_01F0),
+    (0x3CB, 0x7000_01F0),
+    (0x3CC, 0x61F0_01F0),
+    (0x3CD, 0x61F0_01F0),
+    (0x3E0, 0x71FF_01F0),
+    (0x3E1, 0x71FF_01F0),
+];
+
+/// A NetBurst register.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum NbReg {
+    Counter(u8),
+    Cccr(u8),
+    Escr { ignored: u64 },
+    TcPreciseEvent,
+    PebsEnable,
+    PebsMatrixVert,
+}
+
+fn nb_in_ranges(msr: u32) -> bool {
+    matches!(msr, 0x300..=0x311 | 0x360..=0x371 | 0x3A0..=0x3E1 | 0x3F0..=0x3F2)
+}
+
+fn nb_reg(msr: u32) -> Option<NbReg> {
+    Some(match msr {
+        0x300..=0x311 => NbReg::Counter((msr - 0x300) as u8),
+        0x360..=0x371 => NbReg::Cccr((msr - 0x360) as u8),
+        0x3F0 => NbReg::TcPreciseEvent,
+        0x3F1 => NbReg::PebsEnable,
+        0x3F2 => NbReg::PebsMatrixVert,
+        _ => NbReg::Escr { ignored: NB_ESCRS.iter().find(|e| e.0 == msr)?.1 },
+    })
+}
+
+/// The bits a WRMSR of `r` ignores (they read 0).
+fn nb_ignored(r: NbReg) -> u64 {
+    const HI: u64 = 0xFFFF_FFFF_0000_0000;
+    match r {
+        NbReg::Counter(_) => !NB_WIDTH_MASK,
+        // Bits 11:0 reserved, but the IQ extended-cascading bits (SDM 18.15.5.7): IQ_CCCR0/3 bit
+        // 11, IQ_CCCR4/5 bits 11:8.
+        NbReg::Cccr(12 | 15) => HI | 0x7FF,
+        NbReg::Cccr(16 | 17) => HI | 0xFF,
+        NbReg::Cccr(_) => HI | 0xFFF,
+        NbReg::Escr { ignored } => HI | ignored,
+        NbReg::TcPreciseEvent => !0x3_FFE0,
+        NbReg::PebsEnable => !0x7FF_FFFF,
+        NbReg::PebsMatrixVert => !0x1FFF,
+    }
+}
+
+/// Does ESCR select `s` name an ESCR of counter `i`'s block (SDM Table 18-63)? BPU: all eight;
+/// MS: 0-2; FLAME: not 4, 6, 7; IQ: not 7, and on the ESCR1 side (IQ counters 2, 3, 5) not 3.
+fn nb_select_valid(i: u8, s: u64) -> bool {
+    let invalid: u8 = match i {
+        0..=3 => 0,
+        4..=7 => 0b1111_1000,
+        8..=11 => 0b1101_0000,
+        12 | 13 | 16 => 0b1000_0000,
+        _ => 0b1000_1000,
+    };
+    invalid & 1 << s == 0
+}
+
+/// The counter whose overflow starts counter `j` when its CCCR sets CASCADE (SDM 18.15.5.6):
+/// counters 0 and 2, 1 and 3 of a block either way; in the IQ block, 4 only from 2 and 5 only
+/// from 3.
+fn nb_cascade_from(j: u8) -> u8 {
+    match j {
+        16 => 14,
+        17 => 15,
+        _ => {
+            let base = j & !3;
+            base + (j - base + 2) % 4
+        }
+    }
+}
+
+/// Is NetBurst counter `i` counting (SDM 18.15.3, 18.16.2)? CCCR enable, an ESCR select its block
+/// has, active thread 01B or 11B (emon runs logical processor 0 only), and with CASCADE the start
+/// its alternate's overflow gave.
+fn nb_counting(cccr: u64, i: u8, cascaded: u32) -> bool {
+    let thread = cccr >> 16 & 3;
+    cccr & CCCR_ENABLE != 0
+        && nb_select_valid(i, cccr >> 13 & 7)
+        && (thread == 1 || thread == 3)
+        && (cccr & CCCR_CASCADE == 0 || cascaded & 1 << i != 0)
+}
+
+/// A successful WRMSR of NetBurst register `r`: it stores the written bits it does not ignore,
+/// a counter write disarms a pending overflow PMI, a CCCR write re-arms the cascade start (and
+/// disarms the PMI unless it keeps OVF and OVF_PMI_T0).
+fn nb_written(pmu: &Pmu, model: &mut Model, msr: u32, r: NbReg, value: u64, ctx: &Ctx) {
+    assert_eq!(rd(pmu, msr, ctx), value & !nb_ignored(r), "{ctx}: NetBurst {msr:#x} stores the written bits");
+    match r {
+        NbReg::Counter(i) => {
+            model.nb_armed &= !(1 << i);
+            assert_ne!(pmu.reprogram_pending().written & 1 << i, 0, "{ctx}: a counter write must mark it written");
+        }
+        NbReg::Cccr(i) => {
+            model.nb_cascaded &= !(1 << i);
+            // emon's policy where the SDM is silent: a CCCR written with OVF or OVF_PMI_T0 clear
+            // takes back the PMI an overflow armed.
+            let stored = value & !nb_ignored(r);
+            if stored & CCCR_OVF == 0 || stored & CCCR_OVF_PMI_T0 == 0 {
+                model.nb_armed &= !(1 << i);
+            }
+        }
+        _ => {}
+    }
+}
+
+/// `add_events(NetBurst(i), n)` (SDM 18.15.3): the counter wraps modulo 2^40; a wrap, or any
+/// increment with FORCE_OVF, sets CCCR.OVF and starts the counters cascading from it; with
+/// OVF_PMI_T0 the PMI comes at the first event after the overflow (at once if the batch has
+/// one). Returns (overflowed, counters started).
+fn nb_add_events(pmu: &Pmu, model: &mut Model, i: u8, n: u64, ctx: &Ctx) -> (bool, u64, u64) {
+    let cccr = rd(pmu, 0x360 + u32::from(i), ctx);
+    let old = rd(pmu, 0x300 + u32::from(i), ctx);
+    if n == 0 {
+        return (false, 0, old);
+    }
+    let sum = u128::from(old) + u128::from(n);
+    let wrapped = sum > u128::from(NB_WIDTH_MASK);
+    let value = (sum & u128::from(NB_WIDTH_MASK)) as u64;
+    let force = cccr & CCCR_FORCE_OVF != 0;
+    if model.nb_armed & 1 << i != 0 {
+        model.nb_armed &= !(1 << i);
+        model.pmi_pending = true;
+    }
+    let overflowed = wrapped || force;
+    let mut started = 0;
+    if overflowed {
+        if cccr & CCCR_OVF_PMI_T0 != 0 {
+            let after = if force { n - 1 } else { value };
+            if after > 0 {
+                model.pmi_pending = true;
+            } else {
+                model.nb_armed |= 1 << i;
+            }
+        }
+        for j in (0..NB_COUNTERS).filter(|&j| nb_cascade_from(j) == i) {
+            let cj = rd(pmu, 0x360 + u32::from(j), ctx);
+            if cj & CCCR_CASCADE != 0 && cj & CCCR_ENABLE != 0 && model.nb_cascaded & 1 << j == 0 {
+                model.nb_cascaded |= 1 << j;
+                started |= 1 << j;
+            }
+        }
+    }
+    (overflowed, started, value)
+}
+
 // ---------------------------------------------------------------------------------------------
 // The run
 // ---------------------------------------------------------------------------------------------
@@ -659,6 +943,10 @@ struct Model {
     pmi_pending: bool,
     /// The last branch taken while the LBR stack recorded (what an exception copies to LER).
     last_branch: (u64, u64),
+    /// NetBurst: counters whose cascade start came (bit i), and counters that overflowed with
+    /// OVF_PMI_T0 and raise the PMI at their next event.
+    nb_cascaded: u32,
+    nb_armed: u32,
 }
 
 /// Every PMU MSR and what RDMSR gives for it.
@@ -675,6 +963,7 @@ fn value_msrs(id: CounterId) -> Vec<u32> {
     match id {
         CounterId::Gp(i) => vec![0xC1 + u32::from(i), 0x4C1 + u32::from(i)],
         CounterId::Fixed(i) => vec![0x309 + u32::from(i)],
+        CounterId::NetBurst(i) => vec![0x300 + u32::from(i)],
     }
 }
 
@@ -699,7 +988,7 @@ fn run(input: &Input) {
     let Some(profile) = input.profile.build() else { return };
     let shape = Shape::new(&profile);
     let mut pmu = Pmu::new(&profile);
-    let mut model = Model { status: 0, pmi_pending: false, last_branch: (0, 0) };
+    let mut model = Model { status: 0, pmi_pending: false, last_branch: (0, 0), nb_cascaded: 0, nb_armed: 0 };
     check_power_on(&pmu, &shape);
     check(&pmu, &shape, &model, &Ctx { step: 0, op: None });
     for (step, op) in input.ops.iter().enumerate() {
@@ -729,6 +1018,11 @@ fn check_power_on(pmu: &Pmu, shape: &Shape) {
     let ctx = Ctx { step: 0, op: None };
     for msr in all_pmu_msrs().filter(|&m| shape.exists(m)) {
         let v = rd(pmu, msr, &ctx);
+        if shape.netburst && nb_in_ranges(msr) {
+            // All 0 (SDM 18.15.1), but MSR_TC_PRECISE_EVENT as measured.
+            assert_eq!(v, if msr == 0x3F0 { 0xFC00 } else { 0 }, "power-on NetBurst MSR {msr:#x}");
+            continue;
+        }
         let want = match reg(msr).unwrap() {
             Reg::PerfCap => shape.perf_capabilities,
             Reg::Ctrl => shape.gp_bits(),
@@ -821,6 +1115,14 @@ fn apply(pmu: &mut Pmu, shape: &Shape, model: &mut Model, op: &Op, ctx: &Ctx) {
         Op::WriteBack(m) => {
             let msr = m.index();
             let Ok(value) = pmu.rdmsr(msr) else { return };
+            if shape.netburst {
+                // Every NetBurst register and MSR_DEBUGCTLA, MISC_ENABLE, DS_AREA take back what
+                // they read; a counter or CCCR write still has its side effects (the model's).
+                let before = snapshot(pmu);
+                wrmsr(pmu, shape, model, msr, value, ctx);
+                same_except(&before, &snapshot(pmu), &[], ctx);
+                return;
+            }
             let writable =
                 !matches!(reg(msr), Some(Reg::PerfCap | Reg::Status | Reg::Inuse | Reg::OvfCtrl | Reg::StatusSet));
             if !writable {
@@ -855,6 +1157,32 @@ fn apply(pmu: &mut Pmu, shape: &Shape, model: &mut Model, op: &Op, ctx: &Ctx) {
             let overflowed = pmu.add_events(id, n);
             if !shape.counter_exists(id) {
                 assert!(!overflowed && *pmu == before, "{ctx}: add_events on an undeclared counter");
+                return;
+            }
+            if let CounterId::NetBurst(i) = id {
+                let armed = model.nb_armed & 1 << i != 0;
+                let cccr = rd(&before, 0x360 + u32::from(i), ctx);
+                let (want_overflow, started, value) = nb_add_events(&before, model, i, n, ctx);
+                assert_eq!(pmu.counter(id).value, value, "{ctx}: add_events value");
+                assert_eq!(overflowed, want_overflow, "{ctx}: add_events overflow report");
+                // The next event that matters: the wrap, or the very next one with FORCE_OVF or
+                // an armed PMI.
+                let old = before.counter(id).value;
+                let want_distance = if cccr & CCCR_FORCE_OVF != 0 || armed { 1 } else { (1 << 40) - old };
+                assert_eq!(distance, want_distance, "{ctx}: NetBurst distance_to_overflow");
+                let mut except = vec![0x300 + u32::from(i)];
+                if overflowed {
+                    assert_ne!(rd(pmu, 0x360 + u32::from(i), ctx) & CCCR_OVF, 0, "{ctx}: CCCR.OVF sets on overflow");
+                    except.push(0x360 + u32::from(i));
+                }
+                same_except(&snap, &snapshot(pmu), &except, ctx);
+                let marked = pmu.reprogram_pending();
+                assert_eq!(marked.written, before.reprogram_pending().written, "{ctx}: add_events marked a write");
+                assert_eq!(
+                    marked.counters,
+                    before.reprogram_pending().counters | started,
+                    "{ctx}: add_events marks exactly the counters a cascade started"
+                );
                 return;
             }
             let width = shape.width(id);
@@ -940,6 +1268,14 @@ fn apply(pmu: &mut Pmu, shape: &Shape, model: &mut Model, op: &Op, ctx: &Ctx) {
                     let ctrl = (ctrl & !0xFu64.checked_shl(shift).unwrap_or(0)) | field.checked_shl(shift).unwrap_or(0);
                     wrmsr(pmu, shape, model, 0x38D, ctrl, ctx);
                 }
+                // NetBurst: the CCCR, enabled through ESCR select `event % 8`, active thread
+                // "any", OVF_PMI_T0 if `int` (no GLOBAL_CTRL).
+                CounterId::NetBurst(i) => {
+                    let cccr =
+                        CCCR_ENABLE | u64::from(event % 8) << 13 | 3 << 16 | if int != 0 { CCCR_OVF_PMI_T0 } else { 0 };
+                    wrmsr(pmu, shape, model, 0x360 + u32::from(i), cccr, ctx);
+                    return;
+                }
             }
             let ctrl = pmu.rdmsr(0x38F).unwrap_or(0);
             wrmsr(pmu, shape, model, 0x38F, ctrl | 1u64.checked_shl(id.status_bit()).unwrap_or(0), ctx);
@@ -955,6 +1291,15 @@ fn apply(pmu: &mut Pmu, shape: &Shape, model: &mut Model, op: &Op, ctx: &Ctx) {
             let index = ecx & !(3 << 30);
             let want = if cpl > 0 && !pce {
                 Err(GpFault)
+            } else if shape.netburst {
+                // NetBurst: ECX[30:0] is the counter number, ECX[31] the fast (32-bit) read.
+                match u8::try_from(ecx & !(1 << 31)) {
+                    Ok(i) if i < NB_COUNTERS => {
+                        let v = pmu.counter(CounterId::NetBurst(i)).value;
+                        Ok(if ecx & 1 << 31 != 0 { v & 0xFFFF_FFFF } else { v })
+                    }
+                    _ => Err(GpFault),
+                }
             } else {
                 match u8::try_from(index) {
                     Err(_) => Err(GpFault),
@@ -979,6 +1324,7 @@ fn int_bit(pmu: &Pmu, id: CounterId, ctx: &Ctx) -> bool {
     match id {
         CounterId::Gp(i) => rd(pmu, 0x186 + u32::from(i), ctx) & 1 << 20 != 0,
         CounterId::Fixed(i) => rd(pmu, 0x38D, ctx) >> (4 * u32::from(i)) & 8 != 0,
+        CounterId::NetBurst(i) => rd(pmu, 0x360 + u32::from(i), ctx) & CCCR_OVF_PMI_T0 != 0,
     }
 }
 
@@ -995,6 +1341,13 @@ fn wrmsr(pmu: &mut Pmu, shape: &Shape, model: &mut Model, msr: u32, value: u64, 
         return;
     }
     assert!(Pmu::owns(msr), "{ctx}: WRMSR {msr:#x} succeeded outside the trapped ranges");
+    if shape.netburst {
+        if let Some(r) = nb_reg(msr) {
+            nb_written(pmu, model, msr, r, value, ctx);
+            same_except(&snap, &snapshot(pmu), &[msr], ctx);
+            return;
+        }
+    }
     let reg = reg(msr).expect("owned MSRs decode");
     let read = |pmu: &Pmu| rd(pmu, msr, ctx);
     // The MSRs this write may change: itself, INUSE (derived), and its aliases.
@@ -1067,6 +1420,20 @@ fn check(pmu: &Pmu, shape: &Shape, model: &Model, ctx: &Ctx) {
     for &id in &ids {
         let s = pmu.counter(id);
         let width = shape.width(id);
+        if let CounterId::NetBurst(i) = id {
+            assert_eq!(s.width, 40, "{ctx}: {id} width");
+            assert_eq!(s.value & !NB_WIDTH_MASK, 0, "{ctx}: {id} value {:#x} exceeds 40 bits", s.value);
+            assert_eq!(rd(pmu, 0x300 + u32::from(i), ctx), s.value, "{ctx}: {id} RDMSR");
+            assert!(pmu.distance_to_overflow(id) >= 1, "{ctx}: {id} distance 0");
+            let cccr = rd(pmu, 0x360 + u32::from(i), ctx);
+            assert_eq!(
+                (s.enabled, s.int),
+                (cccr & CCCR_ENABLE != 0, cccr & CCCR_OVF_PMI_T0 != 0),
+                "{ctx}: {id} enable/OVF_PMI_T0"
+            );
+            assert_eq!(s.counting, nb_counting(cccr, i, model.nb_cascaded), "{ctx}: {id} counting (CCCR {cccr:#x})");
+            continue;
+        }
         assert_eq!(s.width, width, "{ctx}: {id} width");
         assert_eq!(s.value & !width_mask(width), 0, "{ctx}: {id} value {:#x} exceeds {width} bits", s.value);
         for msr in value_msrs(id) {
@@ -1084,6 +1451,7 @@ fn check(pmu: &Pmu, shape: &Shape, model: &Model, ctx: &Ctx) {
                 let field = fixed_ctrl >> (4 * u32::from(i)) & 0xF;
                 (field & 3 != 0, field & 8 != 0, field & 3 != 0)
             }
+            CounterId::NetBurst(_) => unreachable!("NetBurst counters are checked above"),
         };
         assert_eq!((s.enabled, s.int), (enabled, int), "{ctx}: {id} enable/int");
         let global = v == 1 || global_ctrl & 1 << id.status_bit() != 0;
@@ -1096,7 +1464,7 @@ fn check(pmu: &Pmu, shape: &Shape, model: &Model, ctx: &Ctx) {
     let counting: Vec<CounterId> = pmu.counting().iter().map(|s| s.id).collect();
     let want: Vec<CounterId> = ids.iter().copied().filter(|&id| pmu.counter(id).counting).collect();
     assert_eq!(counting, want, "{ctx}: counting()");
-    for id in (0..12).map(CounterId::Gp).chain((0..8).map(CounterId::Fixed)) {
+    for id in (0..12).map(CounterId::Gp).chain((0..8).map(CounterId::Fixed)).chain((0..20).map(CounterId::NetBurst)) {
         if !shape.counter_exists(id) {
             let s = pmu.counter(id);
             assert!(s.value == 0 && s.width == 0 && !s.counting, "{ctx}: undeclared {id} {s:?}");

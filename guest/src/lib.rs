@@ -14,6 +14,7 @@ pub mod idt;
 mod mem;
 pub mod models;
 pub mod msr;
+pub mod netburst;
 pub mod pio;
 pub mod pmu;
 pub mod report;

@@ -16,7 +16,16 @@ pub struct MsrStats {
     /// IA32_DEBUGCTL bits the guest set whose effect emon does not produce (LBR, BTF): the
     /// union over the run.
     pub debugctl_unmodelled: u64,
+    /// NetBurst configurations emon stores but does not model (unpaired CCCRs, µop tagging,
+    /// extended cascading, OVF_PMI_T1, PEBS), and MSR_DEBUGCTLA's branch-trace bits 6:2: the
+    /// union over the run.
+    pub netburst_unmodelled: crate::pmu::netburst::Unmodelled,
+    pub netburst_branch_trace: bool,
 }
+
+/// MSR_DEBUGCTLA's TR, BTS, BTINT, BTS_OFF_OS and BTS_OFF_USR (bits 6:2, SDM 17.5.1): NetBurst
+/// branch trace messages and BTS, which emon stores and does not produce.
+const DEBUGCTLA_BRANCH_TRACE: u64 = 0x7C;
 
 /// IA32_DEBUGCTL bits the model stores but a backend may not act on: only the precise backend
 /// records branches in the LBR stack, and no backend emulates single-step on branches (BTF)
@@ -40,10 +49,24 @@ impl MsrStats {
             .filter(|&&(bit, _)| self.debugctl_unmodelled & bit & !produced != 0)
             .map(|&(_, what)| what)
             .collect();
-        if unmodelled.is_empty() {
-            return Vec::new();
+        let mut notes = Vec::new();
+        if !unmodelled.is_empty() {
+            notes.push(format!(
+                "NOT EXACT: the guest set {} (README, \"Model-specific PMU MSRs\")",
+                unmodelled.join("; ")
+            ));
         }
-        vec![format!("NOT EXACT: the guest set {} (README, \"Model-specific PMU MSRs\")", unmodelled.join("; "))]
+        let mut netburst = self.netburst_unmodelled.describe();
+        if self.netburst_branch_trace {
+            netburst.push("MSR_DEBUGCTLA.TR/BTS (NetBurst branch trace messages and BTS: none were stored)");
+        }
+        if !netburst.is_empty() {
+            notes.push(format!(
+                "NOT EXACT: NetBurst: the guest set {}, which emon does not model (README, \"The NetBurst PMU\")",
+                netburst.join("; ")
+            ));
+        }
+        notes
     }
 
     /// Counts one access; true the first time an MSR is seen (while tracking), for logging.
@@ -95,6 +118,10 @@ impl MsrDispatch {
             let ok = pmu.wrmsr(index, value).is_ok();
             if ok && index == crate::pmu::msr::IA32_DEBUGCTL {
                 self.stats.debugctl_unmodelled |= DEBUGCTL_UNMODELLED.iter().fold(0, |m, &(bit, _)| m | bit) & value;
+                self.stats.netburst_branch_trace |= pmu.netburst().is_some() && value & DEBUGCTLA_BRANCH_TRACE != 0;
+            }
+            if let Some(nb) = pmu.netburst().filter(|_| ok) {
+                self.stats.netburst_unmodelled = self.stats.netburst_unmodelled.union(nb.unmodelled());
             }
             ok
         } else {
@@ -138,6 +165,29 @@ mod tests {
         assert!(d.stats.notes(false)[0].contains("; DEBUGCTL.BTF"), "{:?}", d.stats.notes(false));
         let with_lbr = d.stats.notes(true);
         assert!(with_lbr[0].starts_with("NOT EXACT: the guest set DEBUGCTL.BTF"), "{with_lbr:?}");
+    }
+
+    #[test]
+    fn netburst_configurations_emon_does_not_model_are_reported() {
+        let p = crate::profile::Profile::load("pentium4").expect("built-in");
+        let mut pmu = Pmu::new(&p.pmu);
+        let mut d = MsrDispatch { ignore_unknown: false, stats: MsrStats::default() };
+        // instr_retired on IQ_COUNTER0 through CRU_ESCR0: modelled, nothing to say.
+        assert!(d.write(&mut pmu, 0x3B8, 2 << 25 | 1 << 9 | 0xC));
+        assert!(d.write(&mut pmu, 0x36C, 1 << 12 | 4 << 13 | 3 << 16));
+        assert!(d.stats.notes(true).is_empty(), "{:?}", d.stats.notes(true));
+        // OVF_PMI_T1 on an enabled CCCR, Tag Enable (FSB_ESCR0 keeps it; CRU_ESCR0 ignores it),
+        // and MSR_DEBUGCTLA.BTS.
+        assert!(d.write(&mut pmu, 0x36C, 1 << 12 | 4 << 13 | 3 << 16 | 1 << 27));
+        assert!(d.write(&mut pmu, 0x3A2, 0x13 << 25 | 1 << 9 | 0xC | 1 << 4));
+        assert!(d.write(&mut pmu, 0x1D9, 1 << 3));
+        let notes = d.stats.notes(true);
+        assert_eq!(notes.len(), 1, "{notes:?}");
+        for what in ["OVF_PMI_T1", "Tag Enable", "MSR_DEBUGCTLA.TR/BTS", "The NetBurst PMU"] {
+            assert!(notes[0].contains(what), "{notes:?} lacks {what}");
+        }
+        // A write that #GPs (ESCR bit 31) changes nothing.
+        assert!(!d.write(&mut pmu, 0x3B9, 1 << 31));
     }
 
     #[test]

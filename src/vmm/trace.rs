@@ -2,7 +2,7 @@
 //! of the run: a counter track per guest counter and for IA32_PERF_GLOBAL_CTRL/STATUS, an instant
 //! for every overflow and PMI, and every PMU MSR access. Events stream to the file as they happen,
 //! so a long run does not grow emon's memory.
-use crate::pmu::{msr_name, CounterId, Pmu};
+use crate::pmu::{CounterId, Pmu};
 use std::fs::File;
 use std::io::{BufWriter, Write};
 use std::path::Path;
@@ -67,9 +67,10 @@ impl Tracer {
         ));
     }
 
-    /// A PMU MSR access (`value` is what was read or written; `gp`: it raised #GP).
-    pub fn msr(&mut self, write: bool, msr: u32, value: u64, gp: bool) {
-        let name = msr_name(msr).unwrap_or_else(|| format!("MSR {msr:#x}"));
+    /// A PMU MSR access (`value` is what was read or written; `gp`: it raised #GP), named as the
+    /// profile names it (0x309 is MSR_FLAME_COUNTER1 on NetBurst).
+    pub fn msr(&mut self, pmu: &Pmu, write: bool, msr: u32, value: u64, gp: bool) {
+        let name = pmu.reg_name(msr).unwrap_or_else(|| format!("MSR {msr:#x}"));
         let kind = if write { "wrmsr" } else { "rdmsr" };
         self.instant(&format!("{kind} {name}"), &format!(r#""msr":"{msr:#x}","value":"{value:#x}","gp":{gp}"#));
     }

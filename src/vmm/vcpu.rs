@@ -258,7 +258,7 @@ impl Vcpu {
                     None => *exit.error = 1,
                 }
                 if let (Some(t), true) = (&mut self.tracer, Pmu::owns(exit.index)) {
-                    t.msr(false, exit.index, r.unwrap_or(0), r.is_none());
+                    t.msr(&self.pmu, false, exit.index, r.unwrap_or(0), r.is_none());
                 }
                 ExitAction::Continue
             }
@@ -274,7 +274,7 @@ impl Vcpu {
                     *exit.error = 1;
                 }
                 if let (Some(t), true) = (&mut self.tracer, Pmu::owns(exit.index)) {
-                    t.msr(true, exit.index, exit.data, !ok);
+                    t.msr(&self.pmu, true, exit.index, exit.data, !ok);
                     t.sample(&self.pmu);
                 }
                 ExitAction::Continue

@@ -133,6 +133,10 @@ pub fn select(
     };
     match kind {
         BackendKind::Precise => (precise(), "requested with --backend precise".into()),
+        // Host perf has no NetBurst events for a guest; the VMM refuses --backend perf with it.
+        BackendKind::Auto if profile.pmu.netburst() => {
+            (precise(), "the profile presents the NetBurst PMU, which only the precise backend counts".into())
+        }
         BackendKind::Perf => {
             let why = if caps.hardware.is_empty() {
                 format!(

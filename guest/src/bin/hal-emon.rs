@@ -130,6 +130,11 @@ fn main(_boot: &emon_guest::BootInfo) -> i32 {
     let emon = intel && l.version >= 1 && l.gp >= 1;
     if emon {
         println!("the HAL chooses the Emon profile interface (Intel, perfmon v1+, at least one GP counter)");
+    } else if emon_guest::netburst::present() {
+        // Seed 000: the Emon interface reads CPUID leaf 0x0A, whose version "is known already to be
+        // at least 1"; a NetBurst processor has no such leaf, so the HAL does not choose it.
+        println!("no Emon profile interface: a NetBurst processor (family 0FH) has no CPUID.0AH architectural perfmon, which the HAL's Emon interface reads");
+        check!(!emon, "the HAL does not choose the Emon profile interface on a NetBurst processor");
     } else {
         println!("no Emon profile interface: needs an Intel processor with perfmon v1+ and at least one GP counter");
     }

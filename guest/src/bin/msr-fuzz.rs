@@ -168,11 +168,12 @@ fn stop_counting(pmu: &Perfmon) {
 }
 
 /// Registers nothing but a guest WRMSR changes: a write that succeeds reads back, one that
-/// raises #GP leaves them as they were.
-fn stable(msr: u32) -> bool {
+/// raises #GP leaves them as they were. On NetBurst IA32_PEBS_ENABLE ignores bits 63:27 (as the
+/// Pentium 4 does), so a write need not read back.
+fn stable(msr: u32, netburst: bool) -> bool {
     (IA32_PERFEVTSEL0..IA32_PERFEVTSEL0 + 8).contains(&msr)
         || msr == IA32_FIXED_CTR_CTRL
-        || msr == IA32_PEBS_ENABLE
+        || msr == IA32_PEBS_ENABLE && !netburst
         || msr == IA32_DS_AREA
 }
 
@@ -200,6 +201,7 @@ fn main(boot: &BootInfo) -> i32 {
     let pebs_available = rdmsr(IA32_MISC_ENABLE) & (1 << 12) == 0;
     // Likewise BTS: DEBUGCTL.TR and BTS (bits 6, 7) are never set where BTS is available.
     let bts_available = rdmsr(IA32_MISC_ENABLE) & (1 << 11) == 0;
+    let netburst = emon_guest::netburst::present();
 
     // The PMU ranges, then RDMSR anywhere else, the non-PMU write allow-list, unimplemented.
     let pmu_ranges = PMU_RANGES.len();
@@ -248,7 +250,7 @@ fn main(boot: &BootInfo) -> i32 {
                 v if msr == IA32_DEBUGCTL && bts_available => v & !(3 << 6),
                 v => v,
             };
-            let check_stable = stable(msr);
+            let check_stable = stable(msr, netburst);
             let before = if check_stable { rdmsr_safe(msr).ok() } else { None };
             let e = catch(|| wrmsr(msr, value));
             match e {

@@ -526,6 +526,10 @@ fn main(_boot: &emon_guest::BootInfo) -> i32 {
         "rdpmc: perfmon v{}, {} GP x {} bits, {} fixed x {} bits",
         pmu.version, pmu.gp, pmu.gp_width, pmu.fixed, pmu.fixed_width
     );
+    if emon_guest::netburst::present() {
+        emon_guest::skip!("RDPMC: a NetBurst processor has no architectural perfmon (CPUID.0AH reads 0); guest:netburst-counters reads its counters with RDPMC");
+        return emon_guest::summary();
+    }
     if pmu.version == 0 {
         return no_pmu();
     }

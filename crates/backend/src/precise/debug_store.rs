@@ -100,6 +100,7 @@ impl Precise {
         let reset = |id| match id {
             CounterId::Gp(i) => ds.pebs_counter_reset[usize::from(i)],
             CounterId::Fixed(i) => ds.pebs_fixed_reset[usize::from(i)],
+            CounterId::NetBurst(_) => 0,
         };
         cx.pmu.pebs_assisted(due, reset, threshold);
         Ok(())

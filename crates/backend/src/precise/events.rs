@@ -1,9 +1,10 @@
 //! Which events the precise backend counts, and by how much for each retired instruction
 //! (the cost model and filters are documented in the README, "The precise backend").
 use super::cache::CacheEvents;
+use emon_pmu::pmu::netburst::{self, Selection};
 use emon_pmu::pmu::{CounterId, CounterState};
 use emon_pmu::profile::{ArchEvent, Clock, Event};
-use emon_x86::insn::{Flow, Insn};
+use emon_x86::insn::{Flow, Insn, Transfer};
 
 /// Topdown slots per core cycle in the model (a 4-wide machine).
 pub const SLOTS_PER_CYCLE: u64 = 4;
@@ -34,6 +35,20 @@ pub enum Model {
     /// misses for the instruction's data accesses (README, "The cache model").
     LlcReference,
     LlcMisses,
+    /// NetBurst branch_retired: the retired branches whose (taken, mispredicted) class is in the
+    /// event mask (bit 0 MMNP, 1 MMNM, 2 MMTP, 3 MMTM), against the static predictor.
+    NetBurstBranches(u8),
+    /// NetBurst retired_branch_type (`mispredicted`: retired_mispred_branch_type): near branches
+    /// whose type is in the event mask (bit 1 CONDITIONAL, 2 CALL, 3 RETURN, 4 INDIRECT; an
+    /// indirect CALL is both CALL and INDIRECT, and counts once); direct JMPs and far transfers
+    /// are none of these types.
+    NetBurstBranchType {
+        mask: u8,
+        mispredicted: bool,
+    },
+    /// An event the model has none of: bogus (wrong-path) or tagged µops on NetBurst, where emon
+    /// runs no wrong path and tags nothing. Counts zero, exactly.
+    Nothing,
     /// Anything else counts zero.
     Unsupported,
 }
@@ -56,6 +71,33 @@ impl Model {
         }
     }
 
+    /// The model of the NetBurst event `s` selects (SDM Table 19-33): instr_retired NBOGUSNTAG is
+    /// the instructions, mispred_branch_retired NBOGUS the mispredicted branches, branch_retired
+    /// the branches of the mask's classes, global_power_events RUNNING the core cycles.
+    pub fn of_netburst(s: Selection) -> Model {
+        let Some(e) = netburst::event(s) else { return Model::Unsupported };
+        let bit0 = s.mask & 1 != 0;
+        match e.name {
+            "instr_retired" if bit0 => Model::Instructions,
+            "mispred_branch_retired" if bit0 => Model::BranchMisses,
+            "global_power_events" if bit0 => Model::CoreCycles,
+            "branch_retired" if s.mask & 0xF != 0 => Model::NetBurstBranches((s.mask & 0xF) as u8),
+            "retired_branch_type" | "retired_mispred_branch_type" if s.mask & 0x1E != 0 => {
+                Model::NetBurstBranchType { mask: (s.mask & 0x1E) as u8, mispredicted: e.event == 0x05 }
+            }
+            _ => Model::Nothing,
+        }
+    }
+
+    /// The model of what counter state `c` counts.
+    pub fn of_counter(c: &CounterState) -> Model {
+        match c.netburst {
+            Some(s) => Model::of_netburst(s),
+            None if matches!(c.id, CounterId::NetBurst(_)) => Model::Unsupported,
+            None => Model::of(c.id, c.event_select, c.umask),
+        }
+    }
+
     /// The event count for one retired instruction that follows from the instruction alone;
     /// [`Model::dynamic`] adds what depends on the reference clock and the cache model.
     pub fn increment(self, i: &Insn, rip: u64, taken: bool) -> u64 {
@@ -65,6 +107,22 @@ impl Model {
             Model::BranchMisses => u64::from(mispredicted(i, rip, taken)),
             Model::CoreCycles | Model::RefTsc => cycles(i, taken),
             Model::Slots => SLOTS_PER_CYCLE * cycles(i, taken),
+            Model::NetBurstBranches(mask) => {
+                let class = 2 * u8::from(taken) + u8::from(mispredicted(i, rip, taken));
+                u64::from(i.branch && mask >> class & 1 != 0)
+            }
+            Model::NetBurstBranchType { mask, mispredicted: m } => {
+                let types = match i.transfer {
+                    Some(Transfer::Conditional) => 1 << 1,
+                    Some(Transfer::RelCall) => 1 << 2,
+                    Some(Transfer::IndCall) => 1 << 2 | 1 << 4,
+                    Some(Transfer::Ret) => 1 << 3,
+                    Some(Transfer::IndJmp) => 1 << 4,
+                    Some(Transfer::RelJmp | Transfer::Far) | None => 0,
+                };
+                u64::from(types & mask != 0 && (!m || mispredicted(i, rip, taken)))
+            }
+            Model::Nothing => 0,
             Model::RefXclk | Model::LlcReference | Model::LlcMisses | Model::Unsupported => 0,
         }
     }
@@ -125,15 +183,7 @@ pub struct Armed {
 
 impl Armed {
     pub fn new(c: &CounterState) -> Armed {
-        Armed {
-            id: c.id,
-            model: Model::of(c.id, c.event_select, c.umask),
-            usr: c.usr,
-            os: c.os,
-            cmask: c.cmask,
-            inv: c.inv,
-            edge: c.edge,
-        }
+        Armed { id: c.id, model: Model::of_counter(c), usr: c.usr, os: c.os, cmask: c.cmask, inv: c.inv, edge: c.edge }
     }
 
     /// How much the counter advances for an instruction with event count `n` retired at `cpl`.
@@ -171,6 +221,40 @@ mod tests {
         assert_eq!(Model::of(gp, 0x2E, 0x4F), Model::LlcReference);
         assert_eq!(Model::of(gp, 0x2E, 0x41), Model::LlcMisses);
         assert_eq!(Model::of(gp, 0x2E, 0x3F), Model::Unsupported);
+    }
+
+    #[test]
+    fn maps_the_netburst_events() {
+        let sel = |escr, event, mask| Selection { escr, event, mask };
+        assert_eq!(Model::of_netburst(sel(0x3B8, 2, 1)), Model::Instructions);
+        assert_eq!(Model::of_netburst(sel(0x3B9, 2, 0b1110)), Model::Nothing, "bogus and tagged");
+        assert_eq!(Model::of_netburst(sel(0x3CC, 2, 1)), Model::Unsupported, "instr_retired is a CRU_ESCR0/1 event");
+        assert_eq!(Model::of_netburst(sel(0x3B9, 3, 1)), Model::BranchMisses);
+        assert_eq!(Model::of_netburst(sel(0x3A3, 0x13, 1)), Model::CoreCycles);
+        assert_eq!(Model::of_netburst(sel(0x3CD, 6, 0xC)), Model::NetBurstBranches(0xC));
+        assert_eq!(Model::of_netburst(sel(0x3A0, 5, 1)), Model::Unsupported);
+        // branch_retired by class: a backward JNZ is predicted taken (static predictor).
+        let back = decode(&[0x75, 0xFE], 0x1000, 64).unwrap();
+        let taken_only = Model::NetBurstBranches(0b0100);
+        assert_eq!(taken_only.increment(&back, 0x1000, true), 1, "MMTP");
+        assert_eq!(taken_only.increment(&back, 0x1000, false), 0, "MMNM");
+        assert_eq!(Model::NetBurstBranches(0b0010).increment(&back, 0x1000, false), 1);
+        let nop = decode(&[0x90], 0, 64).unwrap();
+        assert_eq!(Model::NetBurstBranches(0xF).increment(&nop, 0, false), 0);
+        // retired_branch_type / retired_mispred_branch_type by type.
+        let types = |mask| Model::of_netburst(sel(0x3C2, 4, mask));
+        let call_ind = decode(&[0xFF, 0xD0], 0, 64).unwrap(); // call rax
+        let ret = decode(&[0xC3], 0, 64).unwrap();
+        let jmp = decode(&[0xEB, 0x10], 0, 64).unwrap();
+        assert_eq!(types(1 << 1).increment(&back, 0x1000, true), 1, "CONDITIONAL");
+        assert_eq!(types(1 << 2).increment(&call_ind, 0, true), 1, "CALL");
+        assert_eq!(types(1 << 2 | 1 << 4).increment(&call_ind, 0, true), 1, "an indirect call counts once");
+        assert_eq!(types(1 << 3).increment(&ret, 0, true), 1, "RETURN");
+        assert_eq!(types(0x1E).increment(&jmp, 0, true), 0, "a direct JMP has none of the types");
+        assert_eq!(types(1), Model::Nothing, "bit 0 alone selects no type");
+        let mispred = Model::of_netburst(sel(0x3C3, 5, 1 << 1));
+        assert_eq!(mispred.increment(&back, 0x1000, false), 1, "the loop's fall-through is mispredicted");
+        assert_eq!(mispred.increment(&back, 0x1000, true), 0);
     }
 
     #[test]

@@ -168,9 +168,29 @@ struct GuestTime {
     backward: u64,
 }
 
-/// Edge-detect slots: GP counters, then fixed counters.
+/// The edge-detect slot of counter `id`.
+fn slot(id: CounterId) -> usize {
+    let s = match id {
+        CounterId::Gp(n) | CounterId::NetBurst(n) => usize::from(n),
+        CounterId::Fixed(n) => GP_SLOTS + usize::from(n),
+    };
+    s.min(SLOTS - 1)
+}
+
+/// NetBurst events without a model named in the run summary, at most.
+const MAX_UNSUPPORTED_NOTED: usize = 8;
+
+/// Edge-detect slots: GP counters, then fixed counters; NetBurst counters by index.
 const GP_SLOTS: usize = MAX_GP as usize;
-const SLOTS: usize = GP_SLOTS + MAX_FIXED as usize;
+const SLOTS: usize = {
+    let arch = GP_SLOTS + MAX_FIXED as usize;
+    let netburst = emon_pmu::pmu::netburst::COUNTERS as usize;
+    if arch > netburst {
+        arch
+    } else {
+        netburst
+    }
+};
 
 pub struct Precise {
     stepping: bool,
@@ -216,6 +236,9 @@ pub struct Precise {
     bts_on: bool,
     /// The model clock when the stack last recorded a branch (LBR_INFO's cycle count).
     lbr_cycles: u64,
+    /// NetBurst events a counter counted that emon does not derive (they count 0): ESCR and
+    /// event select, at most [`MAX_UNSUPPORTED_NOTED`] of them.
+    netburst_unsupported: std::collections::BTreeSet<(u32, u8)>,
     #[cfg(feature = "tcg")]
     tcg: TcgSlot,
     pub stats: Stats,
@@ -259,6 +282,7 @@ impl Precise {
             lbr_on: false,
             bts_on: false,
             lbr_cycles: 0,
+            netburst_unsupported: Default::default(),
             #[cfg(feature = "tcg")]
             tcg: TcgSlot::default(),
             stats: Stats::default(),
@@ -526,9 +550,17 @@ impl Precise {
             self.armed.iter().filter(|a| r.counters & a.id.status_mask() == 0).copied().collect();
         for id in marked(cx.pmu, r) {
             self.stats.reprogrammed += 1;
+            // A reprogrammed counter's edge detect starts afresh: no condition held before it.
+            self.edges[slot(id)] = false;
             let c = cx.pmu.counter(id);
             if c.counting {
-                armed.push(Armed::new(&c));
+                let a = Armed::new(&c);
+                if let (events::Model::Unsupported, Some(s)) = (a.model, c.netburst) {
+                    if self.netburst_unsupported.len() < MAX_UNSUPPORTED_NOTED {
+                        self.netburst_unsupported.insert((s.escr, s.event));
+                    }
+                }
+                armed.push(a);
             }
         }
         armed.sort_by_key(|a| a.id.status_bit());
@@ -594,12 +626,8 @@ impl Precise {
         let ticks = self.ref_clock.ref_ticks_between(self.cycles, c);
         self.cycles += c;
         for a in armed {
-            let slot = match a.id {
-                CounterId::Gp(n) => n as usize,
-                CounterId::Fixed(n) => GP_SLOTS + n as usize,
-            };
             let n = a.model.increment(i, rip, taken) + a.model.dynamic(ticks, cache);
-            let inc = a.advance(n, cpl, &mut self.edges[slot.min(self.edges.len() - 1)]);
+            let inc = a.advance(n, cpl, &mut self.edges[slot(a.id)]);
             if inc > 0 {
                 cx.pmu.add_events(a.id, inc);
             }
@@ -1176,6 +1204,19 @@ impl Backend for Precise {
         let mut notes = Vec::new();
         if let Some(why) = &self.engine_failed {
             notes.push(format!("counted by single-stepping only ({why})"));
+        }
+        if !self.netburst_unsupported.is_empty() {
+            let events: Vec<String> = self
+                .netburst_unsupported
+                .iter()
+                .map(|&(escr, event)| {
+                    format!("{} event {event:#04x}", emon_pmu::pmu::netburst::msr_name(escr).unwrap_or("ESCR"))
+                })
+                .collect();
+            notes.push(format!(
+                "NOT EXACT: NetBurst counters counted events emon does not derive, and counted 0: {} (emon events --profile pentium4; README, \"The NetBurst PMU\")",
+                events.join(", ")
+            ));
         }
         let t = &self.time;
         if t.jumps > 0 {

@@ -6,7 +6,7 @@ use super::decode::Reg;
 use super::msr::*;
 use super::regs::FixedCtrField;
 use super::regs::{MISC_ENABLE_READ_ONLY, MISC_ENABLE_WRITABLE};
-use super::{CounterId, GpFault, Pmu};
+use super::{netburst, CounterId, GpFault, Pmu};
 use crate::profile::MsrBits;
 
 /// #GP if `value` sets any bit outside `valid`.
@@ -48,6 +48,11 @@ impl Pmu {
     /// # Errors
     /// [`GpFault`] if `msr` is not a PMU register that exists under the profile.
     pub fn rdmsr(&self, msr: u32) -> Result<u64, GpFault> {
+        if let Some(nb) = &self.nb {
+            if netburst::Reg::in_ranges(msr) {
+                return netburst::Reg::decode(msr).map(|r| nb.rdmsr(r)).ok_or(GpFault);
+            }
+        }
         Ok(match self.reg(msr)? {
             Reg::Pmc(i) | Reg::APmc(i) => self.pmc[usize::from(i)],
             Reg::PerfEvtSel(i) => self.perfevtsel[usize::from(i)],
@@ -83,6 +88,15 @@ impl Pmu {
     /// [`GpFault`], with no state change, if `msr` does not exist under the profile, is
     /// read-only (PERF_CAPABILITIES, GLOBAL_STATUS, GLOBAL_INUSE), or `value` sets a reserved bit.
     pub fn wrmsr(&mut self, msr: u32, value: u64) -> Result<(), GpFault> {
+        if let Some(nb) = &mut self.nb {
+            if netburst::Reg::in_ranges(msr) {
+                let r = netburst::Reg::decode(msr).ok_or(GpFault)?;
+                let changed = nb.wrmsr(r, value).ok_or(GpFault)?;
+                self.mark(changed.counters);
+                self.reprogram.written |= changed.written;
+                return Ok(());
+            }
+        }
         let l = &self.layout;
         match self.reg(msr)? {
             // SDM 18.2.5: a legacy write stores EAX[31:0] sign-extended; EDX is ignored.

@@ -4,12 +4,15 @@
 use super::counter::{self, width_mask};
 use super::msr::*;
 use super::regs::{FixedCtrField, PerfEvtSel};
-use super::{CounterId, CounterState, Pmu, Reprogram};
+use super::{netburst, CounterId, CounterState, Pmu, Reprogram};
 use crate::profile::ArchEvent;
 
 impl Pmu {
     /// Every counter the profile declares: `Gp(0..N)` then each supported `Fixed(i)` (v2+).
     pub fn counter_ids(&self) -> Vec<CounterId> {
+        if self.nb.is_some() {
+            return (0..netburst::COUNTERS).map(CounterId::NetBurst).collect();
+        }
         let gp = (0..self.layout.gp).map(CounterId::Gp);
         let fixed = (0..MAX_FIXED).filter(|&i| self.layout.fixed_exists(i)).map(CounterId::Fixed);
         gp.chain(fixed).collect()
@@ -20,6 +23,7 @@ impl Pmu {
         match id {
             CounterId::Gp(i) => self.layout.gp_exists(i),
             CounterId::Fixed(i) => self.layout.fixed_exists(i),
+            CounterId::NetBurst(i) => self.nb.is_some() && i < netburst::COUNTERS,
         }
     }
 
@@ -41,6 +45,7 @@ impl Pmu {
             counting: false,
             value: 0,
             width: 0,
+            netburst: None,
         };
         if !self.counter_exists(id) {
             return s;
@@ -74,6 +79,10 @@ impl Pmu {
                 s.value = self.fixed_ctr[usize::from(i)];
                 s.width = self.layout.fixed_width;
             }
+            CounterId::NetBurst(i) => {
+                let nb = self.nb.as_ref().expect("exists");
+                return netburst_state(nb, s, i);
+            }
         }
         // SDM 18.2.2 / 18.2.4.1: EN AND GLOBAL_CTRL enable AND NOT CTR_Frz (v1: EN alone).
         let global = self.layout.version == 1 || self.global_ctrl & id.status_mask() != 0;
@@ -93,6 +102,9 @@ impl Pmu {
         if !self.counter_exists(id) {
             return u64::MAX;
         }
+        if let (Some(nb), CounterId::NetBurst(i)) = (&self.nb, id) {
+            return nb.distance(i);
+        }
         let s = self.counter(id);
         counter::distance_to_overflow(s.value, s.width)
     }
@@ -105,6 +117,12 @@ impl Pmu {
     pub fn add_events(&mut self, id: CounterId, n: u64) -> bool {
         if !self.counter_exists(id) {
             return false;
+        }
+        if let (Some(nb), CounterId::NetBurst(i)) = (&mut self.nb, id) {
+            let added = nb.add_events(i, n);
+            self.pmi_pending |= added.pmi;
+            self.mark(added.started);
+            return added.overflowed;
         }
         let s = self.counter(id);
         let (value, overflowed) = counter::add_events(s.value, n, s.width);
@@ -227,6 +245,11 @@ impl Pmu {
             CounterId::Fixed(i) => {
                 self.fixed_ctr[usize::from(i)] = value & width_mask(self.layout.fixed_width);
             }
+            CounterId::NetBurst(i) => {
+                if let Some(nb) = &mut self.nb {
+                    nb.set_value(i, value);
+                }
+            }
         }
     }
 
@@ -277,4 +300,27 @@ impl Pmu {
     pub fn take_reprogram(&mut self) -> Reprogram {
         std::mem::take(&mut self.reprogram)
     }
+}
+
+/// The state of NetBurst counter `i` (SDM 18.15.3's qualification order): the ESCR's event and
+/// T0 privilege flags, the CCCR's threshold filter (compare, complement, edge: the filter applies
+/// to the per-instruction count, as CMASK does), and whether it counts.
+fn netburst_state(nb: &netburst::Regs, mut s: CounterState, i: u8) -> CounterState {
+    let c = nb.cccr(i);
+    let sel = nb.selection(i);
+    (s.usr, s.os) = nb.t0_usr_os(i);
+    s.event_select = sel.map_or(0, |e| e.event);
+    s.netburst = sel;
+    // Compare: count 1 when the event count exceeds the threshold (or, complemented, does not).
+    if c.compare() {
+        s.cmask = c.threshold() + 1;
+        s.inv = c.complement();
+        s.edge = c.edge();
+    }
+    s.int = c.ovf_pmi_t0();
+    s.enabled = c.enabled();
+    s.counting = nb.counting(i);
+    s.value = nb.value(i);
+    s.width = netburst::WIDTH;
+    s
 }

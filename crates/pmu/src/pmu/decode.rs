@@ -120,7 +120,9 @@ impl Reg {
             Reg::FixedCtrCtrl | Reg::GlobalStatus | Reg::GlobalCtrl | Reg::GlobalOvfCtrl => v >= 2,
             Reg::GlobalStatusSet | Reg::GlobalInuse => v >= 4,
             Reg::DebugCtl | Reg::MiscEnable => true,
-            Reg::PebsEnable | Reg::DsArea => v >= 1,
+            Reg::PebsEnable => v >= 1,
+            // IA32_DS_AREA exists on NetBurst too (SDM 18.15.7, 17.5.1).
+            Reg::DsArea => v >= 1 || l.netburst,
             Reg::PebsDataCfg => v >= 1 && l.pebs_baseline,
             Reg::OffcoreRsp(i) => l.msrs.offcore_rsp[usize::from(i)].is_some(),
             Reg::PebsLdLat => l.msrs.pebs_ld_lat.is_some(),

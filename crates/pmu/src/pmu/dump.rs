@@ -5,7 +5,7 @@ use std::fmt::Write as _;
 use super::decode::Reg;
 use super::msr::*;
 use super::regs::{FixedCtrField, PerfEvtSel};
-use super::{CounterId, Pmu};
+use super::{netburst, CounterId, Pmu};
 
 /// Names of the set bits of `value` among `flags`.
 fn flags(value: u64, flags: &[(u64, &str)]) -> String {
@@ -82,6 +82,59 @@ fn perfevtsel_text(v: u64) -> String {
     text
 }
 
+/// `text`, then the names of `value`'s set `named` bits.
+fn with_flags(mut text: String, value: u64, named: &[(u64, &str)]) -> String {
+    let f = flags(value, named);
+    if !f.is_empty() {
+        text.push(' ');
+        text.push_str(&f);
+    }
+    text
+}
+
+/// A NetBurst CCCR, decoded (SDM Figure 18-48).
+fn cccr_text(i: u8, v: u64) -> String {
+    let c = netburst::Cccr(v);
+    let escr = netburst::COUNTER_DEFS[usize::from(i)].escrs[c.escr_select()];
+    let mut text = format!(
+        "ESCR select {} ({}) active thread {}",
+        c.escr_select(),
+        escr.and_then(netburst::msr_name).unwrap_or("no ESCR"),
+        (v >> netburst::CCCR_ACTIVE_THREAD_SHIFT) & 3
+    );
+    if c.compare() {
+        let _ = write!(text, " COMPARE threshold={}", c.threshold());
+    }
+    let named = [
+        (netburst::CCCR_ENABLE, "ENABLE"),
+        (netburst::CCCR_COMPLEMENT, "COMPLEMENT"),
+        (netburst::CCCR_EDGE, "EDGE"),
+        (netburst::CCCR_FORCE_OVF, "FORCE_OVF"),
+        (netburst::CCCR_OVF_PMI_T0, "OVF_PMI_T0"),
+        (netburst::CCCR_OVF_PMI_T1, "OVF_PMI_T1"),
+        (netburst::CCCR_CASCADE, "CASCADE"),
+        (netburst::CCCR_OVF, "OVF"),
+    ];
+    with_flags(text, v, &named)
+}
+
+/// A NetBurst ESCR, decoded (SDM Figure 18-47).
+fn escr_text(v: u64) -> String {
+    let text = format!(
+        "event select=0x{:02x} event mask=0x{:04x}",
+        (v >> netburst::ESCR_EVENT_SELECT_SHIFT) & 0x3F,
+        (v >> netburst::ESCR_EVENT_MASK_SHIFT) & 0xFFFF
+    );
+    let named = [
+        (netburst::ESCR_T0_OS, "T0_OS"),
+        (netburst::ESCR_T0_USR, "T0_USR"),
+        (netburst::ESCR_T1_OS, "T1_OS"),
+        (netburst::ESCR_T1_USR, "T1_USR"),
+        (netburst::ESCR_TAG_ENABLE, "TAG_ENABLE"),
+    ];
+    with_flags(text, v, &named)
+}
+
 fn fixed_field_text(f: FixedCtrField) -> String {
     let ring = match f.en() {
         0 => "off",
@@ -108,6 +161,10 @@ impl Pmu {
     pub fn dump(&self) -> String {
         let l = &self.layout;
         let mut out = String::new();
+        if let Some(nb) = &self.nb {
+            self.dump_netburst(nb, &mut out);
+            return out;
+        }
         let fixed: Vec<String> = (0..MAX_FIXED).filter(|&i| l.fixed_exists(i)).map(|i| i.to_string()).collect();
         let _ = writeln!(
             out,
@@ -214,6 +271,7 @@ impl Pmu {
                     let text = format!("{state}, {distance} events to overflow");
                     line(IA32_FIXED_CTR0 + u32::from(i), s.value, text);
                 }
+                CounterId::NetBurst(_) => {}
             }
         }
         let _ = writeln!(
@@ -223,5 +281,56 @@ impl Pmu {
             self.reprogram.counters
         );
         out
+    }
+}
+
+impl Pmu {
+    /// The NetBurst part of [`Pmu::dump`]: DEBUGCTLA, MISC_ENABLE, every ESCR that holds
+    /// something, and each counter with its CCCR.
+    fn dump_netburst(&self, nb: &netburst::Regs, out: &mut String) {
+        let _ = writeln!(
+            out,
+            "NetBurst PMU: {} counters x {} bits, {} ESCRs",
+            netburst::COUNTERS,
+            netburst::WIDTH,
+            netburst::ESCRS.len()
+        );
+        let mut line = |name: &str, msr: u32, value: u64, text: String| {
+            let text = format!("{name:<27} ({msr:#05x}) = {value:#018x}  {text}");
+            let _ = writeln!(out, "{}", text.trim_end());
+        };
+        line("IA32_DEBUGCTL", IA32_DEBUGCTL, self.debugctl, flags(self.debugctl, &DEBUGCTL_FLAGS[..2]));
+        line("IA32_MISC_ENABLE", IA32_MISC_ENABLE, self.misc_enable, flags(self.misc_enable, MISC_ENABLE_FLAGS));
+        for msr in [netburst::MSR_TC_PRECISE_EVENT, netburst::IA32_PEBS_ENABLE, netburst::MSR_PEBS_MATRIX_VERT] {
+            let r = netburst::Reg::decode(msr).expect("a NetBurst register");
+            line(netburst::msr_name(msr).unwrap_or_default(), msr, nb.rdmsr(r), String::new());
+        }
+        for e in netburst::ESCRS {
+            let v = nb.escr(e.msr).unwrap_or(0);
+            if v != 0 {
+                line(e.name, e.msr, v, escr_text(v));
+            }
+        }
+        for i in 0..netburst::COUNTERS {
+            let d = &netburst::COUNTER_DEFS[usize::from(i)];
+            let cccr = nb.cccr(i).0;
+            let s = self.counter(CounterId::NetBurst(i));
+            let state = if s.counting {
+                "counting"
+            } else if s.enabled {
+                "enabled, not counting"
+            } else {
+                "disabled"
+            };
+            line(d.cccr, netburst::MSR_BPU_CCCR0 + u32::from(i), cccr, cccr_text(i, cccr));
+            let text = format!("{state}, {} events to overflow", nb.distance(i));
+            line(d.name, netburst::MSR_BPU_COUNTER0 + u32::from(i), s.value, text);
+        }
+        let _ = writeln!(
+            out,
+            "PMI pending: {}; marked for reprogramming: {:#x}",
+            if self.pmi_pending { "yes" } else { "no" },
+            self.reprogram.counters
+        );
     }
 }

@@ -19,6 +19,7 @@ pub mod ds;
 mod dump;
 pub mod lbr;
 pub mod msr;
+pub mod netburst;
 pub mod rdpmc;
 pub mod regs;
 #[cfg(test)]
@@ -43,6 +44,8 @@ pub enum CounterId {
     Gp(u8),
     /// IA32_FIXED_CTRi.
     Fixed(u8),
+    /// NetBurst counter i (MSR 0x300 + i, SDM 18.15.2): the only counters of a NetBurst profile.
+    NetBurst(u8),
 }
 
 impl CounterId {
@@ -56,10 +59,11 @@ impl CounterId {
     }
 
     /// Bit of this counter in IA32_PERF_GLOBAL_CTRL / _STATUS / _OVF_CTRL / _INUSE:
-    /// `Gp(i)` -> i, `Fixed(i)` -> 32 + i.
+    /// `Gp(i)` -> i, `Fixed(i)` -> 32 + i. A NetBurst profile has neither, and NetBurst(i) -> i
+    /// stands in the same masks (the reprogramming marks), though NetBurst has no global MSRs.
     pub fn status_bit(self) -> u32 {
         match self {
-            CounterId::Gp(i) => u32::from(i),
+            CounterId::Gp(i) | CounterId::NetBurst(i) => u32::from(i),
             CounterId::Fixed(i) => GLOBAL_FIXED_SHIFT + u32::from(i),
         }
     }
@@ -75,6 +79,9 @@ impl fmt::Display for CounterId {
         match self {
             CounterId::Gp(i) => write!(f, "IA32_PMC{i}"),
             CounterId::Fixed(i) => write!(f, "IA32_FIXED_CTR{i}"),
+            CounterId::NetBurst(i) => {
+                f.write_str(netburst::COUNTER_DEFS.get(usize::from(*i)).map_or("MSR_NETBURST_COUNTER?", |d| d.name))
+            }
         }
     }
 }
@@ -111,6 +118,9 @@ pub struct CounterState {
     pub value: u64,
     /// Counter width in bits (0 for a counter the profile does not declare).
     pub width: u8,
+    /// A NetBurst counter: the ESCR, event and mask its CCCR selects (`event_select` is then the
+    /// ESCR's event select and `umask` 0).
+    pub netburst: Option<netburst::Selection>,
 }
 
 /// Counters a change marked for reprogramming, as bit masks in the IA32_PERF_GLOBAL_CTRL layout
@@ -160,6 +170,8 @@ pub struct Pmu {
     pebs_frontend: u64,
     pmi_pending: bool,
     reprogram: Reprogram,
+    /// The NetBurst registers, under a NetBurst profile.
+    nb: Option<netburst::Regs>,
 }
 
 /// PEBS-enabled counters (GLOBAL_STATUS layout) that overflowed (armed), and those of them that
@@ -209,10 +221,13 @@ impl Pmu {
         (MSR_LBR_SELECT, MSR_LASTBRANCH_TOS),
         (IA32_DEBUGCTL, IA32_DEBUGCTL),
         (MSR_LER_FROM_LIP, MSR_LER_TO_LIP),
-        (IA32_FIXED_CTR0, IA32_FIXED_CTR0 + MAX_FIXED as u32 - 1),
+        // The NetBurst counters (0x300-0x311) hold the fixed counters' indices.
+        (netburst::MSR_BPU_COUNTER0, netburst::MSR_BPU_COUNTER0 + netburst::COUNTERS as u32 - 1),
         (IA32_PERF_CAPABILITIES, IA32_PERF_CAPABILITIES),
+        (netburst::MSR_BPU_CCCR0, netburst::MSR_BPU_CCCR0 + netburst::COUNTERS as u32 - 1),
         (IA32_FIXED_CTR_CTRL, IA32_PERF_GLOBAL_INUSE),
-        (IA32_PEBS_ENABLE, MSR_PEBS_DATA_CFG),
+        (netburst::ESCR_FIRST, netburst::ESCR_LAST),
+        (netburst::MSR_TC_PRECISE_EVENT, MSR_PEBS_DATA_CFG),
         (MSR_PEBS_LD_LAT, MSR_PEBS_FRONTEND),
         (IA32_A_PMC0, IA32_A_PMC0 + MAX_GP as u32 - 1),
         (IA32_DS_AREA, IA32_DS_AREA),
@@ -253,6 +268,7 @@ impl Pmu {
             pebs_frontend: 0,
             pmi_pending: false,
             reprogram: Reprogram::default(),
+            nb: profile.netburst().then(netburst::Regs::default),
         }
     }
 
@@ -264,6 +280,20 @@ impl Pmu {
     /// Is `msr` in [`Pmu::TRAPPED_MSRS`]?
     pub fn owns(msr: u32) -> bool {
         Self::TRAPPED_MSRS.iter().any(|&(lo, hi)| (lo..=hi).contains(&msr))
+    }
+
+    /// The name of `msr` under this PMU's profile (0x309 is IA32_FIXED_CTR0 or, on NetBurst,
+    /// MSR_FLAME_COUNTER1).
+    pub fn reg_name(&self, msr: u32) -> Option<String> {
+        match self.nb {
+            Some(_) if netburst::Reg::in_ranges(msr) => netburst::msr_name(msr).map(str::to_string),
+            _ => msr_name(msr),
+        }
+    }
+
+    /// The NetBurst registers, under a NetBurst profile.
+    pub fn netburst(&self) -> Option<&netburst::Regs> {
+        self.nb.as_ref()
     }
 
     /// IA32_PERF_GLOBAL_CTRL as stored (v1 has no such MSR; counting then ignores it).
@@ -341,7 +371,12 @@ impl Pmu {
     /// Marks the counters in `mask` (GLOBAL_CTRL layout) for reprogramming; bits of counters the
     /// profile does not declare are ignored.
     fn mark(&mut self, mask: u64) {
-        self.reprogram.counters |= mask & (self.layout.gp_bits | self.layout.fixed_bits);
+        let declared = if self.nb.is_some() {
+            (1 << netburst::COUNTERS) - 1
+        } else {
+            self.layout.gp_bits | self.layout.fixed_bits
+        };
+        self.reprogram.counters |= mask & declared;
     }
 
     /// Marks counter `id` as written by the guest (and so for reprogramming).

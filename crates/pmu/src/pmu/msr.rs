@@ -144,6 +144,9 @@ pub const DEBUGCTL_BTS_OFF_USR: u64 = 1 << 10;
 /// The DEBUGCTL bits that exist where BTS is presented.
 pub const DEBUGCTL_BTS_BITS: u64 =
     DEBUGCTL_TR | DEBUGCTL_BTS | DEBUGCTL_BTINT | DEBUGCTL_BTS_OFF_OS | DEBUGCTL_BTS_OFF_USR;
+/// MSR_DEBUGCTLA of NetBurst (SDM 17.5.1): bits 6:0 (LBR, BTF, TR, BTS, BTINT, BTS_OFF_OS,
+/// BTS_OFF_USR) and no others.
+pub const NETBURST_DEBUGCTLA_VALID: u64 = 0x7F;
 /// DEBUGCTL.FREEZE_LBRS_ON_PMI (bit 11).
 pub const DEBUGCTL_FREEZE_LBRS_ON_PMI: u64 = 1 << 11;
 /// DEBUGCTL.FREEZE_PERFMON_ON_PMI (bit 12).
@@ -229,6 +232,7 @@ pub fn msr_name(msr: u32) -> Option<String> {
         .or_else(|| lbr(LBR_NHM_FROM, LBR_MAX_DEPTH, "FROM_IP"))
         .or_else(|| lbr(LBR_CORE_TO, LBR_CORE_MAX_DEPTH, "TO_IP"))
         .or_else(|| lbr(LBR_NHM_TO, LBR_MAX_DEPTH, "TO_IP"))
+        .or_else(|| super::netburst::msr_name(msr).map(str::to_string))
 }
 
 #[cfg(test)]
@@ -243,7 +247,7 @@ mod tests {
         assert_eq!(msr_name(0x4C3).as_deref(), Some("IA32_A_PMC2"));
         assert_eq!(msr_name(0x18D).as_deref(), Some("IA32_PERFEVTSEL7"));
         assert_eq!(msr_name(0x30C).as_deref(), Some("IA32_FIXED_CTR3"));
-        assert_eq!(msr_name(0x30D), None);
+        assert_eq!(msr_name(0x30D).as_deref(), Some("MSR_IQ_COUNTER1"), "NetBurst names past the fixed counters");
         assert_eq!(msr_name(0x390).as_deref(), Some("IA32_PERF_GLOBAL_OVF_CTRL"));
         assert_eq!(msr_name(0x392).as_deref(), Some("IA32_PERF_GLOBAL_INUSE"));
         assert_eq!(msr_name(0x600).as_deref(), Some("IA32_DS_AREA"));

@@ -14,6 +14,12 @@ impl Pmu {
         if cpl > 0 && !pce {
             return Err(GpFault);
         }
+        if self.nb.is_some() {
+            // NetBurst (SDM Vol. 2B "RDPMC"): ECX[30:0] selects counter 0-17, ECX[31] a fast read.
+            let index = u8::try_from(ecx & !RDPMC_FAST).ok().filter(|&i| i < super::netburst::COUNTERS);
+            let value = self.counter(CounterId::NetBurst(index.ok_or(GpFault)?)).value;
+            return Ok(if ecx & RDPMC_FAST != 0 { value & 0xFFFF_FFFF } else { value });
+        }
         let index = ecx & !(RDPMC_FIXED | RDPMC_FAST);
         let index = u8::try_from(index).map_err(|_| GpFault)?;
         let id = if ecx & RDPMC_FIXED != 0 { CounterId::Fixed(index) } else { CounterId::Gp(index) };

@@ -7,6 +7,7 @@ const BUILTINS: &[(&str, &str)] = &[
     ("nehalem", include_str!("../../../../resources/profiles/nehalem.toml")),
     ("nehalem-llc-masked", include_str!("../../../../resources/profiles/nehalem-llc-masked.toml")),
     ("no-pmu", include_str!("../../../../resources/profiles/no-pmu.toml")),
+    ("pentium4", include_str!("../../../../resources/profiles/pentium4.toml")),
     ("sandybridge", include_str!("../../../../resources/profiles/sandybridge.toml")),
     ("skylake", include_str!("../../../../resources/profiles/skylake.toml")),
 ];

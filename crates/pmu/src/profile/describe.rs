@@ -9,7 +9,10 @@ use super::{PmuProfile, ARCH_EVENTS};
 pub fn describe_leaf_0a(p: &PmuProfile) -> Vec<String> {
     let [eax, ebx, ecx, edx] = p.leaf_0a();
     let mut lines = vec![format!("CPUID.0AH: EAX=0x{eax:08X} EBX=0x{ebx:08X} ECX=0x{ecx:08X} EDX=0x{edx:08X}")];
-    if p.version == 0 {
+    if p.netburst() {
+        lines.push("version 0: no architectural performance monitoring".to_string());
+        lines.extend(netburst_lines());
+    } else if p.version == 0 {
         lines.push("version 0: no architectural performance monitoring".to_string());
     } else {
         lines.push(format!("architectural perfmon version {}", p.version));
@@ -47,6 +50,43 @@ pub fn describe_leaf_0a(p: &PmuProfile) -> Vec<String> {
         "BTS: none (no architectural perfmon)".to_string()
     });
     lines.push(model_msrs_line(p));
+    lines
+}
+
+/// The NetBurst PMU's registers (SDM 18.15, Table 18-63): each counter with its CCCR and the
+/// ESCRs its CCCR's ESCR select can name.
+fn netburst_lines() -> Vec<String> {
+    use crate::pmu::netburst::{self, COUNTERS, COUNTER_DEFS, ESCRS, EVENTS, MSR_BPU_CCCR0, MSR_BPU_COUNTER0, WIDTH};
+    let events: Vec<&str> = EVENTS.iter().map(|e| e.name).collect();
+    let mut lines = vec![
+        format!(
+            "NetBurst PMU: {COUNTERS} counters x {WIDTH} bits, each with a CCCR, and {} ESCRs (SDM 18.15); counted by the precise backend: {} (emon events)",
+            ESCRS.len(),
+            events.join(", ")
+        ),
+        "  ESCR select -> ESCR, per counter:".to_string(),
+    ];
+    for (i, d) in (0u32..).zip(&COUNTER_DEFS) {
+        let escrs: Vec<String> = (0..)
+            .zip(d.escrs)
+            .filter_map(|(sel, m)| m.map(|m| format!("{sel}:{}", netburst::msr_name(m).unwrap_or("?"))))
+            .collect();
+        lines.push(format!(
+            "  {} ({:#x}), {} ({:#x}), cascades from counter {}: {}",
+            d.name,
+            MSR_BPU_COUNTER0 + i,
+            d.cccr,
+            MSR_BPU_CCCR0 + i,
+            d.cascade_from,
+            escrs.join(" ")
+        ));
+    }
+    let escrs: Vec<String> = ESCRS.iter().map(|e| format!("{} ({:#X})", e.name, e.msr)).collect();
+    lines.push(format!("  ESCRs: {}", escrs.join(", ")));
+    lines.push(
+        "  T1_OS/T1_USR, OVF_PMI_T1 and the active-thread field: emon runs logical processor 0 only (README, \"The NetBurst PMU\")"
+            .to_string(),
+    );
     lines
 }
 

@@ -5,7 +5,7 @@ use std::path::Path;
 use serde::Deserialize;
 
 use super::error::one_line;
-use super::{builtin, Cache, CacheLevel, Clock, Lbr, ModelMsrs, MsrBits, PmuProfile, Profile, ProfileError};
+use super::{builtin, Cache, CacheLevel, Clock, Lbr, ModelMsrs, MsrBits, PmuKind, PmuProfile, Profile, ProfileError};
 
 /// Default for `pmu.nominal-mhz` when the file leaves it out.
 pub const DEFAULT_NOMINAL_MHZ: u32 = 2000;
@@ -102,12 +102,24 @@ impl From<ClockFile> for Clock {
     }
 }
 
+/// `pmu.kind`: `"architectural"` (CPUID leaf 0x0A) or `"netburst"` (SDM 18.15).
+#[derive(Deserialize, Default)]
+#[serde(rename_all = "kebab-case")]
+enum KindFile {
+    #[default]
+    Architectural,
+    Netburst,
+}
+
 /// The `[pmu]` table. Only `version` is required: the numeric fields default to 0 (so a
-/// version 0 profile is short), `misc-enable-perfmon` to `version > 0`, `nominal-mhz` to
-/// [`DEFAULT_NOMINAL_MHZ`], and the `[pmu.lbr]` and `[pmu.msrs]` tables to absent MSRs.
+/// version 0 profile is short), `kind` to `"architectural"`, `misc-enable-perfmon` to
+/// `version > 0` (true for NetBurst), `nominal-mhz` to [`DEFAULT_NOMINAL_MHZ`], and the
+/// `[pmu.lbr]` and `[pmu.msrs]` tables to absent MSRs.
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
 struct PmuFile {
+    #[serde(default)]
+    kind: KindFile,
     version: u8,
     #[serde(default)]
     gp: u8,
@@ -187,6 +199,10 @@ impl From<MsrsFile> for ModelMsrs {
 
 impl From<PmuFile> for PmuProfile {
     fn from(f: PmuFile) -> Self {
+        let kind = match f.kind {
+            KindFile::Architectural => PmuKind::Architectural,
+            KindFile::Netburst => PmuKind::NetBurst,
+        };
         PmuProfile {
             version: f.version,
             gp: f.gp,
@@ -197,10 +213,11 @@ impl From<PmuFile> for PmuProfile {
             fixed_width: f.fixed_width,
             fixed_bitmap: f.fixed_bitmap,
             perf_capabilities: f.perf_capabilities,
-            misc_enable_perfmon: f.misc_enable_perfmon.unwrap_or(f.version > 0),
+            misc_enable_perfmon: f.misc_enable_perfmon.unwrap_or(f.version > 0 || kind == PmuKind::NetBurst),
             nominal_mhz: f.nominal_mhz.unwrap_or(DEFAULT_NOMINAL_MHZ),
             lbr: f.lbr.map(Lbr::from),
             msrs: f.msrs.map(ModelMsrs::from).unwrap_or_default(),
+            kind,
         }
     }
 }

@@ -43,7 +43,7 @@ pub use model_msrs::{
     LBR_MAX_DEPTH, LBR_NHM_FROM, LBR_NHM_TO, LBR_SELECT_BITS,
 };
 pub use overrides::{parse_u64, NumberError, KEYS as OVERRIDE_KEYS};
-pub use pmu::PmuProfile;
+pub use pmu::{PmuKind, PmuProfile};
 pub use validate::{
     MAX_CACHE_KIB, MAX_CACHE_LINE, MAX_CACHE_WAYS, MAX_EBX_LENGTH, MAX_FIXED, MAX_GP, MAX_VERSION, MIN_CACHE_LINE,
     PERF_CAPABILITIES_ACCEPTED,

@@ -2,6 +2,17 @@
 
 use super::{Lbr, ModelMsrs};
 
+/// Which performance-monitoring architecture a profile presents.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum PmuKind {
+    /// Architectural performance monitoring, described by CPUID leaf 0x0A (version 0: none).
+    #[default]
+    Architectural,
+    /// The Intel NetBurst PMU of Pentium 4 and Xeon (family 0FH, SDM 18.15-18.16): 18 counters,
+    /// their CCCRs and the ESCRs that select events, and no CPUID leaf 0x0A.
+    NetBurst,
+}
+
 /// CPUID leaf 0x0A and the MSR-visible PMU capabilities of a profile.
 ///
 /// The fields are the raw register fields; [`PmuProfile::leaf_0a`] packs them back into
@@ -35,6 +46,8 @@ pub struct PmuProfile {
     pub lbr: Option<Lbr>,
     /// OFFCORE_RSP, PEBS_LD_LAT and PEBS_FRONTEND, where the CPU has them.
     pub msrs: ModelMsrs,
+    /// The PMU architecture: architectural perfmon, or NetBurst (then `version` is 0).
+    pub kind: PmuKind,
 }
 
 impl PmuProfile {
@@ -103,6 +116,11 @@ impl PmuProfile {
         let baseline = self.perf_capabilities & (1 << 14) != 0;
         let format = self.pebs_format();
         backend_writes && self.version >= 1 && self.pdcm() && (format <= 3 || format == 4 && baseline)
+    }
+
+    /// Is this the NetBurst PMU (SDM 18.15)?
+    pub fn netburst(&self) -> bool {
+        self.kind == PmuKind::NetBurst
     }
 
     /// CPUID.01H:ECX.PDCM[15]: IA32_PERF_CAPABILITIES exists.

@@ -85,7 +85,14 @@ impl Check<'_> {
             );
         }
         if p.version == 0 {
-            return self.version0(p);
+            self.version0(p)?;
+            return self.netburst(p);
+        }
+        if p.netburst() {
+            return self.fail(
+                field("version", p.version),
+                "must be 0 when pmu.kind = \"netburst\" (NetBurst processors have no architectural perfmon: CPUID.0AH reads all zero)",
+            );
         }
         self.gp(p)?;
         self.ebx(p)?;
@@ -127,6 +134,18 @@ impl Check<'_> {
             );
         }
         self.nominal_mhz(p)
+    }
+
+    /// The NetBurst PMU (SDM 18.15) exists only in family 0FH, where IA32_MISC_ENABLE[7] says
+    /// performance monitoring is available.
+    fn netburst(&self, p: &PmuProfile) -> Result<(), ProfileError> {
+        if p.netburst() && !p.misc_enable_perfmon {
+            return self.fail(
+                field("misc-enable-perfmon", false),
+                "must be true when pmu.kind = \"netburst\" (IA32_MISC_ENABLE[7] is set on every NetBurst processor with its PMU)",
+            );
+        }
+        Ok(())
     }
 
     /// General-purpose counters, version >= 1.
@@ -347,6 +366,12 @@ impl Check<'_> {
             return self.fail(
                 format!("stepping = 0x{:X}", profile.stepping),
                 "stepping must be 0x0..=0xF (CPUID.01H:EAX[3:0])",
+            );
+        }
+        if profile.pmu.netburst() && (profile.family != 0xF || profile.vendor != "GenuineIntel") {
+            return self.fail(
+                format!("family = 0x{:X}", profile.family),
+                "pmu.kind = \"netburst\" needs an Intel family 0xF processor (SDM 18.15: the NetBurst PMU of Pentium 4 and Xeon)",
             );
         }
         Ok(())

@@ -121,6 +121,7 @@ fn gp_counter_state_decodes_perfevtsel() {
             counting: false,
             value: 42,
             width: 48,
+            netburst: None,
         }
     );
 }

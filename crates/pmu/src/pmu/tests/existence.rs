@@ -64,15 +64,20 @@ fn existence_matches_semantics_table_for_every_profile() {
 #[test]
 fn trapped_ranges_are_the_architectural_ones() {
     let all = trapped();
-    // PEBS_DATA_CFG (0x3F2) with PEBS_ENABLE.
-    let architectural = 8 + 8 + 1 + 1 + 4 + 1 + 6 + 1 + 1 + 8 + 1;
+    // PEBS_DATA_CFG (0x3F2) with PEBS_ENABLE; the fixed counters within the NetBurst counters.
+    let architectural = 8 + 8 + 1 + 1 + 1 + 6 + 8 + 1;
+    // NetBurst: 18 counters (0x300-0x311, the fixed counters' 0x309-0x30C among them), 18 CCCRs,
+    // the ESCR range 0x3A0-0x3E1 with its holes, and MSR_TC_PRECISE_EVENT (0x3F0) beside
+    // PEBS_ENABLE and PEBS_MATRIX_VERT (0x3F1, 0x3F2).
+    let netburst = 18 + 18 + (0x3E1 - 0x3A0 + 1) + 3;
     // LBR FROM/TO at 0x40/0x60 (8 each) and 0x680/0x6C0 plus LBR_INFO (32 each); LBR_SELECT
     // and TOS; LER_FROM/TO; OFFCORE_RSP_0/1; PEBS_LD_LAT and PEBS_FRONTEND.
     let model_specific = 2 * 8 + 3 * 32 + 2 + 2 + 2 + 2;
-    assert_eq!(all.len(), architectural + model_specific);
+    assert_eq!(all.len(), architectural + model_specific + netburst);
     for msr in all {
         assert!(Pmu::owns(msr), "{msr:#x}");
-        assert!(msr_name(msr).is_some(), "{msr:#x} has a name");
+        let hole = (0x3A0..=0x3E1).contains(&msr) && netburst::Reg::decode(msr).is_none();
+        assert_eq!(msr_name(msr).is_some(), !hole, "{msr:#x} has a name");
     }
     // 0x48/0x49: IA32_SPEC_CTRL and IA32_PRED_CMD, between the Core 2 LBR banks; 0x1DB/0x1DC:
     // the P6 LASTBRANCHFROMIP/TOIP, which stay KVM's.
@@ -90,10 +95,15 @@ fn trapped_ranges_are_the_architectural_ones() {
         0x1DB,
         0x1DC,
         0x1DF,
-        0x308,
-        0x30D,
+        0x2FF,
+        0x312,
+        0x35F,
+        0x372,
         0x38C,
         0x393,
+        0x39F,
+        0x3E2,
+        0x3EF,
         0x3F8,
         0x4C0,
         0x4C9,
@@ -222,4 +232,30 @@ fn perf_capabilities_follows_pdcm() {
     wr(&mut pmu, msr::IA32_DEBUGCTL, msr::DEBUGCTL_FREEZE_WHILE_SMM);
     let mut pmu = Pmu::new(&core2());
     assert_absent(&mut pmu, msr::IA32_PERF_CAPABILITIES);
+}
+
+#[test]
+fn netburst_registers_exist_and_the_architectural_ones_do_not() {
+    let p = PmuProfile { kind: crate::profile::PmuKind::NetBurst, misc_enable_perfmon: true, ..PmuProfile::default() };
+    let mut pmu = Pmu::new(&p);
+    for msr in trapped() {
+        let exists = netburst::Reg::decode(msr).is_some()
+            || [msr::IA32_DEBUGCTL, msr::IA32_MISC_ENABLE, msr::IA32_DS_AREA].contains(&msr);
+        assert_eq!(pmu.rdmsr(msr).is_ok(), exists, "rdmsr({msr:#x})");
+        if !exists {
+            assert_absent(&mut pmu, msr);
+        }
+    }
+    // 0x309 is MSR_FLAME_COUNTER1 here, not IA32_FIXED_CTR0; 0x3F2 MSR_PEBS_MATRIX_VERT.
+    assert_eq!(pmu.reg_name(0x309).as_deref(), Some("MSR_FLAME_COUNTER1"));
+    assert_eq!(pmu.reg_name(0x3F2).as_deref(), Some("MSR_PEBS_MATRIX_VERT"));
+    assert_eq!(Pmu::new(&skylake()).reg_name(0x309).as_deref(), Some("IA32_FIXED_CTR0"));
+    // MSR_DEBUGCTLA: bits 6:0.
+    wr(&mut pmu, msr::IA32_DEBUGCTL, 0x7F);
+    assert_wr_gp(&mut pmu, msr::IA32_DEBUGCTL, 0x80);
+    assert_eq!(pmu.counter_ids().len(), 18);
+    assert_eq!(
+        rd(&pmu, msr::IA32_MISC_ENABLE) & msr::MISC_ENABLE_PERFMON_AVAILABLE,
+        msr::MISC_ENABLE_PERFMON_AVAILABLE
+    );
 }

@@ -7,6 +7,7 @@ mod dump;
 mod existence;
 mod freeze;
 mod model_msrs;
+mod netburst_pmu;
 mod pebs;
 mod random;
 mod reprogram;

@@ -55,6 +55,7 @@ fn expected_inuse(pmu: &Pmu) -> u64 {
         let in_use = match id {
             CounterId::Gp(_) => s.event_select != 0,
             CounterId::Fixed(_) => s.enabled,
+            CounterId::NetBurst(_) => unreachable!("architectural profiles only"),
         };
         if in_use {
             inuse |= 1u64 << id.status_bit();
@@ -78,6 +79,7 @@ fn check_invariants(pmu: &Pmu, ctx: &str) {
         let msr = match id {
             CounterId::Gp(i) => msr::IA32_PMC0 + u32::from(i),
             CounterId::Fixed(i) => msr::IA32_FIXED_CTR0 + u32::from(i),
+            CounterId::NetBurst(i) => netburst::MSR_BPU_COUNTER0 + u32::from(i),
         };
         assert_eq!(pmu.rdmsr(msr), Ok(s.value), "{ctx}: {id} rdmsr");
         assert!(pmu.distance_to_overflow(id) >= 1);

@@ -9,6 +9,7 @@ const EXPECTED: &[(&str, u32, [u32; 4], u64)] = &[
     ("nehalem", 0x0001_06A5, [0x0730_0403, 0, 0, 0x0603], 0x11C3),
     ("nehalem-llc-masked", 0x0001_06A5, [0x0730_0403, 0x18, 0, 0x0603], 0x11C3),
     ("no-pmu", 0x0005_06E3, [0, 0, 0, 0], 0),
+    ("pentium4", 0x0000_0F43, [0, 0, 0, 0], 0),
     ("sandybridge", 0x0002_06A7, [0x0730_0403, 0, 0, 0x0603], 0x31C3),
     ("skylake", 0x0005_06E3, [0x0730_0404, 0, 0, 0x0603], 0x33C5),
 ];
@@ -23,6 +24,7 @@ const CACHE_CLOCK: &[CacheClock] = &[
     ("nehalem", [(32, 8), (32, 4)], Some((256, 8)), (8192, 16), None, (20, 1)),
     ("nehalem-llc-masked", [(32, 8), (32, 4)], Some((256, 8)), (8192, 16), None, (20, 1)),
     ("no-pmu", [(32, 8), (32, 8)], Some((256, 4)), (8192, 16), Some([2, 334, 0, 0]), (334, 2)),
+    ("pentium4", [(16, 8), (16, 8)], None, (2048, 8), None, (1, 1)),
     ("sandybridge", [(32, 8), (32, 8)], Some((256, 8)), (6144, 12), None, (20, 1)),
     ("skylake", [(32, 8), (32, 8)], Some((256, 4)), (8192, 16), Some([2, 334, 0, 0]), (334, 2)),
 ];
@@ -47,7 +49,7 @@ fn every_builtin_loads_validates_and_matches_its_documented_registers() {
         assert_eq!(p.vendor, "GenuineIntel");
         assert_eq!(p.vendor_regs(), [0x756E_6547, 0x4965_6E69, 0x6C65_746E]);
         assert!(!p.description.is_empty());
-        assert_eq!(p.pmu.misc_enable_perfmon, p.pmu.version > 0, "{name}");
+        assert_eq!(p.pmu.misc_enable_perfmon, p.pmu.version > 0 || p.pmu.netburst(), "{name}");
         // Only Sandy Bridge's revision changes what a guest does (Linux's PEBS erratum check).
         let microcode = if name == "sandybridge" { Some(0x28) } else { None };
         assert_eq!(p.microcode, microcode, "{name} IA32_BIOS_SIGN_ID revision");
@@ -96,6 +98,29 @@ fn icelake_has_four_fixed_counters_and_eight_events() {
 }
 
 #[test]
+fn pentium4_is_netburst_without_architectural_perfmon() {
+    let p = Profile::load("pentium4").expect("pentium4 loads");
+    assert!(p.pmu.netburst());
+    assert_eq!((p.family, p.pmu.version), (0xF, 0));
+    assert!(p.pmu.misc_enable_perfmon);
+    assert!(!p.pmu.pdcm());
+    // NetBurst only in family 0xF, and never with a CPUID.0AH version.
+    let text = include_str!("../../../../../resources/profiles/pentium4.toml");
+    let e = Profile::from_toml("x.toml", &text.replace("family = 0xF", "family = 6")).unwrap_err().to_string();
+    assert!(e.contains("family 0xF"), "{e}");
+    let e = Profile::from_toml(
+        "x.toml",
+        &text.replace("version = 0", "version = 2\ngp = 2\ngp-width = 40\nebx-length = 7"),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("must be 0 when pmu.kind"), "{e}");
+    let e =
+        Profile::from_toml("x.toml", &text.replace("kind = \"netburst\"", "kind = \"p6\"")).unwrap_err().to_string();
+    assert!(e.contains("kind"), "{e}");
+}
+
+#[test]
 fn no_pmu_is_version_0_without_pdcm() {
     let p = Profile::load("no-pmu").expect("no-pmu loads").pmu;
     assert_eq!(p.version, 0);
@@ -124,6 +149,13 @@ fn describe_decodes_leaf_0a() {
     let text = describe_leaf_0a(&icelake).join("\n");
     assert!(text.contains("ECX bitmap=0b1111"), "{text}");
     assert!(text.contains("FW_WRITE yes"), "{text}");
+
+    let p4 = Profile::load("pentium4").expect("loads").pmu;
+    let text = describe_leaf_0a(&p4).join("\n");
+    assert!(text.contains("NetBurst PMU: 18 counters x 40 bits"), "{text}");
+    assert!(text.contains("MSR_IQ_COUNTER4 (0x310)"), "{text}");
+    assert!(text.contains("MSR_CRU_ESCR0 (0x3B8)"), "{text}");
+    assert!(text.contains("IA32_MISC_ENABLE[7] performance monitoring available: yes"), "{text}");
 
     let none = Profile::load("no-pmu").expect("loads").pmu;
     let text = describe_leaf_0a(&none).join("\n");
