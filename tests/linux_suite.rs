@@ -144,6 +144,16 @@ fn linux_6_1_pmu_lines(p: &Profile) -> Vec<String> {
     lines
 }
 
+/// emon's Linux test kernel run with the options `emon_args` and `console=ttyS0 noxsave` and
+/// `cmdline` on its command line, for at most 280 s.
+fn boot(emon_args: &[&str], cmdline: &[&str]) -> Run {
+    let mut a = vec!["run", "--timeout", "280"];
+    a.extend(emon_args);
+    a.extend(["target/emon-linux/vmlinux", "--", "console=ttyS0", "noxsave"]);
+    a.extend(cmdline);
+    emon(&a)
+}
+
 /// A NetBurst processor (family 0FH without ARCH_PERFMON): intel/core.c `intel_pmu_init` calls
 /// intel/p4.c `p4_pmu_init`, which needs IA32_MISC_ENABLE[7] and prints "Netburst events, "; the
 /// driver is `p4_pmu` ("Netburst P4/Xeon", 18 counters of 40 bits, max period 2^39 - 1, no
@@ -228,10 +238,7 @@ fn linux_boots_under_every_profile_with_the_lines_its_source_predicts() {
     }
     build_the_kernel();
     let json = tmp_dir("linux-suite").join("linux.json");
-    // One boot at a time: with a_linux_panic_ends_the_run_with_its_line beside it, that is a VM
-    // per CPU of this 2-CPU machine. A third Linux boot here stalls in the perf self-test (README,
-    // "Linux guests": counted interrupt handling cannot keep up with the timer tick).
-    let r = emon(&["test", "--suite", SUITE, "--jobs", "1", "--json", json.to_str().unwrap()]);
+    let r = emon(&["test", "--suite", SUITE, "--jobs", "2", "--json", json.to_str().unwrap()]);
     assert_eq!(r.status, 0, "{}\n{}", r.stdout, r.stderr);
     let doc: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
     let runs = doc["runs"].as_array().expect("runs");
@@ -250,23 +257,8 @@ fn linux_boots_under_every_profile_with_the_lines_its_source_predicts() {
 /// counting test's 2^39 - 1, visible as `wrmsr MSR_IQ_COUNTER0 0x8000000001` in `--trace`). That
 /// is Linux's doing, as it would be on a Pentium 4: emon counts the 2^39 + loop instructions
 /// exactly, and the callback count is 0 (README, "The NetBurst PMU").
-///
-/// It runs after the suite, in the same test, so that no more VMs share this machine's two CPUs
-/// than before: a Linux boot here counts its perf self-test at the host's emulation speed.
 fn linux_drives_the_netburst_pmu_with_its_p4_driver() {
-    let r = emon(&[
-        "run",
-        "--profile",
-        "pentium4",
-        "--debug-store",
-        "off",
-        "--timeout",
-        "280",
-        "target/emon-linux/vmlinux",
-        "--",
-        "console=ttyS0",
-        "noxsave",
-    ]);
+    let r = boot(&["--profile", "pentium4", "--debug-store", "off"], &[]);
     // Linux's console lines, without their timestamps.
     let lines: Vec<&str> = r.stdout.lines().map(|l| l.split_once("] ").map_or(l, |(_, rest)| rest)).collect();
     for want in netburst_lines() {
@@ -298,16 +290,7 @@ fn a_linux_panic_ends_the_run_with_its_line() {
         return;
     }
     build_the_kernel();
-    let r = emon(&[
-        "run",
-        "--timeout",
-        "280",
-        "target/emon-linux/vmlinux",
-        "--",
-        "console=ttyS0",
-        "noxsave",
-        "emon_perf_test.exit=0",
-    ]);
+    let r = boot(&[], &["emon_perf_test.exit=0"]);
     assert_eq!(r.status, 5, "{}", r.stderr);
     let summary = r.stderr.lines().last().unwrap_or_default();
     assert!(summary.contains("guest kernel panic, \"Kernel panic - not syncing: No working init found."), "{summary}");

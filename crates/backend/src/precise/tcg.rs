@@ -170,6 +170,8 @@ struct Acc {
     accesses: Vec<(u64, Access)>,
     /// Instructions decoded for [`on_insn`], by address.
     decoded: HashMap<u64, Instruction>,
+    /// Every block entered (linear address, size): the pages the translations come from.
+    entered: Vec<(u64, u32)>,
 }
 
 impl Acc {
@@ -463,6 +465,69 @@ pub struct Tcg {
     /// The last run ended at CPL3. unicorn's API cannot bring its CPU back to CPL0 (segment loads
     /// are checked against the current CPL), so a kernel run after it starts on a fresh engine.
     at_cpl3: bool,
+    /// What the engine's translations were made from (README, "The TCG engine").
+    code: CodeSnapshot,
+}
+
+/// The guest-physical pages the engine's translations were made from, as they were then: between
+/// runs KVM and the VMM may write guest memory behind the engine's back, so a run keeps the
+/// translations only while every one of these pages still holds the same bytes. Re-translating
+/// at every run made interrupt-heavy counted code (a run every ~80 instructions) cost about
+/// 0.7 ms a run, slower than a Linux timer tick on this host.
+struct CodeSnapshot {
+    pages: HashMap<u64, Box<[u8]>>,
+    /// The translations must go whatever the pages hold: none are known to be clean (a new
+    /// engine, or instruction-counting translations made by `step_to_overflow`).
+    stale: bool,
+    /// The translations were made with the code hook (the cache model counts).
+    hooked: bool,
+}
+
+/// Code pages compared before a run, at most; past that the translations are dropped instead.
+const MAX_CODE_PAGES: usize = 256;
+const PAGE: u64 = 4096;
+
+impl CodeSnapshot {
+    fn new() -> CodeSnapshot {
+        CodeSnapshot { pages: HashMap::new(), stale: true, hooked: false }
+    }
+
+    /// Are the translations still those of the guest's code, for a run `hooked` or not?
+    fn valid(&self, mem: &GuestMemoryMmap, hooked: bool) -> bool {
+        use vm_memory::Bytes;
+        let mut now = vec![0u8; PAGE as usize];
+        !self.stale
+            && self.hooked == hooked
+            && self.pages.iter().all(|(&page, then)| {
+                mem.read_slice(&mut now, vm_memory::GuestAddress(page)).is_ok() && now[..] == then[..]
+            })
+    }
+
+    /// Records the pages of the blocks a run entered (`entered`: linear address and size).
+    fn record(&mut self, mem: &GuestMemoryMmap, mode: &CpuMode, entered: &[(u64, u32)]) {
+        use vm_memory::Bytes;
+        for &(addr, size) in entered {
+            for la in [addr, addr + u64::from(size.max(1)) - 1] {
+                let Some(page) = mode.translate(mem, la).map(|pa| pa & !(PAGE - 1)) else {
+                    // A page the engine ran but emon cannot find again: trust nothing next time.
+                    self.stale = true;
+                    continue;
+                };
+                if self.pages.contains_key(&page) {
+                    continue;
+                }
+                let mut bytes = vec![0u8; PAGE as usize].into_boxed_slice();
+                if mem.read_slice(&mut bytes, vm_memory::GuestAddress(page)).is_err() {
+                    self.stale = true;
+                    continue;
+                }
+                self.pages.insert(page, bytes);
+            }
+        }
+        if self.pages.len() > MAX_CODE_PAGES {
+            self.stale = true;
+        }
+    }
 }
 
 #[repr(C)]
@@ -517,7 +582,7 @@ impl Tcg {
             let _ = uc.emu_stop();
         })
         .map_err(uc_err("adding the interrupt hook"))?;
-        Ok(Tcg { uc, mem: mem.clone(), at_cpl3: false })
+        Ok(Tcg { uc, mem: mem.clone(), at_cpl3: false, code: CodeSnapshot::new() })
     }
 
     /// Runs from the vCPU state `regs`/`sregs` for at most `budget` instructions, counting for
@@ -566,6 +631,7 @@ impl Tcg {
             accesses: Vec::new(),
             decoded: HashMap::new(),
             cache,
+            entered: Vec::new(),
         });
         // The code hook costs a call per instruction: only while the cache model counts.
         let hook = if self.uc.get_data().as_ref().is_some_and(|a| a.cache.is_some()) {
@@ -573,8 +639,12 @@ impl Tcg {
         } else {
             None
         };
-        // Code and page tables may have changed since the last run (KVM ran the guest).
-        self.uc.ctl_flush_tb().map_err(uc_err("flushing translations"))?;
+        // Page tables may have changed since the last run (KVM ran the guest), and code too: the
+        // translations stay only if every page they were made from holds the same bytes.
+        if !self.code.valid(&self.mem, hook.is_some()) {
+            self.uc.ctl_flush_tb().map_err(uc_err("flushing translations"))?;
+            self.code = CodeSnapshot { stale: false, hooked: hook.is_some(), ..CodeSnapshot::new() };
+        }
         self.uc.ctl_flush_tlb().map_err(uc_err("flushing the TLB"))?;
         let started = self.uc.emu_start(regs.rip, u64::MAX, 0, 0);
         let pc = self.uc.reg_read(RegisterX86::RIP).map_err(uc_err("reading RIP"))?;
@@ -607,7 +677,10 @@ impl Tcg {
             let stepped = self.step_to_overflow(pc);
             acc = self.uc.get_data_mut().take().expect("set above");
             (stop, pc) = stepped?;
+            // Its translations count instructions one at a time: not for the next run.
+            self.code.stale = true;
         }
+        self.code.record(&self.mem, &mode, &acc.entered);
         if let Some(h) = hook {
             self.uc.remove_hook(h).map_err(uc_err("removing the code hook"))?;
         }
@@ -816,6 +889,7 @@ fn unicorn_gpr(r: iced_x86::Register) -> Option<RegisterX86> {
 /// engine may run all of it, no counter could overflow in it, and budget remains.
 fn on_block(uc: &mut Unicorn<'_, Option<Acc>>, addr: u64, size: u32) {
     let Some(acc) = uc.get_data_mut() else { return };
+    acc.entered.push((addr, size));
     if acc.single {
         return;
     }
@@ -972,6 +1046,28 @@ mod tests {
         assert_eq!(r.stop, Stop::Handover);
         assert_eq!((r.regs.rip, r.regs.rcx), (CODE + 7, 0), "stopped before the OUT, after the loop");
         assert_eq!((r.retired, r.counts.clone()), (1001, vec![1001, 1000]), "{r:?}");
+    }
+
+    /// Translations outlive a run only while their code is unchanged: code written behind the
+    /// engine (as KVM or the VMM may write it between runs) is translated again.
+    #[test]
+    fn code_written_between_runs_is_translated_again() {
+        use vm_memory::{Bytes, GuestAddress};
+        let (mem, regs, sregs, mode) = machine(LOOP);
+        let mut tcg = Tcg::new(&mem).unwrap();
+        let counters = [(armed(Model::Instructions), u64::MAX)];
+        let r = tcg.run(&regs, &sregs, mode, counting(&counters), false).unwrap();
+        assert_eq!(r.retired, 1001);
+        assert!(!tcg.code.stale && !tcg.code.pages.is_empty(), "the run's code pages are recorded");
+        // Unchanged code: the translations stay, and count the same.
+        let r = tcg.run(&regs, &sregs, mode, counting(&counters), false).unwrap();
+        assert_eq!(r.retired, 1001);
+        // mov ecx, 10 instead of 1000, written behind the engine's back.
+        let pa = mode.translate(&mem, CODE).unwrap();
+        mem.write_slice(&[0xB9, 10, 0, 0, 0], GuestAddress(pa)).unwrap();
+        assert!(!tcg.code.valid(&mem, false), "the snapshot sees the write");
+        let r = tcg.run(&regs, &sregs, mode, counting(&counters), false).unwrap();
+        assert_eq!((r.retired, r.regs.rip), (11, CODE + 7), "the new code ran: {r:?}");
     }
 
     #[test]
