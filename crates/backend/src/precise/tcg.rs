@@ -170,7 +170,7 @@ struct Acc {
     accesses: Vec<(u64, Access)>,
     /// Instructions decoded for [`on_insn`], by address.
     decoded: HashMap<u64, Instruction>,
-    /// Every block entered (linear address, size): the pages the translations come from.
+    /// The blocks entered (linear address, size), each once: the pages the translations come from.
     entered: Vec<(u64, u32)>,
 }
 
@@ -181,7 +181,10 @@ impl Acc {
         }
         let (mode, mem, armed, counting) = (&self.mode, &self.mem, &self.armed, &self.counting);
         let cache = self.cache.is_some();
+        let entered = &mut self.entered;
         self.blocks.entry(addr).or_insert_with(|| {
+            // Once per block and run (the hook runs at every execution of every block).
+            entered.push((addr, size));
             let mut b = decode_block(mode, mem, addr, size as usize, cache);
             b.sums(armed, counting);
             b
@@ -889,7 +892,6 @@ fn unicorn_gpr(r: iced_x86::Register) -> Option<RegisterX86> {
 /// engine may run all of it, no counter could overflow in it, and budget remains.
 fn on_block(uc: &mut Unicorn<'_, Option<Acc>>, addr: u64, size: u32) {
     let Some(acc) = uc.get_data_mut() else { return };
-    acc.entered.push((addr, size));
     if acc.single {
         return;
     }
