@@ -464,6 +464,22 @@ fn bench(args: &BenchArgs) -> Result<ExitCode, CliError> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// How the precise backend counts an event of model `m`, for `emon events`.
+fn precise_support(m: crate::backend::precise::events::Model) -> &'static str {
+    use crate::backend::precise::events::Model;
+    match m {
+        Model::Unsupported => "unsupported: counts 0",
+        Model::Nothing => "counts 0 exactly: nothing emon models (no wrong path, no tagged µops)",
+        Model::BranchMisses | Model::NetBurstBranches(_) | Model::NetBurstBranchType { mispredicted: true, .. } => {
+            "counted (static predictor)"
+        }
+        Model::CoreCycles | Model::RefTsc | Model::Slots => "counted (cost model)",
+        Model::RefXclk => "counted (cost model, reference clock)",
+        Model::LlcReference | Model::LlcMisses => "counted (cache model)",
+        Model::Instructions | Model::Branches | Model::NetBurstBranchType { .. } => "counted exactly",
+    }
+}
+
 /// `emon events` under a NetBurst profile: the events the precise backend derives, by ESCR and
 /// event-mask bit, and that every other event counts 0.
 fn list_netburst_events(p: &crate::profile::Profile) {
@@ -475,16 +491,7 @@ fn list_netburst_events(p: &crate::profile::Profile) {
         let escrs = e.escrs.map(|m| netburst::msr_name(m).unwrap_or("?")).join(", ");
         for (bit, name) in e.mask_bits.iter().enumerate() {
             let s = Selection { escr: e.escrs[0], event: e.event, mask: 1 << bit };
-            let precise = match Model::of_netburst(s) {
-                Model::Instructions => "counted exactly",
-                Model::BranchMisses
-                | Model::NetBurstBranches(_)
-                | Model::NetBurstBranchType { mispredicted: true, .. } => "counted (static predictor)",
-                Model::NetBurstBranchType { .. } => "counted exactly",
-                Model::CoreCycles => "counted (cost model)",
-                Model::Nothing => "counts 0 exactly: nothing emon models (no wrong path, no tagged µops)",
-                _ => "unsupported: counts 0",
-            };
+            let precise = precise_support(Model::of_netburst(s));
             println!("{:<28} {:<32} {:#04x}   {bit:<2} {name:<11} {precise}", e.name, escrs, e.event);
         }
     }
@@ -522,14 +529,7 @@ fn list_events(args: &ProfileArgs) -> Result<ExitCode, CliError> {
             Some(i) if p.pmu.fixed_supported(i) => format!("FIXED_CTR{i}"),
             _ => "-".into(),
         };
-        let precise = match Model::of(crate::pmu::CounterId::Gp(0), e.event_select, e.umask) {
-            Model::Unsupported => "unsupported: counts 0",
-            Model::BranchMisses => "counted (static predictor)",
-            Model::CoreCycles | Model::RefTsc | Model::Slots => "counted (cost model)",
-            Model::RefXclk => "counted (cost model, reference clock)",
-            Model::LlcReference | Model::LlcMisses => "counted (cache model)",
-            _ => "counted exactly",
-        };
+        let precise = precise_support(Model::of(crate::pmu::CounterId::Gp(0), e.event_select, e.umask));
         println!(
             "{:<3} {:<28} {:<12} {:<10} {:<16} {precise}",
             e.bit,
