@@ -143,8 +143,8 @@ pub enum CliError {
     JsonFile { path: PathBuf, source: std::io::Error },
     #[error("--timeout {0}: must be a positive number of seconds")]
     Timeout(f64),
-    #[error("--backend perf: profile {0} presents the NetBurst PMU, whose ESCR events host perf cannot count for a guest; use --backend precise (README, \"The NetBurst PMU\")")]
-    NetBurstPerf(String),
+    #[error("--backend perf: profile {0} {1}")]
+    PerfRefused(String, &'static str),
     /// `emon test`'s errors in its input, as the runner words them.
     #[error(transparent)]
     Runner(#[from] crate::runner::RunnerError),
@@ -236,8 +236,8 @@ fn run(args: RunArgs) -> Result<ExitCode, CliError> {
         Some(s) => Some(Duration::from_secs_f64(s)),
         None => None,
     };
-    if profile.pmu.netburst() && args.backend == backend::BackendKind::Perf {
-        return Err(CliError::NetBurstPerf(profile.name));
+    if let (Some(only), backend::BackendKind::Perf) = (profile.pmu.precise_only(), args.backend) {
+        return Err(CliError::PerfRefused(profile.name, only.refusal));
     }
     let (backend, why) =
         backend::select(args.backend, &profile, args.allow_raw_events, vmm::kick::kick_signal(), args.precise_engine);
@@ -338,14 +338,15 @@ fn print_statistics(r: &vmm::RunReport) {
         "instructions completed by emon (KVM could not emulate them): {}, of which INT3 delivered as #BP: {}",
         e.completed, e.int3_delivered
     );
-    eprintln!("PMU MSRs: {} reads, {} writes; #GP injected: {}", r.msr.pmu_reads, r.msr.pmu_writes, r.msr.gp_injected);
-    eprintln!("{}", r.backend);
+    let v = &r.vpmu;
+    eprintln!("PMU MSRs: {} reads, {} writes; #GP injected: {}", v.msrs.reads, v.msrs.writes, r.gp_injected());
+    eprintln!("{}", v.summary);
     eprintln!("{}", r.rdpmc.detail());
     eprintln!("PMU state at the end of the run:\n{}", r.pmu.dump());
     eprintln!("file descriptors: {} at the first KVM_RUN, {} at the end", e.fds_at_start, e.fds_at_end);
     eprintln!(
         "PMIs: {} fixed-vector, {} NMI, {} masked, {} dropped",
-        r.pmis.fixed, r.pmis.nmi, r.pmis.masked, r.pmis.dropped
+        v.pmis.fixed, v.pmis.nmi, v.pmis.masked, v.pmis.dropped
     );
     for (msr, n) in &r.msr.unknown {
         eprintln!("  non-PMU MSR {msr:#x}: {n} accesses");
@@ -464,98 +465,38 @@ fn bench(args: &BenchArgs) -> Result<ExitCode, CliError> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// How the precise backend counts an event of model `m`, for `emon events`.
-fn precise_support(m: crate::backend::precise::events::Model) -> &'static str {
-    use crate::backend::precise::events::Model;
-    match m {
-        Model::Unsupported => "unsupported: counts 0",
-        Model::Nothing => "counts 0 exactly: nothing emon models (no wrong path, no tagged µops)",
-        Model::BranchMisses | Model::NetBurstBranches(_) | Model::NetBurstBranchType { mispredicted: true, .. } => {
-            "counted (static predictor)"
-        }
-        Model::CoreCycles | Model::RefTsc | Model::Slots => "counted (cost model)",
-        Model::RefXclk => "counted (cost model, reference clock)",
-        Model::LlcReference | Model::LlcMisses => "counted (cache model)",
-        Model::Instructions | Model::Branches | Model::NetBurstBranchType { .. } => "counted exactly",
-    }
-}
-
-/// `emon events` under a NetBurst profile: the events the precise backend derives, by ESCR and
-/// event-mask bit, and that every other event counts 0.
-fn list_netburst_events(p: &crate::profile::Profile) {
-    use crate::backend::precise::events::Model;
-    use crate::pmu::netburst::{self, Selection, EVENTS};
-    println!("NetBurst events under profile {} ({}), SDM Table 19-33:", p.name, p.description);
-    println!("{:<28} {:<32} {:<6} {:<14} precise backend", "event", "ESCRs", "select", "mask bit");
-    for e in EVENTS {
-        let escrs = e.escrs.map(|m| netburst::msr_name(m).unwrap_or("?")).join(", ");
-        for (bit, name) in e.mask_bits.iter().enumerate() {
-            let s = Selection { escr: e.escrs[0], event: e.event, mask: 1 << bit };
-            let precise = precise_support(Model::of_netburst(s));
-            println!("{:<28} {:<32} {:#04x}   {bit:<2} {name:<11} {precise}", e.name, escrs, e.event);
-        }
-    }
-    println!(
-        "Any other ESCR event counts 0 under the precise backend, and the run summary says NOT EXACT when a counter counts one."
-    );
-    println!(
-        "CCCR filters (COMPARE, COMPLEMENT, THRESHOLD, EDGE) apply per retired instruction; T0_OS/T0_USR by CPL; the T1 bits, \
-         OVF_PMI_T1 and active-thread 10B (both threads) never count: emon runs logical processor 0 only. \
-         The perf backend cannot count the NetBurst PMU and refuses it (README, \"The NetBurst PMU\")."
-    );
-}
-
 fn list_events(args: &ProfileArgs) -> Result<ExitCode, CliError> {
-    use crate::backend::precise::events::Model;
     let p = load_profile(args)?;
-    if p.pmu.netburst() {
-        list_netburst_events(&p);
-        return Ok(ExitCode::SUCCESS);
+    let listing = crate::profile::event_listing(&p);
+    println!("{}", listing.title);
+    println!("{} precise backend", listing.columns);
+    for (text, semantics) in &listing.rows {
+        println!("{text} {}", crate::backend::precise::events::support(*semantics));
     }
-    println!(
-        "architectural events under profile {} (CPUID.0AH EBX length {}, EBX {:#x}):",
-        p.name, p.pmu.ebx_length, p.pmu.ebx_unavailable
-    );
-    println!("{:<3} {:<28} {:<12} {:<10} {:<16} precise backend", "bit", "event", "select/umask", "fixed", "CPUID");
-    for e in &crate::profile::ARCH_EVENTS {
-        let cpuid = if e.bit >= p.pmu.ebx_length {
-            "not enumerated"
-        } else if p.pmu.arch_event_available(e.bit) {
-            "available"
-        } else {
-            "unavailable"
-        };
-        let fixed = match e.fixed {
-            Some(i) if p.pmu.fixed_supported(i) => format!("FIXED_CTR{i}"),
-            _ => "-".into(),
-        };
-        let precise = precise_support(Model::of(crate::pmu::CounterId::Gp(0), e.event_select, e.umask));
+    for note in &listing.notes {
+        println!("{note}");
+    }
+    let uses = |f: fn(&crate::pmu::Semantics) -> bool| listing.rows.iter().any(|(_, s)| f(s));
+    if uses(|s| *s == crate::pmu::Semantics::RefXclk) {
+        let c = &p.clock;
         println!(
-            "{:<3} {:<28} {:<12} {:<10} {:<16} {precise}",
-            e.bit,
-            e.name,
-            format!("{:#04x}/{:#04x}", e.event_select, e.umask),
-            fixed,
-            cpuid
+            "Reference clock (0x3C/0x01 on GP counters): one tick per {}/{} TSC ticks of the model ({}); FIXED_CTR2 counts at the TSC's rate.",
+            c.tsc_per_ref_numerator,
+            c.tsc_per_ref_denominator,
+            if c.leaf_15h { "CPUID leaf 0x15" } else { "no CPUID leaf 0x15" }
         );
     }
-    println!("Any other event select/umask counts 0 under the precise backend.");
-    let c = &p.clock;
-    println!(
-        "Reference clock (0x3C/0x01 on GP counters): one tick per {}/{} TSC ticks of the model ({}); FIXED_CTR2 counts at the TSC's rate.",
-        c.tsc_per_ref_numerator,
-        c.tsc_per_ref_denominator,
-        if c.leaf_15h { "CPUID leaf 0x15" } else { "no CPUID leaf 0x15" }
-    );
-    let level = |l: crate::profile::CacheLevel| format!("{} KiB {}-way", l.kib, l.ways);
-    let k = &p.cache;
-    println!(
-        "Cache model (LLC events): L1d {}, L2 {}, LLC {}, {}-byte lines, LRU, inclusive; it starts empty each time an LLC event starts counting (README, \"The cache model\").",
-        level(k.l1d),
-        k.l2.map_or("none".into(), level),
-        level(k.llc),
-        k.line
-    );
+    if uses(|s| s.uses_cache()) {
+        let level = |l: crate::profile::CacheLevel| format!("{} KiB {}-way", l.kib, l.ways);
+        let k = &p.cache;
+        println!(
+            "Cache model (LLC events): L1d {}, L2 {}, LLC {}, {}-byte lines, LRU, inclusive; it starts empty each time an LLC event starts counting (README, \"The cache model\").",
+            level(k.l1d),
+            k.l2.map_or("none".into(), level),
+            level(k.llc),
+            k.line
+        );
+    }
     println!(
         "Privilege levels: CPL0 code counts exactly (TCG engine or single-stepping). User-mode (CPL3) code counts \
          exactly in the TCG engine; where KVM cannot single-step CPL3 code (kvm_pvm), user-mode code the engine \

@@ -422,10 +422,11 @@ impl fmt::Display for HostReport {
             f,
             "  user-mode (CPL3) code counts exactly in the TCG engine; where KVM cannot single-step CPL3 code (kvm_pvm), what the engine hands back at CPL3 is not counted, and the run summary says NOT EXACT"
         )?;
-        writeln!(
-            f,
-            "  a NetBurst profile (pentium4) is counted by the precise backend only: host perf has no ESCR events for a guest, so auto chooses precise and --backend perf is refused; ESCR events emon does not derive count 0 and the run summary says NOT EXACT (emon events --profile pentium4)"
-        )?;
+        for name in crate::profile::Profile::builtin_names() {
+            if let Some(only) = crate::profile::Profile::load(name).ok().and_then(|p| p.pmu.precise_only()) {
+                writeln!(f, "  {}", only.host)?;
+            }
+        }
         let rdpmc = match &self.kvm {
             KvmReport::Open { hw_breakpoints: true, .. } => {
                 "completed at the guest's #GP handler (a hardware instruction breakpoint there, KVM_GUESTDBG_USE_HW_BP), under either backend; emulated while the precise backend single-steps"

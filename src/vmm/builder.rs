@@ -10,6 +10,7 @@ use super::rdpmc::GpCatch;
 use super::vcpu::{ExitStats, Vcpu};
 use super::{boot, cpuid, host, kick, layout, msr, trace, xsave, DebugStoreMode, SerialOut, VmConfig, VmmError};
 use crate::backend::guest_debug::GuestDebug;
+use crate::backend::vpmu::VirtualPmu;
 use crate::pmu::Pmu;
 use kvm_bindings::{kvm_pit_config, kvm_userspace_memory_region};
 use kvm_ioctls::{Kvm, VcpuFd, VmFd};
@@ -52,10 +53,7 @@ pub fn build(config: VmConfig) -> Result<BuiltVm, VmmError> {
         fd,
         mem,
         bus,
-        pmu,
-        backend: config.backend,
-        pmis: Default::default(),
-        tracer,
+        pmu: VirtualPmu::observed(pmu, config.backend, tracer),
         msrs: msr::MsrDispatch { ignore_unknown: config.ignore_msrs, stats: Default::default() },
         stats: ExitStats::default(),
         stop: Arc::new(kick::StopRequest::default()),

@@ -8,8 +8,10 @@ use super::VmmError;
 use crate::backend::guest_debug::{DebugExit, GuestDebug, DR6_BS, DR6_CAUSES, DR7_ENABLES};
 use crate::backend::kvm::{apply_guest_debug, KvmVcpu};
 use crate::backend::rdpmc_catch::{self, Aside, Decision, Pass};
-use crate::backend::{Backend, Vcpu};
+use crate::backend::vpmu::{Observer, VirtualPmu};
+use crate::backend::Vcpu;
 use crate::pmu::Pmu;
+use crate::x86::arch::DB_VECTOR;
 use crate::x86::insn::{self, Special};
 use crate::x86::mode::CpuMode;
 use kvm_bindings::{
@@ -23,9 +25,6 @@ use vm_memory::GuestMemoryMmap;
 
 /// How often emon looks at the guest's DR7 at most (see [`GpCatch::before_run`]).
 pub const DR7_CHECK_INTERVAL: Duration = Duration::from_millis(1);
-
-/// #DB, the debug exception.
-const DB_VECTOR: u8 = 1;
 
 /// What the catch did, for the run summary and `--json`.
 #[derive(Debug, Default, Clone)]
@@ -224,16 +223,14 @@ impl GpCatch {
 
     /// A debug exit that is not the backend's single step (see [`GuestDebug::classify`]). The
     /// vCPU is at an instruction boundary afterwards.
-    #[allow(clippy::too_many_arguments)]
-    pub fn on_debug_exit(
+    pub fn on_debug_exit<O: Observer>(
         &mut self,
         kind: DebugExit,
         dr6: u64,
         fd: &mut VcpuFd,
         mem: &GuestMemoryMmap,
         debug: &mut GuestDebug,
-        pmu: &mut Pmu,
-        backend: &mut dyn Backend,
+        pmu: &mut VirtualPmu<O>,
     ) -> Result<(), VmmError> {
         match kind {
             DebugExit::Step => {}
@@ -242,7 +239,7 @@ impl GpCatch {
                 // breakpoint goes back on before the next entry.
                 debug.pass = false;
             }
-            DebugExit::Breakpoint => self.at_breakpoint(fd, mem, debug, pmu, backend)?,
+            DebugExit::Breakpoint => self.at_breakpoint(fd, mem, debug, pmu)?,
             DebugExit::Guest => {
                 tracing::debug!("the guest's own #DB (DR6 {dr6:#x}) given back to it");
                 self.stats.db_reinjected += 1;
@@ -253,13 +250,12 @@ impl GpCatch {
     }
 
     /// At the #GP handler's first instruction, with the frame on its stack.
-    fn at_breakpoint(
+    fn at_breakpoint<O: Observer>(
         &mut self,
         fd: &mut VcpuFd,
         mem: &GuestMemoryMmap,
         debug: &mut GuestDebug,
-        pmu: &mut Pmu,
-        backend: &mut dyn Backend,
+        pmu: &mut VirtualPmu<O>,
     ) -> Result<(), VmmError> {
         // The exit has just happened: kvm_run has the registers KVM put there.
         let regs = if self.sync_regs {
@@ -268,11 +264,7 @@ impl GpCatch {
             fd.get_regs().map_err(|source| VmmError::Kvm { op: "KVM_GET_REGS", source })?
         };
         let sregs = self.sregs(fd)?;
-        let decision = rdpmc_catch::decide(&regs, &sregs, mem, |ecx, cpl, pce| {
-            // The counts so far, as before an RDMSR of a counter.
-            backend.sync(pmu);
-            pmu.rdpmc(ecx, cpl, pce)
-        });
+        let decision = rdpmc_catch::decide(&regs, &sregs, mem, |ecx, cpl, pce| pmu.rdpmc(ecx, cpl, pce));
         match decision {
             Decision::Complete(c) => {
                 tracing::trace!(

@@ -4,8 +4,9 @@ use super::kick::StopReason;
 use super::loader::Format;
 use super::msr::MsrStats;
 use super::rdpmc::CatchStats;
-use super::vcpu::{ExitStats, PmiStats, Vcpu, VcpuStop};
+use super::vcpu::{ExitStats, Vcpu, VcpuStop};
 use crate::backend::rdpmc_catch::Pass;
+use crate::backend::vpmu::PmuReport;
 use crate::pmu::Pmu;
 use crate::status;
 use serde::{Serialize, Serializer};
@@ -18,18 +19,14 @@ pub struct RunReport {
     pub format: Format,
     pub elapsed: Duration,
     pub exits: ExitStats,
+    /// Accesses to MSRs outside the PMU.
     pub msr: MsrStats,
     pub unhandled_ports: BTreeMap<u16, u64>,
     pub serial_error: Option<String>,
     /// The PMU state at the end of the run.
     pub pmu: Pmu,
-    pub pmis: PmiStats,
-    /// The backend's account of the run.
-    pub backend: String,
-    pub backend_name: &'static str,
-    pub backend_notes: Vec<String>,
-    /// The backend records taken branches in the LBR stack.
-    pub backend_records_branches: bool,
+    /// The virtual PMU's account: backend, PMIs, PMU MSR accesses, notes.
+    pub vpmu: PmuReport,
     /// RDPMC outside counted code, completed at the guest's #GP handler.
     pub rdpmc: CatchStats,
     /// Where the guest's CPUID differs from the profile's table (README, "CPUID fidelity").
@@ -48,6 +45,7 @@ impl RunReport {
     /// The report of a run that ended with `stop` after `elapsed`, from the vCPU's state.
     pub(super) fn collect(stop: VcpuStop, format: Format, elapsed: Duration, vcpu: Vcpu) -> RunReport {
         let guest_panic = vcpu.bus.serial.panic_line().map(str::to_owned);
+        let tracer = vcpu.pmu.observer();
         RunReport {
             stop,
             format,
@@ -56,17 +54,13 @@ impl RunReport {
             msr: vcpu.msrs.stats,
             unhandled_ports: vcpu.bus.unhandled,
             serial_error: vcpu.bus.serial.output_error,
-            pmu: vcpu.pmu,
-            pmis: vcpu.pmis,
-            backend: vcpu.backend.summary(),
-            backend_name: vcpu.backend.name(),
-            backend_notes: vcpu.backend.notes(),
-            backend_records_branches: vcpu.backend.records_branches(),
+            pmu: vcpu.pmu.pmu().clone(),
+            vpmu: vcpu.pmu.report(),
             rdpmc: vcpu.catch.stats,
             cpuid_overrides: Vec::new(),
             guest_panic,
-            trace_events: vcpu.tracer.as_ref().map_or(0, |t| t.events),
-            trace_error: vcpu.tracer.as_ref().and_then(|t| t.error.clone()),
+            trace_events: tracer.as_ref().map_or(0, |t| t.events),
+            trace_error: tracer.as_ref().and_then(|t| t.error.clone()),
             peak_memory_kib: peak_memory_kib(),
         }
     }
@@ -98,10 +92,9 @@ impl RunReport {
             }
             _ => why,
         };
-        let mut backend = self.backend_name.to_owned();
-        for n in
-            self.backend_notes.iter().chain(&self.rdpmc.notes()).chain(&self.msr.notes(self.backend_records_branches))
-        {
+        let v = &self.vpmu;
+        let mut backend = v.backend.to_owned();
+        for n in v.backend_notes.iter().chain(&self.rdpmc.notes()).chain(&v.model_notes) {
             backend += &format!("; {n}");
         }
         let rdpmc = self.rdpmc.summary().map(|s| format!(", {s}")).unwrap_or_default();
@@ -110,8 +103,8 @@ impl RunReport {
             "emon: {why} after {:.2} s, {} exits, {} PMU MSR accesses, {} #GP injected{rdpmc}, backend {backend}{cpuid} (status {})",
             self.elapsed.as_secs_f64(),
             self.exits.total,
-            self.msr.pmu_reads + self.msr.pmu_writes,
-            self.msr.gp_injected,
+            v.msrs.reads + v.msrs.writes,
+            self.gp_injected(),
             self.exit_status()
         )
     }
@@ -136,6 +129,11 @@ impl RunReport {
         ))
     }
 
+    /// #GPs injected for RDMSR/WRMSR, the PMU's and the others'.
+    pub fn gp_injected(&self) -> u64 {
+        self.vpmu.msrs.gp + self.msr.gp_injected
+    }
+
     /// The machine-readable report (`emon run --json`).
     pub fn json(&self) -> JsonReport<'_> {
         let end = match &self.stop {
@@ -144,7 +142,7 @@ impl RunReport {
             VcpuStop::Stopped(StopReason::Timeout) => End::Timeout,
             VcpuStop::Stopped(StopReason::Interrupted) => End::Interrupted,
         };
-        let (e, p) = (&self.exits, &self.pmis);
+        let (e, p, v) = (&self.exits, &self.vpmu.pmis, &self.vpmu);
         JsonReport {
             end,
             status: self.exit_status(),
@@ -161,15 +159,15 @@ impl RunReport {
                 ("int3_delivered", e.int3_delivered),
             ]),
             msr: JsonMsrs {
-                pmu_reads: self.msr.pmu_reads,
-                pmu_writes: self.msr.pmu_writes,
-                gp_injected: self.msr.gp_injected,
+                pmu_reads: v.msrs.reads,
+                pmu_writes: v.msrs.writes,
+                gp_injected: self.gp_injected(),
                 unknown: self.msr.unknown.iter().map(|(&msr, &accesses)| UnknownMsr { msr, accesses }).collect(),
                 unknown_untracked: self.msr.unknown_untracked,
-                notes: self.msr.notes(self.backend_records_branches),
+                notes: v.model_notes.clone(),
             },
             pmis: Counts([("fixed", p.fixed), ("nmi", p.nmi), ("masked", p.masked), ("dropped", p.dropped)]),
-            backend: JsonBackend { name: self.backend_name, notes: &self.backend_notes, summary: &self.backend },
+            backend: JsonBackend { name: v.backend, notes: &v.backend_notes, summary: &v.summary },
             rdpmc: JsonRdpmc {
                 armed: self.rdpmc.armed,
                 completed: self.rdpmc.completed,
@@ -276,7 +274,7 @@ impl<const N: usize> Serialize for Counts<N> {
     }
 }
 
-/// [`MsrStats`]: PMU MSR accesses, #GPs injected, and the non-PMU MSRs.
+/// PMU MSR accesses, #GPs injected, and the non-PMU MSRs ([`MsrStats`]).
 #[derive(Debug, Serialize)]
 pub struct JsonMsrs {
     pub pmu_reads: u64,

@@ -2,6 +2,8 @@
 //! of the run: a counter track per guest counter and for IA32_PERF_GLOBAL_CTRL/STATUS, an instant
 //! for every overflow and PMI, and every PMU MSR access. Events stream to the file as they happen,
 //! so a long run does not grow emon's memory.
+use crate::backend::pmi::PmiDelivery;
+use crate::backend::vpmu::{MsrAccess, Observer};
 use crate::pmu::{CounterId, Pmu};
 use std::fs::File;
 use std::io::{BufWriter, Write};
@@ -68,7 +70,7 @@ impl Tracer {
     }
 
     /// A PMU MSR access (`value` is what was read or written; `gp`: it raised #GP), named as the
-    /// profile names it (0x309 is MSR_FLAME_COUNTER1 on NetBurst).
+    /// profile names it (the model names its own registers: 0x309 is not IA32_FIXED_CTR0 everywhere).
     pub fn msr(&mut self, pmu: &Pmu, write: bool, msr: u32, value: u64, gp: bool) {
         let name = pmu.reg_name(msr).unwrap_or_else(|| format!("MSR {msr:#x}"));
         let kind = if write { "wrmsr" } else { "rdmsr" };
@@ -119,5 +121,19 @@ impl Tracer {
         if let Err(e) = self.out.write_all(b"\n]}\n").and_then(|_| self.out.flush()) {
             self.error.get_or_insert_with(|| e.to_string());
         }
+    }
+}
+
+impl Observer for Tracer {
+    fn msr(&mut self, pmu: &Pmu, a: MsrAccess) {
+        Tracer::msr(self, pmu, a.write, a.index, a.value, a.gp);
+        if a.write {
+            self.sample(pmu);
+        }
+    }
+
+    fn pmi(&mut self, pmu: &Pmu, delivery: PmiDelivery) {
+        self.sample(pmu);
+        Tracer::pmi(self, &format!("{delivery:?}"));
     }
 }

@@ -7,10 +7,10 @@ use super::rdpmc::GpCatch;
 use super::xsave::{SseState, XsaveAbi};
 use super::VmmError;
 use crate::backend::guest_debug::{DebugExit, GuestDebug};
-use crate::backend::kvm::{deliver_pmi, KvmVcpu};
-use crate::backend::pmi::PmiDelivery;
-use crate::backend::{Backend, Cx, Next, Vcpu as _};
-use crate::pmu::Pmu;
+use crate::backend::kvm::KvmVcpu;
+use crate::backend::vpmu::{Entry, VirtualPmu};
+use crate::backend::Vcpu as _;
+use crate::x86::arch::BP_VECTOR;
 use crate::x86::emulator;
 use crate::x86::mode::CpuMode;
 use kvm_ioctls::{VcpuExit, VcpuFd};
@@ -55,27 +55,17 @@ pub enum VcpuStop {
     Stopped(StopReason),
 }
 
-/// PMIs delivered, by how.
-#[derive(Debug, Default, Clone, Copy)]
-pub struct PmiStats {
-    pub fixed: u64,
-    pub nmi: u64,
-    pub masked: u64,
-    pub dropped: u64,
-}
-
+/// The vCPU and everything its exit loop drives.
 pub struct Vcpu {
     pub fd: VcpuFd,
     pub mem: GuestMemoryMmap,
     pub bus: PioBus,
-    pub pmu: Pmu,
-    pub backend: Box<dyn Backend>,
+    /// The virtual PMU, observed by the `--trace` file if there is one.
+    pub pmu: VirtualPmu<Option<super::trace::Tracer>>,
+    /// The MSRs outside the PMU that reach userspace.
     pub msrs: MsrDispatch,
     pub stats: ExitStats,
-    pub pmis: PmiStats,
     pub stop: Arc<StopRequest>,
-    /// `--trace`: the run's PMU events, streamed to a file.
-    pub tracer: Option<super::trace::Tracer>,
     /// How to reach the guest's XMM registers for the SSE completion; `None` without XSAVE.
     pub xsave: Option<XsaveAbi>,
     /// The vCPU's one KVM_SET_GUEST_DEBUG control: the backend's single-stepping and the
@@ -113,10 +103,12 @@ impl Vcpu {
         self.stats.fds_at_start = open_fds();
         let r = self.run_loop();
         self.stats.fds_at_end = open_fds();
-        if let Some(t) = &mut self.tracer {
-            t.sample(&self.pmu);
-            t.finish();
-        }
+        self.pmu.observe(|t, pmu| {
+            if let Some(t) = t {
+                t.sample(pmu);
+                t.finish();
+            }
+        });
         kick::register(None);
         self.bus.serial.flush();
         r
@@ -129,25 +121,15 @@ impl Vcpu {
             if let Some(reason) = self.stop.get() {
                 return Ok(VcpuStop::Stopped(reason));
             }
-            if self.pmu.pmi_pending() {
-                self.deliver_pmi()?;
-            }
             let mut vcpu = KvmVcpu { fd: &mut self.fd, mem: &self.mem, debug: &mut self.debug };
-            let mut cx = Cx { vcpu: &mut vcpu, pmu: &mut self.pmu };
-            match self.backend.before_run(&mut cx, at_boundary)? {
-                Next::Run => {}
-                Next::Retired => {
-                    at_boundary = true;
-                    continue;
-                }
-                Next::Again => continue,
+            if self.pmu.before_entry(&mut vcpu, at_boundary)? == Entry::Retired {
+                at_boundary = true;
+                continue;
             }
             self.catch.before_run(&mut self.fd, &self.mem, &mut self.debug)?;
             let step = self.step()?;
             if self.stats.total % TRACE_SAMPLE_EXITS == 0 {
-                if let Some(t) = &mut self.tracer {
-                    t.sample(&self.pmu);
-                }
+                self.pmu.observe(|t, pmu| t.iter_mut().for_each(|t| t.sample(pmu)));
             }
             match step {
                 ExitAction::Continue => at_boundary = false,
@@ -170,7 +152,6 @@ impl Vcpu {
                             &self.mem,
                             &mut self.debug,
                             &mut self.pmu,
-                            &mut *self.backend,
                         )?,
                     }
                     at_boundary = true;
@@ -190,31 +171,7 @@ impl Vcpu {
     /// and the vCPU is at `pc`.
     fn backend_step(&mut self, pc: u64) -> Result<(), VmmError> {
         let mut vcpu = KvmVcpu { fd: &mut self.fd, mem: &self.mem, debug: &mut self.debug };
-        let mut cx = Cx { vcpu: &mut vcpu, pmu: &mut self.pmu };
-        Ok(self.backend.on_debug_exit(&mut cx, pc)?)
-    }
-
-    /// Delivers the pending PMI as LVTPC says, then applies FREEZE_PERFMON_ON_PMI.
-    fn deliver_pmi(&mut self) -> Result<(), VmmError> {
-        let delivery = deliver_pmi(&self.fd)?;
-        if let Some(t) = &mut self.tracer {
-            t.sample(&self.pmu);
-            t.pmi(&format!("{delivery:?}"));
-        }
-        if matches!(delivery, PmiDelivery::Fixed(_) | PmiDelivery::Nmi) {
-            self.backend.event_queued();
-        }
-        match delivery {
-            PmiDelivery::Fixed(_) => self.pmis.fixed += 1,
-            PmiDelivery::Nmi => self.pmis.nmi += 1,
-            PmiDelivery::Masked => self.pmis.masked += 1,
-            PmiDelivery::Dropped { mode, vector } => {
-                self.pmis.dropped += 1;
-                tracing::debug!("PMI dropped: LVTPC delivery mode {mode:#b}, vector {vector}");
-            }
-        }
-        self.pmu.pmi_delivered();
-        Ok(())
+        Ok(self.pmu.debug_exit(&mut vcpu, pc)?)
     }
 
     fn step(&mut self) -> Result<ExitAction, VmmError> {
@@ -249,33 +206,24 @@ impl Vcpu {
             }
             VcpuExit::X86Rdmsr(exit) => {
                 self.stats.msr += 1;
-                if Pmu::owns(exit.index) {
-                    self.backend.sync(&mut self.pmu);
-                }
-                let r = self.msrs.read(&mut self.pmu, exit.index);
+                let r = match self.pmu.rdmsr(exit.index) {
+                    Some(r) => r.ok(),
+                    None => self.msrs.read(exit.index),
+                };
                 match r {
                     Some(v) => *exit.data = v,
                     None => *exit.error = 1,
-                }
-                if let (Some(t), true) = (&mut self.tracer, Pmu::owns(exit.index)) {
-                    t.msr(&self.pmu, false, exit.index, r.unwrap_or(0), r.is_none());
                 }
                 ExitAction::Continue
             }
             VcpuExit::X86Wrmsr(exit) => {
                 self.stats.msr += 1;
-                if Pmu::owns(exit.index) {
-                    // Fold what the backend counted so far before the write changes the model; the
-                    // counters it changes are reprogrammed before the next entry.
-                    self.backend.sync(&mut self.pmu);
-                }
-                let ok = self.msrs.write(&mut self.pmu, exit.index, exit.data);
+                let ok = match self.pmu.wrmsr(exit.index, exit.data) {
+                    Some(r) => r.is_ok(),
+                    None => self.msrs.write(exit.index, exit.data),
+                };
                 if !ok {
                     *exit.error = 1;
-                }
-                if let (Some(t), true) = (&mut self.tracer, Pmu::owns(exit.index)) {
-                    t.msr(&self.pmu, true, exit.index, exit.data, !ok);
-                    t.sample(&self.pmu);
                 }
                 ExitAction::Continue
             }
@@ -335,13 +283,7 @@ impl Vcpu {
     /// such a failure (no instruction bytes, not 64-bit); `Err(Some(why))`: emon could not
     /// complete it either.
     fn complete_emulation(&mut self, suberror: u32, data: &[u64]) -> Result<u64, Option<String>> {
-        const EMULATION: u32 = 1;
-        const FLAG_INSTRUCTION_BYTES: u64 = 1;
-        let raw: Vec<u8> = data.iter().skip(1).flat_map(|w| w.to_le_bytes()).collect();
-        if suberror != EMULATION || data.first().is_none_or(|f| f & FLAG_INSTRUCTION_BYTES == 0) || raw.is_empty() {
-            return Err(None);
-        }
-        let bytes = &raw[1..1 + (raw[0] as usize).min(raw.len() - 1)];
+        let bytes = &emulated_bytes(suberror, data).ok_or(None)?;
         let sregs = self.fd.get_sregs().map_err(|e| Some(format!("KVM_GET_SREGS: {e}")))?;
         let mode = CpuMode::from_sregs(&sregs);
         if mode.bitness != 64 {
@@ -399,9 +341,8 @@ impl Vcpu {
     }
 }
 
-/// INT3's opcode (SDM Vol. 2A, "INT n/INTO/INT3/INT1") and the #BP vector it raises.
+/// INT3's opcode (SDM Vol. 2A, "INT n/INTO/INT3/INT1"), which raises #BP.
 const INT3: u8 = 0xCC;
-const BP_VECTOR: u8 = 3;
 
 /// KVM_EXIT_INTERNAL_ERROR's suberror and data.
 fn internal_error_data(fd: &mut VcpuFd) -> (u32, Vec<u64>) {
@@ -412,11 +353,24 @@ fn internal_error_data(fd: &mut VcpuFd) -> (u32, Vec<u64>) {
     (i.suberror, i.data[..n].to_vec())
 }
 
-/// KVM_INTERNAL_ERROR_EMULATION with KVM_INTERNAL_ERROR_EMULATION_FLAG_INSTRUCTION_BYTES:
-/// data[0] = flags, data[1] = instruction length in its low byte followed by the bytes.
-pub fn explain_internal_error(suberror: u32, data: &[u64], long_mode: bool) -> String {
-    const EMULATION: u32 = 1;
+/// KVM_INTERNAL_ERROR_EMULATION: KVM's emulator failed on an instruction.
+const EMULATION: u32 = 1;
+
+/// The instruction bytes of an emulation failure that carries them
+/// (KVM_INTERNAL_ERROR_EMULATION_FLAG_INSTRUCTION_BYTES: data[0] = flags, data[1] = instruction
+/// length in its low byte followed by the bytes).
+fn emulated_bytes(suberror: u32, data: &[u64]) -> Option<Vec<u8>> {
     const FLAG_INSTRUCTION_BYTES: u64 = 1;
+    let raw: Vec<u8> = data.iter().skip(1).flat_map(|w| w.to_le_bytes()).collect();
+    if suberror != EMULATION || data.first().is_none_or(|f| f & FLAG_INSTRUCTION_BYTES == 0) || raw.is_empty() {
+        return None;
+    }
+    Some(raw[1..1 + (raw[0] as usize).min(raw.len() - 1)].to_vec())
+}
+
+/// What KVM_EXIT_INTERNAL_ERROR's suberror and data say, with the instruction decoded when the
+/// data carries it.
+pub fn explain_internal_error(suberror: u32, data: &[u64], long_mode: bool) -> String {
     let kind = match suberror {
         EMULATION => "emulation failure",
         2 => "simultaneous exceptions",
@@ -424,13 +378,10 @@ pub fn explain_internal_error(suberror: u32, data: &[u64], long_mode: bool) -> S
         4 => "unexpected exit reason",
         _ => "unknown suberror",
     };
-    let raw: Vec<u8> = data.iter().skip(1).flat_map(|w| w.to_le_bytes()).collect();
-    if suberror != EMULATION || data.first().is_none_or(|f| f & FLAG_INSTRUCTION_BYTES == 0) || raw.is_empty() {
+    let Some(bytes) = emulated_bytes(suberror, data) else {
         return format!("suberror {suberror} ({kind}), data {data:x?}");
-    }
-    let len = (raw[0] as usize).min(raw.len() - 1);
-    let bytes = &raw[1..1 + len];
-    let mut decoder = iced_x86::Decoder::new(if long_mode { 64 } else { 32 }, bytes, iced_x86::DecoderOptions::NONE);
+    };
+    let mut decoder = iced_x86::Decoder::new(if long_mode { 64 } else { 32 }, &bytes, iced_x86::DecoderOptions::NONE);
     let insn = decoder.decode();
     let mut text = String::new();
     iced_x86::Formatter::format(&mut iced_x86::IntelFormatter::new(), &insn, &mut text);

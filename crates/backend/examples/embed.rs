@@ -1,7 +1,7 @@
-//! Embedding emon's virtual PMU in another VMM: a minimal KVM exit loop that forwards the guest's
-//! PMU MSR accesses to `emon_pmu::pmu::Pmu`, counts with the precise backend through
-//! `emon_backend::kvm::KvmVcpu`, and delivers the PMI with `emon_backend::kvm::deliver_pmi`. It
-//! uses none of emon's own VMM.
+//! Embedding emon's virtual PMU in another VMM: a minimal KVM exit loop that drives
+//! `emon_backend::vpmu::VirtualPmu` (the PMU model `emon_pmu::pmu::Pmu`, counted by the precise
+//! backend) through `emon_backend::kvm::KvmVcpu`, one call per kind of exit. It uses none of
+//! emon's own VMM.
 //!
 //! The guest (64-bit, CPL0) programs IA32_PERFEVTSEL0 for Instructions Retired, sets
 //! IA32_PERF_GLOBAL_CTRL, runs `loop .` with ECX = 1000, stops the counter, reads IA32_PMC0 with
@@ -12,9 +12,9 @@
 //!
 //!     cargo run -p emon-backend --example embed
 use emon_backend::guest_debug::GuestDebug;
-use emon_backend::kvm::{deliver_pmi, trap_pmu_msrs, KvmVcpu};
+use emon_backend::kvm::{trap_pmu_msrs, KvmVcpu};
 use emon_backend::precise::Precise;
-use emon_backend::{Backend, Cx, Next};
+use emon_backend::vpmu::{Entry, VirtualPmu};
 use emon_pmu::pmu::{msr, Pmu};
 use emon_pmu::profile::Profile;
 use kvm_bindings::{kvm_segment, kvm_userspace_memory_region};
@@ -43,12 +43,12 @@ const GUEST: &[u8] = &[
     0xE6, 0xF4, // out 0xF4, al
 ];
 
-/// What the guest saw in IA32_PMC0, and the model's own value.
+/// What the guest saw in IA32_PMC0, the model's own value, and the backend's account.
 #[derive(Debug, PartialEq, Eq)]
 pub struct Outcome {
     pub guest_read: u64,
     pub model: u64,
-    pub steps: u64,
+    pub account: String,
 }
 
 /// An exit, copied out of the vCPU's run area so that the vCPU can be borrowed again.
@@ -78,40 +78,29 @@ pub fn run() -> Result<Outcome, Box<dyn std::error::Error>> {
     let mut fd = vm.create_vcpu(0)?;
     enter_long_mode(&fd, &mem)?;
 
-    // The component: a PMU model for a profile, and a backend that counts for it.
-    let mut pmu = Pmu::new(&Profile::load("skylake")?.pmu);
-    let mut backend = Precise::new();
+    // The component: a PMU model for a profile, counted by a backend, behind one facade.
+    let mut vpmu = VirtualPmu::new(Pmu::new(&Profile::load("skylake")?.pmu), Box::new(Precise::new()));
     let mut at_boundary = true;
     // The vCPU's KVM_SET_GUEST_DEBUG control, which the backend's single-stepping goes through.
     let mut debug = GuestDebug::default();
     let guest_read = loop {
-        if pmu.pmi_pending() {
-            deliver_pmi(&fd)?;
-            pmu.pmi_delivered();
-        }
+        // Delivers a pending PMI, reprograms what the guest changed, and arms the backend.
         let mut vcpu = KvmVcpu { fd: &mut fd, mem: &mem, debug: &mut debug };
-        match backend.before_run(&mut Cx { vcpu: &mut vcpu, pmu: &mut pmu }, at_boundary)? {
-            Next::Run => {}
-            Next::Retired => {
-                at_boundary = true;
-                continue;
-            }
-            Next::Again => continue,
+        if vpmu.before_entry(&mut vcpu, at_boundary)? == Entry::Retired {
+            at_boundary = true;
+            continue;
         }
         let exit = match fd.run()? {
-            // Every PMU MSR (and any MSR KVM does not know) exits here. The backend first folds
-            // what it counted; the counters a write changes are reprogrammed before the next entry.
+            // Every PMU MSR (and any MSR KVM does not know) exits here.
             VcpuExit::X86Rdmsr(e) => {
-                backend.sync(&mut pmu);
-                match pmu.rdmsr(e.index) {
-                    Ok(v) => *e.data = v,
-                    Err(_) => *e.error = 1, // #GP
+                match vpmu.rdmsr(e.index) {
+                    Some(Ok(v)) => *e.data = v,
+                    _ => *e.error = 1, // #GP (this VMM knows no other MSR)
                 }
                 Exit::Msr
             }
             VcpuExit::X86Wrmsr(e) => {
-                backend.sync(&mut pmu);
-                if pmu.wrmsr(e.index, e.data).is_err() {
+                if !matches!(vpmu.wrmsr(e.index, e.data), Some(Ok(()))) {
                     *e.error = 1;
                 }
                 Exit::Msr
@@ -123,14 +112,14 @@ pub fn run() -> Result<Outcome, Box<dyn std::error::Error>> {
         match exit {
             Exit::Msr => at_boundary = false,
             Exit::Stepped(pc) => {
-                let mut vcpu = KvmVcpu { fd: &mut fd, mem: &mem, debug: &mut debug };
-                backend.on_debug_exit(&mut Cx { vcpu: &mut vcpu, pmu: &mut pmu }, pc)?;
+                vpmu.debug_exit(&mut KvmVcpu { fd: &mut fd, mem: &mem, debug: &mut debug }, pc)?;
                 at_boundary = true;
             }
             Exit::Done => break fd.get_regs()?.rax,
         }
     };
-    Ok(Outcome { guest_read, model: pmu.rdmsr(msr::IA32_PMC0)?, steps: backend.stats.steps })
+    let steps = vpmu.report().summary;
+    Ok(Outcome { guest_read, model: vpmu.pmu().rdmsr(msr::IA32_PMC0)?, account: steps })
 }
 
 /// 64-bit mode at CPL0 with the first 2 MiB identity-mapped (one 2 MiB page), entered at [`CODE`].
@@ -167,7 +156,7 @@ fn enter_long_mode(fd: &VcpuFd, mem: &GuestMemoryMmap) -> Result<(), Box<dyn std
 #[cfg_attr(test, allow(dead_code))]
 fn main() {
     match run() {
-        Ok(o) => println!("IA32_PMC0 = {} (the guest read {}), {} single-steps", o.model, o.guest_read, o.steps),
+        Ok(o) => println!("IA32_PMC0 = {} (the guest read {}); {}", o.model, o.guest_read, o.account),
         Err(e) => {
             eprintln!("embed: {e}");
             std::process::exit(1);

@@ -1,9 +1,8 @@
 //! KVM glue for a VMM that embeds the virtual PMU: [`KvmVcpu`], the backends' [`Vcpu`] over a
-//! KVM vCPU file descriptor; [`trap_pmu_msrs`], which sends every PMU MSR access to userspace;
-//! [`apply_guest_debug`], the vCPU's one KVM_SET_GUEST_DEBUG control; and [`deliver_pmi`], the
-//! PMI through the in-kernel local APIC.
+//! KVM vCPU file descriptor (the PMI goes through its in-kernel local APIC); [`trap_pmu_msrs`],
+//! which sends every PMU MSR access to userspace; and [`apply_guest_debug`], the vCPU's one
+//! KVM_SET_GUEST_DEBUG control.
 use crate::guest_debug::GuestDebug;
-use crate::pmi::{plan, PmiDelivery};
 use crate::{lapic, Vcpu, VcpuError};
 use emon_pmu::pmu::Pmu;
 use kvm_bindings::{
@@ -162,6 +161,21 @@ impl Vcpu for KvmVcpu<'_> {
         self.mem
     }
 
+    fn lapic(&mut self) -> Result<[u8; 1024], VcpuError> {
+        let mut state = self.fd.get_lapic().map_err(VcpuError::op("KVM_GET_LAPIC"))?;
+        Ok(*lapic::bytes(&mut state.regs))
+    }
+
+    fn set_lapic(&mut self, page: &[u8; 1024]) -> Result<(), VcpuError> {
+        let mut state = kvm_bindings::kvm_lapic_state::default();
+        *lapic::bytes(&mut state.regs) = *page;
+        self.fd.set_lapic(&state).map_err(VcpuError::op("KVM_SET_LAPIC"))
+    }
+
+    fn nmi(&mut self) -> Result<(), VcpuError> {
+        self.fd.nmi().map_err(VcpuError::op("KVM_NMI"))
+    }
+
     fn get_msr(&mut self, index: u32) -> Result<u64, VcpuError> {
         let failed = || VcpuError { op: "KVM_GET_MSRS", source: vmm_sys_util::errno::Error::new(libc::EINVAL) };
         let mut msrs = Msrs::from_entries(&[kvm_msr_entry { index, ..Default::default() }]).map_err(|_| failed())?;
@@ -275,20 +289,6 @@ const RFLAGS_RF: u64 = 1 << 16;
 /// #GP, #PF, #MF, #AC, #XM, #VE. (#DB is a fault or a trap depending on its cause.)
 fn is_fault(vector: u8) -> bool {
     matches!(vector, 0 | 5 | 6 | 7 | 10..=14 | 16 | 17 | 19 | 20)
-}
-
-/// Delivers one PMI to the vCPU through the in-kernel local APIC, as LVTPC says (see
-/// [`plan`]): the fixed vector into the IRR, or an NMI.
-pub fn deliver_pmi(fd: &VcpuFd) -> Result<PmiDelivery, VcpuError> {
-    let mut state = fd.get_lapic().map_err(VcpuError::op("KVM_GET_LAPIC"))?;
-    let d = plan(lapic::bytes(&mut state.regs));
-    if d != PmiDelivery::Masked {
-        fd.set_lapic(&state).map_err(VcpuError::op("KVM_SET_LAPIC"))?;
-    }
-    if d == PmiDelivery::Nmi {
-        fd.nmi().map_err(VcpuError::op("KVM_NMI"))?;
-    }
-    Ok(d)
 }
 
 #[cfg(test)]

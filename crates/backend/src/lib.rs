@@ -1,18 +1,21 @@
-//! Counting backends: what makes the virtual PMU's counters count.
+//! The virtual PMU a VMM embeds: [`vpmu::VirtualPmu`], one facade over the PMU model, a counting
+//! backend and the PMI (the counterpart of KVM's `pmu.c`), which a VMM calls once per kind of
+//! exit; and the counting backends behind it.
 //!
-//! A VMM drives a [`Backend`] around its KVM_RUN loop, and the backend drives the vCPU only
-//! through the [`Vcpu`] trait (registers, CPU mode, single-step, halt, exceptions, guest memory),
-//! so it has no KVM file descriptor of its own and its logic is unit-tested with a scripted vCPU.
-//! The protocol, modelled on KVM's own vPMU (`kvm_pmu_request_counter_reprogram`, then
-//! reprogramming the marked counters before the next VM entry):
+//! A backend drives the vCPU only through the [`Vcpu`] trait (registers, CPU mode, single-step,
+//! halt, exceptions, the local APIC, guest memory), so it has no KVM file descriptor of its own
+//! and its logic is unit-tested with a scripted vCPU. The protocol, modelled on KVM's own vPMU
+//! (`kvm_pmu_request_counter_reprogram`, then reprogramming the marked counters before the next
+//! VM entry), is written once, in [`vpmu`]:
 //!
 //! 1. Before a guest RDMSR/WRMSR of a PMU register reaches the model, [`Backend::sync`] folds
 //!    what the backend counted so far into it.
 //! 2. A write marks only the counters it changed ([`emon_pmu::pmu::Pmu::take_reprogram`]).
-//! 3. Before the next entry, [`Backend::before_run`] reprograms those counters, and says whether
-//!    to enter the guest.
+//! 3. Before the next entry a pending PMI goes out, then [`Backend::before_run`] reprograms
+//!    the marked counters and says whether to enter the guest.
 //! 4. A single-step exit goes to [`Backend::on_debug_exit`].
 //!
+//! - [`vpmu`]: the facade a VMM drives.
 //! - [`precise`]: counts exactly by single-stepping the guest (any host, deterministic).
 //! - [`perf`]: host perf events, as KVM's vPMU does in the kernel.
 //! - [`pmi`]: how a PMI goes out through the local APIC's LVTPC (pure, over [`lapic`]'s page).
@@ -32,6 +35,7 @@ pub mod stepper;
 #[cfg(test)]
 mod testing;
 mod vcpu;
+pub mod vpmu;
 
 use emon_pmu::pmu::{Pmu, Reprogram};
 use emon_pmu::profile::Profile;
@@ -133,9 +137,9 @@ pub fn select(
     };
     match kind {
         BackendKind::Precise => (precise(), "requested with --backend precise".into()),
-        // Host perf has no NetBurst events for a guest; the VMM refuses --backend perf with it.
-        BackendKind::Auto if profile.pmu.netburst() => {
-            (precise(), "the profile presents the NetBurst PMU, which only the precise backend counts".into())
+        // Host perf has no events for this model's encodings; the VMM refuses --backend perf.
+        BackendKind::Auto if profile.pmu.precise_only().is_some() => {
+            (precise(), profile.pmu.precise_only().map_or_else(String::new, |o| o.auto.into()))
         }
         BackendKind::Perf => {
             let why = if caps.hardware.is_empty() {

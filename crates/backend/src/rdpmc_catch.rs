@@ -9,14 +9,13 @@
 //! and RFLAGS, RSP, CS and SS from the frame, as if the exception delivery had not happened.
 //! Otherwise the #GP goes on to the guest's handler as it was delivered.
 use emon_pmu::pmu::GpFault;
+use emon_x86::arch::GP_VECTOR;
 use emon_x86::insn::{self, Special};
 use emon_x86::mode::{segment_from_descriptor, CpuMode};
 use kvm_bindings::{kvm_regs, kvm_segment, kvm_sregs};
 use std::fmt;
 use vm_memory::GuestMemoryMmap;
 
-/// #GP, the general-protection exception.
-pub const GP_VECTOR: u8 = 13;
 const CR0_PE: u64 = 1;
 const EFER_LMA: u64 = 1 << 10;
 const RFLAGS_TF: u64 = 1 << 8;

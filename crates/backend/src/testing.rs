@@ -19,6 +19,9 @@ pub struct Script {
     pub tsc_settable: bool,
     /// IA32_TSC_DEADLINE as KVM holds it (on KVM's side of the guest's time).
     pub tsc_deadline: u64,
+    /// The local APIC's register page, and the NMIs queued.
+    pub lapic: [u8; 1024],
+    pub nmis: u32,
 }
 
 impl Vcpu for Script {
@@ -56,15 +59,26 @@ impl Vcpu for Script {
     fn memory(&self) -> &GuestMemoryMmap {
         &self.mem
     }
+    fn lapic(&mut self) -> Result<[u8; 1024], VcpuError> {
+        Ok(self.lapic)
+    }
+    fn set_lapic(&mut self, page: &[u8; 1024]) -> Result<(), VcpuError> {
+        self.lapic = *page;
+        Ok(())
+    }
+    fn nmi(&mut self) -> Result<(), VcpuError> {
+        self.nmis += 1;
+        Ok(())
+    }
     fn get_msr(&mut self, index: u32) -> Result<u64, VcpuError> {
         Ok(match index {
-            crate::vcpu::IA32_TSC => self.tsc,
-            crate::vcpu::IA32_TSC_DEADLINE => self.tsc_deadline,
+            emon_x86::arch::IA32_TSC => self.tsc,
+            emon_x86::arch::IA32_TSC_DEADLINE => self.tsc_deadline,
             _ => 0,
         })
     }
     fn set_msr(&mut self, index: u32, value: u64) -> Result<(), VcpuError> {
-        assert_eq!(index, crate::vcpu::IA32_TSC_DEADLINE, "the backends set no other MSR");
+        assert_eq!(index, emon_x86::arch::IA32_TSC_DEADLINE, "the backends set no other MSR");
         self.tsc_deadline = value;
         Ok(())
     }
@@ -93,6 +107,8 @@ impl Script {
             tsc: 0,
             tsc_deadline: 0,
             tsc_settable: true,
+            lapic: [0; 1024],
+            nmis: 0,
         }
     }
 }

@@ -1,5 +1,6 @@
 //! The vCPU as a backend sees it. A VMM implements [`Vcpu`] over its KVM vCPU file descriptor;
 //! tests implement it with scripted registers and guest memory.
+use emon_x86::arch::IA32_TSC;
 use emon_x86::mode::CpuMode;
 use kvm_bindings::{kvm_regs, kvm_sregs};
 use thiserror::Error;
@@ -20,11 +21,6 @@ impl VcpuError {
         move |source| VcpuError { op, source }
     }
 }
-
-/// IA32_TSC (SDM Vol. 4, Table 2-2).
-pub const IA32_TSC: u32 = 0x10;
-/// IA32_TSC_DEADLINE: the local APIC timer fires when the TSC reaches it (SDM Vol. 3A 10.5.4.1).
-pub const IA32_TSC_DEADLINE: u32 = 0x6E0;
 
 /// What a counting backend needs of one vCPU, at an exit (the vCPU is not running).
 pub trait Vcpu {
@@ -52,6 +48,12 @@ pub trait Vcpu {
     fn inject_exception(&mut self, vector: u8, error_code: Option<u32>) -> Result<(), VcpuError>;
     /// Guest-physical memory.
     fn memory(&self) -> &GuestMemoryMmap;
+    /// The local APIC's register page (KVM_GET_LAPIC: each register a little-endian word at its
+    /// xAPIC offset, [`crate::lapic`]).
+    fn lapic(&mut self) -> Result<[u8; 1024], VcpuError>;
+    fn set_lapic(&mut self, page: &[u8; 1024]) -> Result<(), VcpuError>;
+    /// Queues an NMI for the vCPU (delivered at the next entry if it can take one).
+    fn nmi(&mut self) -> Result<(), VcpuError>;
     /// XMM0-15 (adaptive PEBS's XMM group).
     fn xmm(&mut self) -> Result<[[u8; 16]; 16], VcpuError> {
         Ok([[0; 16]; 16])

@@ -1,5 +1,6 @@
 //! The x86 side of a guest, as emon sees it from outside the vCPU.
 //!
+//! - [`arch`]: exception vectors and the non-PMU MSRs a VMM touches, one home each.
 //! - [`mode`]: the CPU mode that matters at an instruction boundary (CPL, code size, paging) and
 //!   reading guest memory at a linear address through the guest's page tables.
 //! - [`insn`]: what counting needs to know about an instruction (length, control flow, memory
@@ -8,6 +9,7 @@
 //!   from the registers before it executes, for the precise backend's cache model.
 //! - [`emulator`]: a userspace emulator for the SSE2 instructions some hosts' KVM cannot run.
 pub mod access;
+pub mod arch;
 pub mod emulator;
 pub mod insn;
 pub mod mode;

@@ -158,7 +158,7 @@ mod tests {
             counting: true,
             value: 0,
             width: 48,
-            netburst: None,
+            semantics: emon_pmu::pmu::Semantics::Unsupported,
         }
     }
 

@@ -17,7 +17,8 @@
 //! Every count is exact: a block counts only once it has retired, and a block cut short counts
 //! the instructions before the fault.
 use super::cache::{CacheEvents, CacheModel};
-use super::events::{cycles, Armed};
+use super::events::{cycles, Armed, Derive};
+use emon_pmu::pmu::Semantics;
 use emon_pmu::profile::{Clock, MIN_CACHE_LINE};
 use emon_x86::access::{self, Access};
 use emon_x86::insn::{self, Insn};
@@ -53,7 +54,7 @@ pub enum Stop {
     Overflowed,
 }
 
-/// The model clock at the start of a run (see [`super::events::Model::RefXclk`]).
+/// The model clock at the start of a run (for [`Semantics::RefXclk`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ModelClock {
     /// Core cycles counted since the VM started.
@@ -121,7 +122,7 @@ impl Block {
         let n = self.insns.len();
         let per = |a: &Armed, on: bool, (rip, i): &(u64, Insn), taken: bool| {
             if on {
-                a.model.increment(i, *rip, taken)
+                a.semantics.increment(i, *rip, taken)
             } else {
                 0
             }
@@ -175,6 +176,33 @@ struct Acc {
 }
 
 impl Acc {
+    /// The counting state of a run at `mode` for `counting`.
+    fn new(mode: CpuMode, mem: GuestMemoryMmap, counting: Counting) -> Acc {
+        let Counting { armed, clock, budget, cache } = counting;
+        Acc {
+            mode,
+            mem,
+            armed: armed.iter().map(|(a, _)| *a).collect(),
+            counting: armed.iter().map(|(a, _)| if mode.cpl == 0 { a.os } else { a.usr }).collect(),
+            room: armed.iter().map(|(_, d)| *d).collect(),
+            counts: vec![0; armed.len()],
+            retired: 0,
+            clock,
+            cycles: 0,
+            budget,
+            current: None,
+            blocks: HashMap::new(),
+            stop: None,
+            cpl: mode.cpl,
+            iret: false,
+            single: false,
+            accesses: Vec::new(),
+            decoded: HashMap::new(),
+            cache,
+            entered: Vec::new(),
+        }
+    }
+
     fn block(&mut self, addr: u64, size: u32) -> &Block {
         if self.blocks.len() >= MAX_BLOCKS {
             self.blocks.clear();
@@ -196,7 +224,7 @@ impl Acc {
         let b = &self.blocks[&addr];
         self.iret |= b.ends_in_iret;
         let Some((rip, last)) = b.insns.last() else { return };
-        let taken = super::taken(last, *rip, next);
+        let taken = super::stepper::taken(last, *rip, next);
         self.retired += b.insns.len() as u64;
         let c = b.cycles_body + if taken { b.cycles_taken } else { b.cycles_not };
         let ticks = self.clock.reference.ref_ticks_between(self.clock.cycles, c);
@@ -205,7 +233,7 @@ impl Acc {
         for (k, count) in self.counts.iter_mut().enumerate() {
             *count += b.body[k] + if taken { b.last_taken[k] } else { b.last_not[k] };
             if self.counting[k] {
-                *count += self.armed[k].model.dynamic(ticks, cache);
+                *count += self.armed[k].semantics.dynamic(ticks, cache);
             }
         }
         self.advance_clock(c);
@@ -217,7 +245,7 @@ impl Acc {
         let accesses = std::mem::take(&mut self.accesses);
         let Some(cache) = &mut self.cache else { return CacheEvents::default() };
         let retired = accesses.iter().take_while(|(rip, _)| Some(*rip) != fault).map(|(_, a)| *a).collect::<Vec<_>>();
-        super::feed_cache(cache, &self.mode, &self.mem, &retired)
+        super::cache_feed::feed(cache, &self.mode, &self.mem, &retired)
     }
 
     fn advance_clock(&mut self, c: u64) {
@@ -236,8 +264,8 @@ impl Acc {
         let ticks = self.clock.reference.ref_ticks_between(self.clock.cycles, c);
         for (k, (a, on)) in self.armed.iter().zip(&self.counting).enumerate() {
             if *on {
-                self.counts[k] += insns.iter().map(|(rip, i)| a.model.increment(i, *rip, false)).sum::<u64>();
-                self.counts[k] += a.model.dynamic(ticks, cache);
+                self.counts[k] += insns.iter().map(|(rip, i)| a.semantics.increment(i, *rip, false)).sum::<u64>();
+                self.counts[k] += a.semantics.dynamic(ticks, cache);
             }
         }
         self.advance_clock(c);
@@ -248,8 +276,11 @@ impl Acc {
         let b = &self.blocks[&addr];
         let c = b.cycles_body + b.cycles_taken.max(b.cycles_not);
         (0..self.counts.len()).any(|k| {
-            let dynamic =
-                if self.counting[k] { self.armed[k].model.dynamic_bound(c, b.lines, self.clock.reference) } else { 0 };
+            let dynamic = if self.counting[k] {
+                self.armed[k].semantics.dynamic_bound(c, b.lines, self.clock.reference)
+            } else {
+                0
+            };
             self.counts[k] + b.body[k] + b.last_taken[k].max(b.last_not[k]) + dynamic >= self.room[k]
         })
     }
@@ -309,26 +340,59 @@ fn decode_block(mode: &CpuMode, mem: &GuestMemoryMmap, addr: u64, size: usize, c
     }
 }
 
+/// Instructions that must go through KVM or the VMM (see the module documentation), by
+/// mnemonic: they read or set state the engine does not hold (the TSC, MSRs, CPUID, I/O, RFLAGS.IF,
+/// segments, XCR0), transfer control through the IDT or to another privilege level, or wait.
+const HANDED_OVER: &[Mnemonic] = {
+    use Mnemonic::*;
+    &[
+        Cpuid, Rdtsc, Rdtscp, Rdpmc, Rdmsr, Wrmsr, In, Out, Insb, Insw, Insd, Outsb, Outsw, Outsd, Hlt, Sti, Cli, Popf,
+        Popfq, Popfd, Iret, Iretd, Iretq, Syscall, Sysret, Sysretq, Sysenter, Sysexit, Int, Int1, Int3, Into, Ud0, Ud1,
+        Ud2, Retf, Lss, Lfs, Lgs, Lds, Les, Swapgs, Rdfsbase, Rdgsbase, Wrfsbase, Wrgsbase, Xgetbv, Xsetbv, Rdrand,
+        Rdseed, Rdpid, Pause, Wbinvd, Invd, Monitor, Mwait, Umonitor, Umwait, Tpause, Enqcmd, Serialize,
+    ]
+};
+
+/// The instruction sets the engine runs: the base integer ones.
+const ENGINE_FEATURES: &[iced_x86::CpuidFeature] = {
+    use iced_x86::CpuidFeature::*;
+    &[
+        INTEL8086,
+        INTEL8086_ONLY,
+        INTEL186,
+        INTEL286,
+        INTEL386,
+        INTEL486,
+        X64,
+        CMOV,
+        CX8,
+        CMPXCHG16B,
+        MULTIBYTENOP,
+        BMI1,
+        BMI2,
+        LZCNT,
+        POPCNT,
+        ADX,
+        MOVBE,
+        // CLFLUSH, CLFLUSHOPT, CLWB: no effect on memory; the code hook gives the cache model
+        // their flush (`on_insn`).
+        CLFSH,
+        CLFLUSHOPT,
+        CLWB,
+    ]
+};
+
 /// Whether the engine may run `i`: plain integer instructions whose effects are registers, flags
 /// and memory, nothing KVM or the VMM must see (see the module documentation).
 pub fn runs_in_engine(i: &Instruction, info: &mut InstructionInfoFactory) -> bool {
-    use Mnemonic::*;
     // IRETQ runs in the engine, so that a return to user mode stays under its control (KVM
     // cannot single-step CPL3 code on some hosts); the run stops before the first block at the
     // new privilege level, and the VMM writes the segments back and ends NMI blocking.
     if i.code() == Code::Iretq {
         return true;
     }
-    if i.is_invalid()
-        || i.is_privileged()
-        || i.is_jmp_far()
-        || i.is_call_far()
-        || i.is_jmp_far_indirect()
-        || i.is_call_far_indirect()
-    {
-        return false;
-    }
-    if !matches!(
+    let far = i.is_jmp_far() || i.is_call_far() || i.is_jmp_far_indirect() || i.is_call_far_indirect();
+    let plain_flow = matches!(
         i.flow_control(),
         FlowControl::Next
             | FlowControl::UnconditionalBranch
@@ -337,87 +401,17 @@ pub fn runs_in_engine(i: &Instruction, info: &mut InstructionInfoFactory) -> boo
             | FlowControl::Call
             | FlowControl::IndirectCall
             | FlowControl::Return
-    ) {
-        return false;
-    }
-    if matches!(
-        i.mnemonic(),
-        Cpuid
-            | Rdtsc
-            | Rdtscp
-            | Rdpmc
-            | Rdmsr
-            | Wrmsr
-            | In
-            | Out
-            | Insb
-            | Insw
-            | Insd
-            | Outsb
-            | Outsw
-            | Outsd
-            | Hlt
-            | Sti
-            | Cli
-            | Popf
-            | Popfq
-            | Popfd
-            | Iret
-            | Iretd
-            | Iretq
-            | Syscall
-            | Sysret
-            | Sysretq
-            | Sysenter
-            | Sysexit
-            | Int
-            | Int1
-            | Int3
-            | Into
-            | Ud0
-            | Ud1
-            | Ud2
-            | Retf
-            | Lss
-            | Lfs
-            | Lgs
-            | Lds
-            | Les
-            | Swapgs
-            | Rdfsbase
-            | Rdgsbase
-            | Wrfsbase
-            | Wrgsbase
-            | Xgetbv
-            | Xsetbv
-            | Rdrand
-            | Rdseed
-            | Rdpid
-            | Pause
-            | Wbinvd
-            | Invd
-            | Monitor
-            | Mwait
-            | Umonitor
-            | Umwait
-            | Tpause
-            | Enqcmd
-            | Serialize
-    ) {
-        return false;
-    }
-    if i.code() == Code::Pushfq || i.code() == Code::Pushfd || i.code() == Code::Pushfw {
-        // RFLAGS.VIF/VM/RF read differently under TCG; KVM keeps the truth.
+    );
+    // PUSHF: RFLAGS.VIF/VM/RF read differently under TCG; KVM keeps the truth.
+    let pushf = matches!(i.code(), Code::Pushfq | Code::Pushfd | Code::Pushfw);
+    if i.is_invalid() || i.is_privileged() || far || !plain_flow || pushf || HANDED_OVER.contains(&i.mnemonic()) {
         return false;
     }
     // Segment register loads and any x87/MMX/SSE/AVX register (not moved into the engine).
-    let used = info.info(i);
-    for r in used.used_registers() {
+    let touches_outside = info.info(i).used_registers().iter().any(|r| {
         let reg = r.register();
-        if reg.is_segment_register() && r.access() != OpAccess::Read {
-            return false;
-        }
-        if reg.is_xmm()
+        (reg.is_segment_register() && r.access() != OpAccess::Read)
+            || reg.is_xmm()
             || reg.is_ymm()
             || reg.is_zmm()
             || reg.is_mm()
@@ -426,39 +420,8 @@ pub fn runs_in_engine(i: &Instruction, info: &mut InstructionInfoFactory) -> boo
             || reg.is_cr()
             || reg.is_dr()
             || reg.is_tr()
-        {
-            return false;
-        }
-    }
-    // Only the base integer instruction sets.
-    i.cpuid_features().iter().all(|f| {
-        use iced_x86::CpuidFeature::*;
-        matches!(
-            f,
-            INTEL8086
-                | INTEL8086_ONLY
-                | INTEL186
-                | INTEL286
-                | INTEL386
-                | INTEL486
-                | X64
-                | CMOV
-                | CX8
-                | CMPXCHG16B
-                | MULTIBYTENOP
-                | BMI1
-                | BMI2
-                | LZCNT
-                | POPCNT
-                | ADX
-                | MOVBE
-                // CLFLUSH, CLFLUSHOPT, CLWB: no effect on memory; the code hook gives the cache
-                // model their flush (`on_insn`).
-                | CLFSH
-                | CLFLUSHOPT
-                | CLWB
-        )
-    })
+    });
+    !touches_outside && i.cpuid_features().iter().all(|f| ENGINE_FEATURES.contains(f))
 }
 
 /// The engine: one unicorn instance over the VM's memory, made on the vCPU thread.
@@ -604,7 +567,6 @@ impl Tcg {
         counting: Counting,
         resume: bool,
     ) -> Result<Run, TcgError> {
-        let Counting { armed, clock, budget, cache } = counting;
         if resume {
             self.load_gprs(regs)?;
         } else {
@@ -613,29 +575,7 @@ impl Tcg {
             }
             self.load(regs, sregs)?;
         }
-        let counting = armed.iter().map(|(a, _)| if mode.cpl == 0 { a.os } else { a.usr }).collect();
-        *self.uc.get_data_mut() = Some(Acc {
-            mode,
-            mem: self.mem.clone(),
-            armed: armed.iter().map(|(a, _)| *a).collect(),
-            counting,
-            room: armed.iter().map(|(_, d)| *d).collect(),
-            counts: vec![0; armed.len()],
-            retired: 0,
-            clock,
-            cycles: 0,
-            budget,
-            current: None,
-            blocks: HashMap::new(),
-            stop: None,
-            cpl: mode.cpl,
-            iret: false,
-            single: false,
-            accesses: Vec::new(),
-            decoded: HashMap::new(),
-            cache,
-            entered: Vec::new(),
-        });
+        *self.uc.get_data_mut() = Some(Acc::new(mode, self.mem.clone(), counting));
         // The code hook costs a call per instruction: only while the cache model counts.
         let hook = if self.uc.get_data().as_ref().is_some_and(|a| a.cache.is_some()) {
             Some(self.uc.add_code_hook(1, 0, on_insn).map_err(uc_err("adding the code hook"))?)
@@ -650,20 +590,31 @@ impl Tcg {
         }
         self.uc.ctl_flush_tlb().map_err(uc_err("flushing the TLB"))?;
         let started = self.uc.emu_start(regs.rip, u64::MAX, 0, 0);
+        let (acc, stop, pc) = self.finish_run(started, mode)?;
+        self.code.record(&self.mem, &mode, &acc.entered);
+        if let Some(h) = hook {
+            self.uc.remove_hook(h).map_err(uc_err("removing the code hook"))?;
+        }
+        self.collect(regs, acc, stop, pc)
+    }
+
+    /// Where a run stopped and what it retired: the block entered last is counted when the stop
+    /// did not come from the block hook, and near an overflow at CPL3 the run goes on an
+    /// instruction at a time up to it.
+    fn finish_run(&mut self, started: Result<(), uc_error>, mode: CpuMode) -> Result<(Acc, Stop, u64), TcgError> {
         let pc = self.uc.reg_read(RegisterX86::RIP).map_err(uc_err("reading RIP"))?;
-        let mut acc = self.uc.get_data_mut().take().expect("set above");
-        let stop = match (started, acc.stop) {
+        let mut acc = self.uc.get_data_mut().take().expect("set by run");
+        let mut stop = match (started, acc.stop) {
             (_, Some(s)) => s,
             // Memory outside RAM (the local APIC), or an instruction the engine cannot run.
             (Err(_), None) => Stop::Fault,
             (Ok(()), None) => Stop::Budget,
         };
-        // The block entered last, when the stop did not come from the block hook (which stops
-        // before a block and has retired the one before it): the engine left it at `pc`. If `pc`
-        // is one of its instructions, that instruction faulted (unicorn reports some faults, such
-        // as a #PF on a page that is not present, only by ending the run there) and the ones
-        // before it retired; otherwise the block retired whole.
-        let mut stop = stop;
+        // The block hook stops before a block and has retired the one before it; otherwise the
+        // engine left the block entered last at `pc`. If `pc` is one of its instructions, that
+        // instruction faulted (unicorn reports some faults, such as a #PF on a page that is not
+        // present, only by ending the run there) and the ones before it retired; otherwise the
+        // block retired whole.
         if let Some(addr) = acc.current.take() {
             match acc.blocks[&addr].insns.iter().position(|(rip, _)| *rip == pc) {
                 Some(k) => {
@@ -673,39 +624,28 @@ impl Tcg {
                 None => acc.retire_block(addr, pc),
             }
         }
-        let mut pc = pc;
-        if stop == Stop::Overflow && mode.cpl == 3 {
-            acc.single = true;
-            *self.uc.get_data_mut() = Some(acc);
-            let stepped = self.step_to_overflow(pc);
-            acc = self.uc.get_data_mut().take().expect("set above");
-            (stop, pc) = stepped?;
-            // Its translations count instructions one at a time: not for the next run.
-            self.code.stale = true;
+        if stop != Stop::Overflow || mode.cpl != 3 {
+            return Ok((acc, stop, pc));
         }
-        self.code.record(&self.mem, &mode, &acc.entered);
-        if let Some(h) = hook {
-            self.uc.remove_hook(h).map_err(uc_err("removing the code hook"))?;
-        }
+        acc.single = true;
+        *self.uc.get_data_mut() = Some(acc);
+        let stepped = self.step_to_overflow(pc);
+        let acc = self.uc.get_data_mut().take().expect("set above");
+        // Its translations count instructions one at a time: not for the next run.
+        self.code.stale = true;
+        let (stop, pc) = stepped?;
+        Ok((acc, stop, pc))
+    }
+
+    /// The run's result: the registers and, after an IRETQ, the segments the engine holds.
+    fn collect(&mut self, regs: &kvm_regs, acc: Acc, stop: Stop, pc: u64) -> Result<Run, TcgError> {
         let mut out = *regs;
         for (r, slot) in gprs(&mut out) {
             *slot = self.uc.reg_read(r).map_err(uc_err("reading registers"))?;
         }
         out.rip = pc;
         let cs = self.uc.reg_read(RegisterX86::CS).map_err(uc_err("reading CS"))?;
-        let segments = if acc.iret {
-            let mut sel = [0u16; 6];
-            let regs6 =
-                [RegisterX86::CS, RegisterX86::SS, RegisterX86::DS, RegisterX86::ES, RegisterX86::FS, RegisterX86::GS];
-            for (s, r) in sel.iter_mut().zip(regs6) {
-                *s = self.uc.reg_read(r).map_err(uc_err("reading segments"))? as u16;
-            }
-            let fs = self.uc.reg_read(RegisterX86::FS_BASE).map_err(uc_err("reading FS"))?;
-            let gs = self.uc.reg_read(RegisterX86::GS_BASE).map_err(uc_err("reading GS"))?;
-            Some((sel, fs, gs))
-        } else {
-            None
-        };
+        let segments = if acc.iret { Some(self.segments()?) } else { None };
         self.at_cpl3 = cs & 3 == 3;
         Ok(Run {
             retired: acc.retired,
@@ -718,6 +658,19 @@ impl Tcg {
             segments,
             cache: acc.cache,
         })
+    }
+
+    /// The selectors of CS, SS, DS, ES, FS and GS, and the FS and GS bases.
+    fn segments(&mut self) -> Result<([u16; 6], u64, u64), TcgError> {
+        let mut sel = [0u16; 6];
+        let regs6 =
+            [RegisterX86::CS, RegisterX86::SS, RegisterX86::DS, RegisterX86::ES, RegisterX86::FS, RegisterX86::GS];
+        for (s, r) in sel.iter_mut().zip(regs6) {
+            *s = self.uc.reg_read(r).map_err(uc_err("reading segments"))? as u16;
+        }
+        let fs = self.uc.reg_read(RegisterX86::FS_BASE).map_err(uc_err("reading FS"))?;
+        let gs = self.uc.reg_read(RegisterX86::GS_BASE).map_err(uc_err("reading GS"))?;
+        Ok((sel, fs, gs))
     }
 
     /// Runs one instruction at a time from `pc` (CPL3, a counter near its overflow) until one
@@ -758,7 +711,7 @@ impl Tcg {
                 acc(&mut self.uc).accesses.clear();
                 return Ok((Stop::Fault, next));
             }
-            let taken = super::taken(&facts, pc, next);
+            let taken = super::stepper::taken(&facts, pc, next);
             let a = acc(&mut self.uc);
             a.retired += 1;
             let c = cycles(&facts, taken);
@@ -767,7 +720,7 @@ impl Tcg {
             let mut hit = false;
             for k in 0..a.counts.len() {
                 if a.counting[k] {
-                    let m = a.armed[k].model;
+                    let m = a.armed[k].semantics;
                     a.counts[k] += m.increment(&facts, pc, taken) + m.dynamic(ticks, cache);
                     hit |= a.counts[k] >= a.room[k];
                 }
@@ -949,12 +902,12 @@ fn loop_ahead(uc: &mut Unicorn<'_, Option<Acc>>, addr: u64) {
     for j in 0..acc.counts.len() {
         let per = b.last_taken[j];
         let once = b.last_taken[j].max(b.last_not[j])
-            + if acc.counting[j] { acc.armed[j].model.dynamic_bound(cyc, 0, reference) } else { 0 };
+            + if acc.counting[j] { acc.armed[j].semantics.dynamic_bound(cyc, 0, reference) } else { 0 };
         let left = acc.room[j].saturating_sub(acc.counts[j] + once + 1);
         if let Some(most) = left.checked_div(per) {
             k = k.min(most);
         }
-        if acc.counting[j] && acc.armed[j].model == super::events::Model::RefXclk {
+        if acc.counting[j] && acc.armed[j].semantics == Semantics::RefXclk {
             // Reference ticks over k iterations are at most ticks(k * cyc) + 1.
             let most_cycles = (u128::from(left.saturating_sub(1)) * u128::from(reference.tsc_per_ref_numerator)
                 / u128::from(reference.tsc_per_ref_denominator.max(1))) as u64;
@@ -970,7 +923,7 @@ fn loop_ahead(uc: &mut Unicorn<'_, Option<Acc>>, addr: u64) {
     for (j, (count, p)) in acc.counts.iter_mut().zip(per).enumerate() {
         *count += k * p;
         if acc.counting[j] {
-            *count += acc.armed[j].model.dynamic(ticks, CacheEvents::default());
+            *count += acc.armed[j].semantics.dynamic(ticks, CacheEvents::default());
         }
     }
     acc.advance_clock(k * cyc);
@@ -980,7 +933,7 @@ fn loop_ahead(uc: &mut Unicorn<'_, Option<Acc>>, addr: u64) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::precise::events::Model;
+    use emon_pmu::pmu::BranchFilter;
     use emon_pmu::pmu::CounterId;
     use kvm_bindings::{kvm_dtable, kvm_segment};
     use vm_memory::{Bytes, GuestAddress};
@@ -1025,8 +978,8 @@ mod tests {
         (mem, regs, sregs, mode)
     }
 
-    fn armed(model: Model) -> Armed {
-        Armed { id: CounterId::Gp(0), model, usr: true, os: true, cmask: 0, inv: false, edge: false }
+    fn armed(semantics: Semantics) -> Armed {
+        Armed { id: CounterId::Gp(0), semantics, usr: true, os: true, cmask: 0, inv: false, edge: false }
     }
 
     const CLOCK: ModelClock = ModelClock { cycles: 0, reference: Clock::TSC };
@@ -1043,7 +996,8 @@ mod tests {
     fn runs_a_loop_exactly_and_hands_port_io_to_kvm() {
         let (mem, regs, sregs, mode) = machine(LOOP);
         let mut tcg = Tcg::new(&mem).unwrap();
-        let counters = [(armed(Model::Instructions), u64::MAX), (armed(Model::Branches), u64::MAX)];
+        let counters =
+            [(armed(Semantics::Instructions), u64::MAX), (armed(Semantics::Branches(BranchFilter::ALL)), u64::MAX)];
         let r = tcg.run(&regs, &sregs, mode, counting(&counters), false).unwrap();
         assert_eq!(r.stop, Stop::Handover);
         assert_eq!((r.regs.rip, r.regs.rcx), (CODE + 7, 0), "stopped before the OUT, after the loop");
@@ -1057,7 +1011,7 @@ mod tests {
         use vm_memory::{Bytes, GuestAddress};
         let (mem, regs, sregs, mode) = machine(LOOP);
         let mut tcg = Tcg::new(&mem).unwrap();
-        let counters = [(armed(Model::Instructions), u64::MAX)];
+        let counters = [(armed(Semantics::Instructions), u64::MAX)];
         let r = tcg.run(&regs, &sregs, mode, counting(&counters), false).unwrap();
         assert_eq!(r.retired, 1001);
         assert!(!tcg.code.stale && !tcg.code.pages.is_empty(), "the run's code pages are recorded");
@@ -1078,8 +1032,8 @@ mod tests {
         let (mem, regs, sregs, mode) = machine(LOOP);
         let mut tcg = Tcg::new(&mem).unwrap();
         let reference = Clock { tsc_per_ref_numerator: 167, tsc_per_ref_denominator: 1, ..Clock::TSC };
-        let xclk = Armed { id: CounterId::Gp(1), ..armed(Model::RefXclk) };
-        let counters = [(armed(Model::CoreCycles), u64::MAX), (xclk, u64::MAX)];
+        let xclk = Armed { id: CounterId::Gp(1), ..armed(Semantics::RefXclk) };
+        let counters = [(armed(Semantics::CoreCycles), u64::MAX), (xclk, u64::MAX)];
         let c = Counting { clock: ModelClock { cycles: 100, reference }, ..counting(&counters) };
         let r = tcg.run(&regs, &sregs, mode, c, false).unwrap();
         assert_eq!((r.cycles, r.counts.clone()), (2000, vec![2000, 12]), "{r:?}");
@@ -1103,8 +1057,8 @@ mod tests {
         let (mem, mut regs, sregs, mode) = machine(&code);
         regs.rsi = 0x40000;
         let mut tcg = Tcg::new(&mem).unwrap();
-        let misses = Armed { id: CounterId::Gp(1), ..armed(Model::LlcMisses) };
-        let counters = [(armed(Model::LlcReference), u64::MAX), (misses, u64::MAX)];
+        let misses = Armed { id: CounterId::Gp(1), ..armed(Semantics::LlcMisses) };
+        let counters = [(armed(Semantics::LlcReference), u64::MAX), (misses, u64::MAX)];
         let cache = Some(CacheModel::new(&emon_pmu::profile::Cache::default()));
         let r = tcg.run(&regs, &sregs, mode, Counting { cache, ..counting(&counters) }, false).unwrap();
         assert_eq!((r.stop, r.regs.rip), (Stop::Handover, CODE + 24), "{:?}", r.regs);
@@ -1122,7 +1076,7 @@ mod tests {
         for budget in [2, 3, 50, 777] {
             let (mem, regs, sregs, mode) = machine(LOOP);
             let mut tcg = Tcg::new(&mem).unwrap();
-            let counters = [(armed(Model::Instructions), u64::MAX)];
+            let counters = [(armed(Semantics::Instructions), u64::MAX)];
             let c = Counting { budget, ..counting(&counters) };
             let r = tcg.run(&regs, &sregs, mode, c, false).unwrap();
             assert_eq!(r.stop, Stop::Budget, "{budget}");
@@ -1137,7 +1091,7 @@ mod tests {
     fn stops_short_of_a_counters_overflow() {
         let (mem, regs, sregs, mode) = machine(LOOP);
         let mut tcg = Tcg::new(&mem).unwrap();
-        let r = tcg.run(&regs, &sregs, mode, counting(&[(armed(Model::Instructions), 300)]), false).unwrap();
+        let r = tcg.run(&regs, &sregs, mode, counting(&[(armed(Semantics::Instructions), 300)]), false).unwrap();
         assert_eq!(r.stop, Stop::Overflow);
         assert!(r.counts[0] < 300 && r.counts[0] >= 290, "{r:?}");
         assert_eq!(1000 - r.regs.rcx, r.retired - 1);
@@ -1149,7 +1103,7 @@ mod tests {
         let code = [0xB9, 0x05, 0x00, 0x00, 0x00, 0x8B, 0x04, 0x25, 0x30, 0x00, 0xE0, 0xFE, 0x90];
         let (mem, regs, sregs, mode) = machine(&code);
         let mut tcg = Tcg::new(&mem).unwrap();
-        let r = tcg.run(&regs, &sregs, mode, counting(&[(armed(Model::Instructions), u64::MAX)]), false).unwrap();
+        let r = tcg.run(&regs, &sregs, mode, counting(&[(armed(Semantics::Instructions), u64::MAX)]), false).unwrap();
         assert_eq!((r.stop, r.regs.rip, r.regs.rcx, r.retired), (Stop::Fault, CODE + 5, 5, 1), "{r:?}");
     }
 
@@ -1166,7 +1120,7 @@ mod tests {
             mem.write_obj(*v, GuestAddress(0x7000 + 8 * i as u64)).unwrap();
         }
         let mut tcg = Tcg::new(&mem).unwrap();
-        let r = tcg.run(&regs, &sregs, mode, counting(&[(armed(Model::Instructions), u64::MAX)]), false).unwrap();
+        let r = tcg.run(&regs, &sregs, mode, counting(&[(armed(Semantics::Instructions), u64::MAX)]), false).unwrap();
         // The block after the IRETQ (nop; out) holds an OUT: the engine stops before it.
         assert_eq!((r.stop, r.regs.rip, r.retired, r.iret, r.cpl), (Stop::Handover, CODE + 0x20, 1, true, 0), "{r:?}");
         assert_eq!(r.regs.rsp, 0x8000);
@@ -1178,7 +1132,7 @@ mod tests {
         let code = [0x90, 0x48, 0xA1, 0, 0, 0, 0, 0x40, 0, 0, 0, 0x90];
         let (mem, regs, sregs, mode) = machine(&code);
         let mut tcg = Tcg::new(&mem).unwrap();
-        let r = tcg.run(&regs, &sregs, mode, counting(&[(armed(Model::Instructions), u64::MAX)]), false).unwrap();
+        let r = tcg.run(&regs, &sregs, mode, counting(&[(armed(Semantics::Instructions), u64::MAX)]), false).unwrap();
         assert_eq!((r.stop, r.regs.rip, r.retired, r.counts[0]), (Stop::Fault, CODE + 1, 1, 1), "{r:?}");
     }
 

@@ -5,6 +5,8 @@ use super::*;
 use crate::testing::Script;
 use emon_pmu::pmu::{msr, Pmu};
 use emon_pmu::profile::Profile;
+use emon_x86::arch::{DB_VECTOR, GP_VECTOR};
+use emon_x86::mode::CpuMode;
 use kvm_bindings::kvm_regs;
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
@@ -270,16 +272,16 @@ fn a_write_reprograms_only_the_counters_it_changed() {
     r.wrmsr(msr::IA32_FIXED_CTR_CTRL, 0x3);
     r.wrmsr(msr::IA32_PERF_GLOBAL_CTRL, 1 << 32 | 0b11);
     r.step(CODE + 1);
-    let before = r.precise.stats.reprogrammed;
+    let before = r.precise.counters.reprogrammed;
     // One PERFEVTSEL write: one counter reprogrammed; the others keep counting.
     r.wrmsr(msr::IA32_PERFEVTSEL0 + 1, 0x43_00C0);
     r.step(CODE + 2);
-    assert_eq!(r.precise.stats.reprogrammed - before, 1);
+    assert_eq!(r.precise.counters.reprogrammed - before, 1);
     // One fixed field: one counter. The same value again: none.
     r.wrmsr(msr::IA32_FIXED_CTR_CTRL, 0x2);
     r.wrmsr(msr::IA32_PERFEVTSEL0 + 1, 0x43_00C0);
     r.step(CODE + 3);
-    assert_eq!(r.precise.stats.reprogrammed - before, 2);
+    assert_eq!(r.precise.counters.reprogrammed - before, 2);
     assert_eq!((r.pmc(0), r.pmc(1)), (3, 2), "PMC1 counts instructions since its reprogramming");
     assert_eq!(r.pmu.rdmsr(msr::IA32_FIXED_CTR0).unwrap(), 2, "FIXED_CTR0 counted CPL0 until set to USR only");
 }
@@ -418,7 +420,7 @@ fn llc_events_count_the_cache_models_lookups_and_misses() {
     r.step(CODE + 10);
     r.step(CODE + 13);
     assert_eq!((r.pmc(0), r.pmc(1)), (2, 2), "the next line misses; reading it again hits L1d");
-    assert_eq!(r.precise.stats.cache_unseen, 0);
+    assert_eq!(r.precise.feed.unseen, 0);
 }
 
 #[test]
@@ -429,7 +431,7 @@ fn an_event_handlers_first_access_is_reported_unseen() {
     r.wrmsr(msr::IA32_PERFEVTSEL0, 0x43_4F2E);
     r.wrmsr(msr::IA32_PERF_GLOBAL_CTRL, 1);
     r.step(HANDLER + 1);
-    assert_eq!(r.precise.stats.cache_unseen, 1);
+    assert_eq!(r.precise.feed.unseen, 1);
     assert!(r.precise.notes().join("").contains("NOT EXACT: LLC events"), "{:?}", r.precise.notes());
 }
 

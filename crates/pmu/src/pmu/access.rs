@@ -1,12 +1,13 @@
 //! RDMSR / WRMSR of the PMU registers. Every write is validated completely before anything is
 //! stored, so a #GP never changes state.
 
+use super::arch::ArchPmu;
 use super::counter::{is_canonical_48, legacy_write_value, width_mask};
 use super::decode::Reg;
 use super::msr::*;
+use super::ops::Shared;
 use super::regs::FixedCtrField;
-use super::regs::{MISC_ENABLE_READ_ONLY, MISC_ENABLE_WRITABLE};
-use super::{netburst, CounterId, GpFault, Pmu};
+use super::{CounterId, GpFault};
 use crate::profile::MsrBits;
 
 /// #GP if `value` sets any bit outside `valid`.
@@ -37,22 +38,14 @@ fn lbr_from_ok(format: u8, value: u64) -> bool {
     value & address == sign_extended & address
 }
 
-impl Pmu {
+impl ArchPmu {
     /// The register `msr` names, if it is trapped and exists under the profile.
     fn reg(&self, msr: u32) -> Result<Reg, GpFault> {
         Reg::decode(msr).filter(|r| r.exists(&self.layout)).ok_or(GpFault)
     }
 
-    /// RDMSR of a PMU register.
-    ///
-    /// # Errors
-    /// [`GpFault`] if `msr` is not a PMU register that exists under the profile.
-    pub fn rdmsr(&self, msr: u32) -> Result<u64, GpFault> {
-        if let Some(nb) = &self.nb {
-            if netburst::Reg::in_ranges(msr) {
-                return netburst::Reg::decode(msr).map(|r| nb.rdmsr(r)).ok_or(GpFault);
-            }
-        }
+    /// RDMSR of a PMU register: [`GpFault`] if `msr` is not one that exists under the profile.
+    pub(super) fn read(&self, msr: u32) -> Result<u64, GpFault> {
         Ok(match self.reg(msr)? {
             Reg::Pmc(i) | Reg::APmc(i) => self.pmc[usize::from(i)],
             Reg::PerfEvtSel(i) => self.perfevtsel[usize::from(i)],
@@ -63,9 +56,8 @@ impl Pmu {
             Reg::GlobalCtrl => self.global_ctrl,
             // Write-only command registers read as 0.
             Reg::GlobalOvfCtrl | Reg::GlobalStatusSet => 0,
-            Reg::GlobalInuse => self.global_inuse(),
+            Reg::GlobalInuse => self.inuse(),
             Reg::DebugCtl => self.debugctl,
-            Reg::MiscEnable => self.misc_enable,
             Reg::PebsEnable => self.pebs_enable,
             Reg::DsArea => self.ds_area,
             Reg::PebsDataCfg => self.pebs_data_cfg,
@@ -82,48 +74,38 @@ impl Pmu {
         })
     }
 
-    /// WRMSR of a PMU register.
-    ///
-    /// # Errors
-    /// [`GpFault`], with no state change, if `msr` does not exist under the profile, is
-    /// read-only (PERF_CAPABILITIES, GLOBAL_STATUS, GLOBAL_INUSE), or `value` sets a reserved bit.
-    pub fn wrmsr(&mut self, msr: u32, value: u64) -> Result<(), GpFault> {
-        if let Some(nb) = &mut self.nb {
-            if netburst::Reg::in_ranges(msr) {
-                let r = netburst::Reg::decode(msr).ok_or(GpFault)?;
-                let changed = nb.wrmsr(r, value).ok_or(GpFault)?;
-                self.mark(changed.counters);
-                self.reprogram.written |= changed.written;
-                return Ok(());
-            }
-        }
+    /// WRMSR of a PMU register: [`GpFault`], with no state change, if `msr` does not exist under
+    /// the profile, is read-only (PERF_CAPABILITIES, GLOBAL_STATUS, GLOBAL_INUSE), or `value`
+    /// sets a reserved bit. The counters it changes are marked in `s`.
+    pub(super) fn write(&mut self, s: &mut Shared, msr: u32, value: u64) -> Result<(), GpFault> {
+        let declared = self.declared();
         let l = &self.layout;
         match self.reg(msr)? {
             // SDM 18.2.5: a legacy write stores EAX[31:0] sign-extended; EDX is ignored.
             Reg::Pmc(i) => {
                 self.pebs.disarm(CounterId::Gp(i).status_mask());
                 self.pmc[usize::from(i)] = legacy_write_value(value, l.gp_width);
-                self.mark_written(CounterId::Gp(i));
+                s.mark_written(CounterId::Gp(i), declared);
             }
             // SDM 18.2.5: full-width write; bits above the counter width are reserved.
             Reg::APmc(i) => {
                 let v = check(value, width_mask(l.gp_width))?;
                 self.pebs.disarm(CounterId::Gp(i).status_mask());
                 self.pmc[usize::from(i)] = v;
-                self.mark_written(CounterId::Gp(i));
+                s.mark_written(CounterId::Gp(i), declared);
             }
             Reg::PerfEvtSel(i) => {
                 let v = check(value, l.perfevtsel_valid)?;
                 let old = std::mem::replace(&mut self.perfevtsel[usize::from(i)], v);
                 if old != v {
-                    self.mark(CounterId::Gp(i).status_mask());
+                    s.mark(CounterId::Gp(i).status_mask(), declared);
                 }
             }
             // Like KVM (pmu_intel.c), bits above the fixed width are dropped, not #GP.
             Reg::FixedCtr(i) => {
                 self.pebs.disarm(CounterId::Fixed(i).status_mask());
                 self.fixed_ctr[usize::from(i)] = value & width_mask(l.fixed_width);
-                self.mark_written(CounterId::Fixed(i));
+                s.mark_written(CounterId::Fixed(i), declared);
             }
             Reg::PerfCapabilities | Reg::GlobalStatus | Reg::GlobalInuse => return Err(GpFault),
             Reg::FixedCtrCtrl => {
@@ -133,30 +115,26 @@ impl Pmu {
                 let changed = (0..MAX_FIXED)
                     .filter(|&i| FixedCtrField::of(old, i) != FixedCtrField::of(v, i))
                     .fold(0, |m, i| m | CounterId::Fixed(i).status_mask());
-                self.mark(changed);
+                s.mark(changed, declared);
             }
             Reg::GlobalCtrl => {
                 let v = check(value, l.global_ctrl_valid)?;
                 let old = std::mem::replace(&mut self.global_ctrl, v);
-                self.mark(old ^ v);
+                s.mark(old ^ v, declared);
             }
             // Write 1 to clear (SDM 18.2.2; v4: IA32_PERF_GLOBAL_STATUS_RESET, 18.2.4.2).
             Reg::GlobalOvfCtrl => {
                 let v = check(value, l.ovf_ctrl_valid)?;
-                self.set_status(self.global_status & !v);
+                self.set_status(s, self.global_status & !v);
             }
             // Write 1 to set (SDM 18.2.4.2); setting an overflow bit raises no PMI.
             Reg::GlobalStatusSet => {
                 let v = check(value, l.status_set_valid)?;
-                self.set_status(self.global_status | v);
+                self.set_status(s, self.global_status | v);
             }
             Reg::DebugCtl => {
                 let bts = if self.bts_on { DEBUGCTL_BTS_BITS } else { 0 };
                 self.debugctl = check(value, l.debugctl_valid | bts)?;
-            }
-            Reg::MiscEnable => {
-                let v = check(value, MISC_ENABLE_WRITABLE | MISC_ENABLE_READ_ONLY)?;
-                self.misc_enable = (v & MISC_ENABLE_WRITABLE) | (self.misc_enable & MISC_ENABLE_READ_ONLY);
             }
             Reg::PebsEnable => {
                 self.pebs_enable = check(value, l.pebs_enable_valid)?;
@@ -200,10 +178,10 @@ impl Pmu {
     }
 
     /// Store a new IA32_PERF_GLOBAL_STATUS; a CTR_Frz change freezes/unfreezes every counter.
-    pub(super) fn set_status(&mut self, status: u64) {
+    pub(super) fn set_status(&mut self, s: &mut Shared, status: u64) {
         let old = std::mem::replace(&mut self.global_status, status);
         if (old ^ status) & GLOBAL_STATUS_CTR_FRZ != 0 {
-            self.mark(u64::MAX);
+            s.mark(u64::MAX, self.declared());
         }
     }
 }

@@ -31,8 +31,6 @@ pub enum Reg {
     GlobalInuse,
     /// IA32_DEBUGCTL.
     DebugCtl,
-    /// IA32_MISC_ENABLE.
-    MiscEnable,
     /// IA32_PEBS_ENABLE.
     PebsEnable,
     /// IA32_DS_AREA.
@@ -79,7 +77,6 @@ impl Reg {
             IA32_PERF_GLOBAL_STATUS_SET => Reg::GlobalStatusSet,
             IA32_PERF_GLOBAL_INUSE => Reg::GlobalInuse,
             IA32_DEBUGCTL => Reg::DebugCtl,
-            IA32_MISC_ENABLE => Reg::MiscEnable,
             IA32_PEBS_ENABLE => Reg::PebsEnable,
             IA32_DS_AREA => Reg::DsArea,
             MSR_PEBS_DATA_CFG => Reg::PebsDataCfg,
@@ -119,10 +116,9 @@ impl Reg {
             Reg::PerfCapabilities => l.perf_capabilities != 0,
             Reg::FixedCtrCtrl | Reg::GlobalStatus | Reg::GlobalCtrl | Reg::GlobalOvfCtrl => v >= 2,
             Reg::GlobalStatusSet | Reg::GlobalInuse => v >= 4,
-            Reg::DebugCtl | Reg::MiscEnable => true,
+            Reg::DebugCtl => true,
             Reg::PebsEnable => v >= 1,
-            // IA32_DS_AREA exists on NetBurst too (SDM 18.15.7, 17.5.1).
-            Reg::DsArea => v >= 1 || l.netburst,
+            Reg::DsArea => v >= 1,
             Reg::PebsDataCfg => v >= 1 && l.pebs_baseline,
             Reg::OffcoreRsp(i) => l.msrs.offcore_rsp[usize::from(i)].is_some(),
             Reg::PebsLdLat => l.msrs.pebs_ld_lat.is_some(),

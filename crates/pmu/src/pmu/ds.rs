@@ -40,6 +40,17 @@ fn field(bytes: &[u8; DS_AREA_SIZE], offset: u64) -> u64 {
 }
 
 impl DsArea {
+    /// The PEBS reset value of counter `id` (SDM 18.6.1.1 "PEBS Counter Reset"; 0 for a counter
+    /// the area has no field for).
+    pub fn counter_reset(&self, id: super::CounterId) -> u64 {
+        let (resets, i): (&[u64], u8) = match id {
+            super::CounterId::Gp(i) => (&self.pebs_counter_reset, i),
+            super::CounterId::Fixed(i) => (&self.pebs_fixed_reset, i),
+            super::CounterId::NetBurst(_) => return 0,
+        };
+        resets.get(usize::from(i)).copied().unwrap_or(0)
+    }
+
     /// The area as it lies in guest memory.
     pub fn parse(bytes: &[u8; DS_AREA_SIZE]) -> DsArea {
         let mut reset = [0; 8];

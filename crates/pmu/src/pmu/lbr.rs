@@ -1,8 +1,8 @@
 //! The LBR stack recording branches (SDM Vol. 3B 17.4.8 "LBR Stack", 17.4.8.1 the record
 //! formats, and "Filtering of Last Branch Records" for MSR_LBR_SELECT).
 
+use super::arch::ArchPmu;
 use super::msr::*;
-use super::Pmu;
 
 /// The branch categories of MSR_LBR_SELECT, in its bit order (bits 2-8; bit 0 and 1 filter by
 /// the CPL the branch ends in).
@@ -71,10 +71,10 @@ pub struct Branch {
     pub event: bool,
 }
 
-impl Pmu {
+impl ArchPmu {
     /// Is the LBR stack recording? DEBUGCTL.LBR is set and, on v4+, GLOBAL_STATUS.LBR_Frz is
     /// clear (SDM 17.4.7: v1-v3 freeze by clearing DEBUGCTL.LBR instead).
-    pub fn lbr_recording(&self) -> bool {
+    pub(super) fn recording(&self) -> bool {
         self.layout.lbr.is_some()
             && self.debugctl & DEBUGCTL_LBR != 0
             && !(self.layout.version >= 4 && self.global_status & GLOBAL_STATUS_LBR_FRZ != 0)
@@ -82,7 +82,7 @@ impl Pmu {
 
     /// The newest `n` entries of the stack (at most its depth), newest first: (FROM_IP, TO_IP,
     /// LBR_INFO or 0). Adaptive PEBS's LBR group copies them.
-    pub fn lbr_newest(&self, n: usize) -> Vec<(u64, u64, u64)> {
+    pub(super) fn newest(&self, n: usize) -> Vec<(u64, u64, u64)> {
         let Some(lbr) = self.layout.lbr else { return Vec::new() };
         let depth = u64::from(lbr.depth);
         (0..(n as u64).min(depth))
@@ -93,19 +93,14 @@ impl Pmu {
             .collect()
     }
 
-    /// Does MSR_LBR_SELECT ask for the call-stack mode, which emon does not model?
-    pub fn lbr_call_stack(&self) -> bool {
-        self.lbr.select & LBR_SELECT_EN_CALLSTACK != 0
-    }
-
     /// Records `b` in the LBR stack if it is recording and MSR_LBR_SELECT lets `b` through:
     /// MSR_LASTBRANCH_TOS advances (modulo the depth) to the new entry, whose FROM_IP, TO_IP and
     /// LBR_INFO take the record in the profile's format (SDM 17.4.8.1). Returns whether it did.
     /// An interrupt's or exception's delivery first copies the last branch taken before it, as
     /// addresses, into MSR_LER_FROM_LIP/TO_LIP, whatever the filter.
-    pub fn record_branch(&mut self, b: &Branch) -> bool {
+    pub(super) fn record(&mut self, b: &Branch) -> bool {
         let Some(lbr) = self.layout.lbr else { return false };
-        if !self.lbr_recording() {
+        if !self.recording() {
             return false;
         }
         if b.event {

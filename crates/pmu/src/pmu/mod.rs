@@ -1,17 +1,22 @@
-//! The virtual Intel architectural PMU (perfmon v1..v5): a pure state machine, no KVM, no I/O.
+//! The virtual PMU of one vCPU: a pure state machine, no KVM, no I/O.
 //!
-//! [`Pmu`] owns every architectural performance-monitoring MSR of one vCPU and implements their
-//! SDM semantics (Vol. 3B chapter "Performance Monitoring", 18.2 in the numbering used here):
-//! existence per profile, reserved bits (#GP with no state change), legacy sign-extended and
-//! full-width counter writes, global control/status, overflow, PMI and freeze-on-PMI.
-//! A backend feeds counted events in with [`Pmu::add_events`], and reprograms the counters a
-//! change marked ([`Pmu::take_reprogram`], as KVM's `kvm_pmu_request_counter_reprogram`).
+//! [`Pmu`] is one facade over the profile's PMU model, as KVM's `pmu.c` is over its vendors'
+//! `kvm_pmu_ops` ([`ops::PmuOps`]): the Intel architectural PMU (perfmon v1..v5, SDM Vol. 3B
+//! 18.2 in the numbering used here: existence per profile, reserved bits (#GP with no state
+//! change), legacy sign-extended and full-width counter writes, global control/status, overflow,
+//! PMI, freeze-on-PMI, the LBR stack and the Debug Store), or the NetBurst PMU (18.15).
+//! A backend feeds counted events in with [`Pmu::add_events`], reprograms the counters a change
+//! marked ([`Pmu::take_reprogram`], as KVM's `kvm_pmu_request_counter_reprogram`), and counts
+//! each counter's [`Semantics`] without knowing the model.
 //!
-//! Files: `msr` (indices, bit names), `regs` (field decoding, writable masks from the profile),
-//! `counter` (width arithmetic), `decode` (MSR index -> register), `access` (RDMSR/WRMSR),
-//! `counting` (the counter API backends use), `dump` (human-readable register dump).
+//! Files: `ops` (the model interface and the shared state), `semantics` (what a counter counts),
+//! `counter` (width arithmetic); the architectural model in `arch` with `msr` (indices, bit
+//! names), `regs` (field decoding, writable masks from the profile), `decode` (MSR index ->
+//! register), `access` (RDMSR/WRMSR), `counting` (counter state, overflow, freeze), `rdpmc`,
+//! `lbr`, `ds` (the Debug Store's records) and `dump`; the NetBurst model in `netburst`.
 
 mod access;
+mod arch;
 pub mod counter;
 mod counting;
 mod decode;
@@ -20,17 +25,23 @@ mod dump;
 pub mod lbr;
 pub mod msr;
 pub mod netburst;
+pub mod ops;
 pub mod rdpmc;
 pub mod regs;
+pub mod semantics;
 #[cfg(test)]
 mod tests;
 
 use std::fmt;
 
-use crate::profile::PmuProfile;
+use crate::profile::{PmuKind, PmuProfile};
+pub use counting::semantics as arch_semantics;
 pub use msr::msr_name;
 use msr::*;
-use regs::{FixedCtrField, Layout, PerfEvtSel};
+pub use ops::Unmodelled;
+use ops::{PmuOps, Shared};
+use regs::{MISC_ENABLE_READ_ONLY, MISC_ENABLE_WRITABLE};
+pub use semantics::{BranchFilter, Semantics};
 
 /// A WRMSR/RDMSR that must raise #GP(0) in the guest. The PMU state is unchanged.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
@@ -72,6 +83,27 @@ impl CounterId {
     pub fn status_mask(self) -> u64 {
         1u64.checked_shl(self.status_bit()).unwrap_or(0)
     }
+
+    /// A dense index for per-counter state a backend keeps, below [`CounterId::SLOTS`]: GP
+    /// counters, then fixed counters; a NetBurst counter by its index.
+    pub fn slot(self) -> usize {
+        let s = match self {
+            CounterId::Gp(n) | CounterId::NetBurst(n) => usize::from(n),
+            CounterId::Fixed(n) => usize::from(MAX_GP) + usize::from(n),
+        };
+        s.min(Self::SLOTS - 1)
+    }
+
+    /// Slots of [`CounterId::slot`].
+    pub const SLOTS: usize = {
+        let arch = MAX_GP as usize + MAX_FIXED as usize;
+        let netburst = netburst::COUNTERS as usize;
+        if arch > netburst {
+            arch
+        } else {
+            netburst
+        }
+    };
 }
 
 impl fmt::Display for CounterId {
@@ -118,9 +150,31 @@ pub struct CounterState {
     pub value: u64,
     /// Counter width in bits (0 for a counter the profile does not declare).
     pub width: u8,
-    /// A NetBurst counter: the ESCR, event and mask its CCCR selects (`event_select` is then the
-    /// ESCR's event select and `umask` 0).
-    pub netburst: Option<netburst::Selection>,
+    /// What it counts, as a backend derives it.
+    pub semantics: Semantics,
+}
+
+impl CounterState {
+    /// A counter the profile does not declare: all-zero, disabled, width 0.
+    pub fn absent(id: CounterId) -> CounterState {
+        CounterState {
+            id,
+            event_select: 0,
+            umask: 0,
+            usr: false,
+            os: false,
+            edge: false,
+            inv: false,
+            cmask: 0,
+            any: false,
+            int: false,
+            enabled: false,
+            counting: false,
+            value: 0,
+            width: 0,
+            semantics: Semantics::Unsupported,
+        }
+    }
 }
 
 /// Counters a change marked for reprogramming, as bit masks in the IA32_PERF_GLOBAL_CTRL layout
@@ -141,70 +195,22 @@ impl Reprogram {
     }
 }
 
-/// The virtual PMU of one vCPU. See the module documentation.
+/// The virtual PMU of one vCPU: the profile's PMU model behind one dispatch (see [`ops`]), and
+/// the state every model shares. See the module documentation.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Pmu {
     profile: PmuProfile,
-    layout: Layout,
-    pmc: [u64; MAX_GP as usize],
-    perfevtsel: [u64; MAX_GP as usize],
-    fixed_ctr: [u64; MAX_FIXED as usize],
-    fixed_ctr_ctrl: u64,
-    global_ctrl: u64,
-    global_status: u64,
-    debugctl: u64,
-    misc_enable: u64,
-    pebs_enable: u64,
-    ds_area: u64,
-    lbr: LbrRegs,
-    /// PEBS is presented (the backend writes records): MISC_ENABLE.PEBS_UNAVAILABLE is clear.
-    pebs_on: bool,
-    /// BTS is presented (the backend writes branch records): MISC_ENABLE.BTS_UNAVAILABLE is
-    /// clear and DEBUGCTL takes TR, BTS, BTINT and BTS_OFF_OS/USR.
-    bts_on: bool,
-    /// PEBS-enabled counters that overflowed, and those of them whose assist is due.
-    pebs: PebsArmed,
-    pebs_data_cfg: u64,
-    offcore_rsp: [u64; 2],
-    pebs_ld_lat: u64,
-    pebs_frontend: u64,
-    pmi_pending: bool,
-    reprogram: Reprogram,
-    /// The NetBurst registers, under a NetBurst profile.
-    nb: Option<netburst::Regs>,
+    model: Model,
+    shared: Shared,
 }
 
-/// PEBS-enabled counters (GLOBAL_STATUS layout) that overflowed (armed), and those of them that
-/// have counted an event since (the assist is due).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-struct PebsArmed {
-    armed: u64,
-    due: u64,
-}
-
-impl PebsArmed {
-    /// `counters` are no longer armed: the guest wrote them, or cleared their PEBS_ENABLE bits,
-    /// or the assist ran.
-    fn disarm(&mut self, counters: u64) {
-        self.armed &= !counters;
-        self.due &= !counters;
-    }
-}
-
-/// The LBR stack's MSRs (0 at power-on): what the guest wrote, and the branches a backend
-/// recorded through [`Pmu::record_branch`].
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
-struct LbrRegs {
-    from: [u64; LBR_MAX_DEPTH as usize],
-    to: [u64; LBR_MAX_DEPTH as usize],
-    info: [u64; LBR_MAX_DEPTH as usize],
-    tos: u64,
-    select: u64,
-    /// MSR_LER_FROM_LIP and MSR_LER_TO_LIP.
-    ler: (u64, u64),
-    /// The last taken branch while the stack recorded, filtered or not: what an exception or
-    /// interrupt copies into the LER MSRs.
-    last: (u64, u64),
+/// The PMU models (as KVM's vendor `kvm_pmu_ops`). One per vCPU, held inline: the sizes differ,
+/// and nothing is gained by boxing the larger.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[allow(clippy::large_enum_variant)]
+enum Model {
+    Architectural(arch::ArchPmu),
+    NetBurst(netburst::NetBurstPmu),
 }
 
 impl Pmu {
@@ -236,40 +242,36 @@ impl Pmu {
         (LBR_INFO_0, LBR_INFO_0 + LBR_MAX_DEPTH as u32 - 1),
     ];
 
-    /// Power-on state (SDM 18.2.2): counters, PERFEVTSELx, FIXED_CTR_CTRL, GLOBAL_STATUS and
-    /// DEBUGCTL 0; GLOBAL_CTRL = (1 << N) - 1 (GP enables set for v1 software compatibility);
-    /// MISC_ENABLE = fast strings | perfmon available (profile) | BTS unavailable | PEBS unavailable.
+    /// Power-on state: the profile's model with its registers at reset (SDM 18.2.2, 18.15.3),
+    /// and IA32_MISC_ENABLE = fast strings | perfmon available (profile) | BTS unavailable |
+    /// PEBS unavailable.
     pub fn new(profile: &PmuProfile) -> Pmu {
-        let layout = Layout::new(profile);
         let mut misc_enable = MISC_ENABLE_FAST_STRINGS | MISC_ENABLE_BTS_UNAVAILABLE | MISC_ENABLE_PEBS_UNAVAILABLE;
         if profile.misc_enable_perfmon {
             misc_enable |= MISC_ENABLE_PERFMON_AVAILABLE;
         }
-        Pmu {
-            profile: profile.clone(),
-            global_ctrl: layout.gp_bits,
-            layout,
-            pmc: [0; MAX_GP as usize],
-            perfevtsel: [0; MAX_GP as usize],
-            fixed_ctr: [0; MAX_FIXED as usize],
-            fixed_ctr_ctrl: 0,
-            global_status: 0,
-            debugctl: 0,
-            misc_enable,
-            pebs_enable: 0,
-            ds_area: 0,
-            lbr: LbrRegs::default(),
-            pebs_on: false,
-            bts_on: false,
-            pebs: PebsArmed::default(),
-            pebs_data_cfg: 0,
-            offcore_rsp: [0; 2],
-            pebs_ld_lat: 0,
-            pebs_frontend: 0,
-            pmi_pending: false,
-            reprogram: Reprogram::default(),
-            nb: profile.netburst().then(netburst::Regs::default),
+        let model = match profile.kind {
+            PmuKind::Architectural => Model::Architectural(arch::ArchPmu::new(profile)),
+            PmuKind::NetBurst => Model::NetBurst(netburst::NetBurstPmu::default()),
+        };
+        Pmu { profile: profile.clone(), model, shared: Shared { misc_enable, ..Shared::default() } }
+    }
+
+    /// The model, as its interface.
+    fn ops(&self) -> &dyn PmuOps {
+        match &self.model {
+            Model::Architectural(m) => m,
+            Model::NetBurst(m) => m,
         }
+    }
+
+    /// The model and the state it shares, for a change.
+    fn ops_mut(&mut self) -> (&mut dyn PmuOps, &mut Shared) {
+        let m: &mut dyn PmuOps = match &mut self.model {
+            Model::Architectural(m) => m,
+            Model::NetBurst(m) => m,
+        };
+        (m, &mut self.shared)
     }
 
     /// The profile this PMU was built from.
@@ -282,106 +284,310 @@ impl Pmu {
         Self::TRAPPED_MSRS.iter().any(|&(lo, hi)| (lo..=hi).contains(&msr))
     }
 
-    /// The name of `msr` under this PMU's profile (0x309 is IA32_FIXED_CTR0 or, on NetBurst,
+    /// The name of `msr` under this PMU's profile (0x309 is IA32_FIXED_CTR0, or on NetBurst
     /// MSR_FLAME_COUNTER1).
     pub fn reg_name(&self, msr: u32) -> Option<String> {
-        match self.nb {
-            Some(_) if netburst::Reg::in_ranges(msr) => netburst::msr_name(msr).map(str::to_string),
-            _ => msr_name(msr),
+        match self.ops().claims(msr) {
+            true => self.ops().reg_name(msr),
+            false => msr_name(msr),
         }
     }
 
-    /// The NetBurst registers, under a NetBurst profile.
-    pub fn netburst(&self) -> Option<&netburst::Regs> {
-        self.nb.as_ref()
+    /// RDMSR of a PMU register.
+    ///
+    /// # Errors
+    /// [`GpFault`] if `msr` is not a PMU register that exists under the profile.
+    pub fn rdmsr(&self, msr: u32) -> Result<u64, GpFault> {
+        match msr {
+            _ if self.ops().claims(msr) => self.ops().rdmsr(msr),
+            IA32_MISC_ENABLE => Ok(self.shared.misc_enable),
+            _ => Err(GpFault),
+        }
+    }
+
+    /// WRMSR of a PMU register.
+    ///
+    /// # Errors
+    /// [`GpFault`], with no state change, if `msr` does not exist under the profile, is
+    /// read-only (PERF_CAPABILITIES, GLOBAL_STATUS, GLOBAL_INUSE), or `value` sets a reserved bit.
+    pub fn wrmsr(&mut self, msr: u32, value: u64) -> Result<(), GpFault> {
+        if self.ops().claims(msr) {
+            let (m, s) = self.ops_mut();
+            return m.wrmsr(s, msr, value);
+        }
+        if msr != IA32_MISC_ENABLE || value & !(MISC_ENABLE_WRITABLE | MISC_ENABLE_READ_ONLY) != 0 {
+            return Err(GpFault);
+        }
+        let m = &mut self.shared.misc_enable;
+        *m = (value & MISC_ENABLE_WRITABLE) | (*m & MISC_ENABLE_READ_ONLY);
+        Ok(())
+    }
+
+    /// What the guest has set now that emon stores without producing (the VMM collects it over
+    /// the run for its summary).
+    pub fn unmodelled(&self) -> Unmodelled {
+        self.ops().unmodelled()
+    }
+
+    /// A description of the event counter `id` counts, for a run-summary note (IA32_PERFEVTSELx
+    /// event and umask; a NetBurst ESCR and event select).
+    pub fn event_name(&self, id: CounterId) -> String {
+        self.ops().event_name(id)
     }
 
     /// IA32_PERF_GLOBAL_CTRL as stored (v1 has no such MSR; counting then ignores it).
     pub fn global_ctrl(&self) -> u64 {
-        self.global_ctrl
+        self.ops().global_ctrl()
     }
 
     /// IA32_PERF_GLOBAL_STATUS.
     pub fn global_status(&self) -> u64 {
-        self.global_status
+        self.ops().global_status()
     }
 
     /// IA32_FIXED_CTR_CTRL.
     pub fn fixed_ctr_ctrl(&self) -> u64 {
-        self.fixed_ctr_ctrl
+        self.ops().fixed_ctr_ctrl()
     }
 
     /// IA32_PERFEVTSELi, `None` if general-purpose counter i does not exist.
     pub fn perfevtsel(&self, i: u8) -> Option<u64> {
-        self.layout.gp_exists(i).then(|| self.perfevtsel[usize::from(i)])
+        self.ops().perfevtsel(i)
     }
 
-    /// IA32_DEBUGCTL.
+    /// IA32_DEBUGCTL (MSR_DEBUGCTLA on NetBurst).
     pub fn debugctl(&self) -> u64 {
-        self.debugctl
+        self.ops().debugctl()
     }
 
     /// IA32_MISC_ENABLE.
     pub fn misc_enable(&self) -> u64 {
-        self.misc_enable
+        self.shared.misc_enable
     }
 
     /// IA32_PEBS_ENABLE.
     pub fn pebs_enable(&self) -> u64 {
-        self.pebs_enable
+        self.ops().pebs_enable()
     }
 
     /// IA32_DS_AREA.
     pub fn ds_area(&self) -> u64 {
-        self.ds_area
+        self.ops().ds_area()
     }
 
     /// Counters are frozen by IA32_PERF_GLOBAL_STATUS.CTR_Frz (v4+ only, SDM 18.2.4.1).
     pub fn frozen(&self) -> bool {
-        self.layout.version >= 4 && self.global_status & GLOBAL_STATUS_CTR_FRZ != 0
+        self.ops().frozen()
     }
 
-    /// IA32_PERF_GLOBAL_INUSE as computed from the registers (SDM 18.2.4.3): bit i =
-    /// PERFEVTSELi\[7:0\] != 0; bit 32+i = FIXED_CTR_CTRL field i EN != 0; bit 63 (PMI_InUse) =
-    /// any PERFEVTSELi.INT, fixed PMI bit, or IA32_PEBS_ENABLE bit of a PMC.
-    /// Computed for every version; the MSR itself exists only on v4+.
+    /// IA32_PERF_GLOBAL_INUSE as computed from the registers (SDM 18.2.4.3), for every version;
+    /// the MSR itself exists only on v4+.
     pub fn global_inuse(&self) -> u64 {
-        let mut inuse = 0u64;
-        let mut pmi = self.pebs_enable & self.layout.gp_bits != 0;
-        for i in 0..self.layout.gp {
-            let sel = PerfEvtSel(self.perfevtsel[usize::from(i)]);
-            if sel.event_select() != 0 {
-                inuse |= CounterId::Gp(i).status_mask();
-            }
-            pmi |= sel.int();
-        }
-        for i in (0..MAX_FIXED).filter(|&i| self.layout.fixed_exists(i)) {
-            let field = FixedCtrField::of(self.fixed_ctr_ctrl, i);
-            if field.en() != 0 {
-                inuse |= CounterId::Fixed(i).status_mask();
-            }
-            pmi |= field.pmi();
-        }
-        if pmi {
-            inuse |= GLOBAL_INUSE_PMI;
-        }
-        inuse
+        self.ops().global_inuse()
     }
 
-    /// Marks the counters in `mask` (GLOBAL_CTRL layout) for reprogramming; bits of counters the
-    /// profile does not declare are ignored.
-    fn mark(&mut self, mask: u64) {
-        let declared = if self.nb.is_some() {
-            (1 << netburst::COUNTERS) - 1
-        } else {
-            self.layout.gp_bits | self.layout.fixed_bits
-        };
-        self.reprogram.counters |= mask & declared;
+    /// Every counter the profile declares: `Gp(0..N)` then each supported `Fixed(i)` (v2+), or
+    /// the model's own counters.
+    pub fn counter_ids(&self) -> Vec<CounterId> {
+        self.ops().counter_ids()
     }
 
-    /// Marks counter `id` as written by the guest (and so for reprogramming).
-    fn mark_written(&mut self, id: CounterId) {
-        self.mark(id.status_mask());
-        self.reprogram.written |= id.status_mask();
+    /// Does the profile declare counter `id`?
+    pub fn counter_exists(&self, id: CounterId) -> bool {
+        self.ops().exists(id)
+    }
+
+    /// The state of counter `id`. A counter the profile does not declare reads as all-zero,
+    /// disabled, width 0.
+    pub fn counter(&self, id: CounterId) -> CounterState {
+        match self.counter_exists(id) {
+            true => self.ops().counter(id),
+            false => CounterState::absent(id),
+        }
+    }
+
+    /// The counters that are counting now.
+    pub fn counting(&self) -> Vec<CounterState> {
+        self.counter_ids().into_iter().map(|id| self.counter(id)).filter(|s| s.counting).collect()
+    }
+
+    /// Events until counter `id` overflows: `2^width - value` (value 0 => `2^width`).
+    /// Returns `u64::MAX` when that is `2^64` (a 64-bit counter at 0: "effectively never") and
+    /// for a counter the profile does not declare.
+    pub fn distance_to_overflow(&self, id: CounterId) -> u64 {
+        match self.counter_exists(id) {
+            true => self.ops().distance_to_overflow(id),
+            false => u64::MAX,
+        }
+    }
+
+    /// Add `n` events to counter `id`: value = (value + n) mod 2^width. On a wrap past
+    /// 2^width - 1 (reported once however far `n` goes) the model records the overflow and may
+    /// mark a PMI pending. Returns true if it overflowed. A no-op returning false for a counter
+    /// the profile does not declare. Marks nothing for reprogramming (the backend made the
+    /// change itself), unless the overflow starts another counter (a NetBurst cascade).
+    pub fn add_events(&mut self, id: CounterId, n: u64) -> bool {
+        if !self.counter_exists(id) {
+            return false;
+        }
+        let (m, s) = self.ops_mut();
+        m.add_events(s, id, n)
+    }
+
+    /// Backend sync: set counter `id` to `value` masked to its width, with no side effects
+    /// (no status, no PMI, nothing marked). Ignored for an undeclared counter.
+    pub fn set_value(&mut self, id: CounterId, value: u64) {
+        if self.counter_exists(id) {
+            self.ops_mut().0.set_value(id, value);
+        }
+    }
+
+    /// Is a PMI waiting to be delivered through the LVT performance-counter entry?
+    pub fn pmi_pending(&self) -> bool {
+        self.shared.pmi_pending
+    }
+
+    /// The VMM delivered (or tried to deliver) the LVT PMI: clear pending and apply the model's
+    /// freeze controls (architectural: IA32_DEBUGCTL's, SDM 17.4.7, 18.2.4.1). No-op if no PMI
+    /// is pending.
+    pub fn pmi_delivered(&mut self) {
+        if !std::mem::take(&mut self.shared.pmi_pending) {
+            return;
+        }
+        let (m, s) = self.ops_mut();
+        m.pmi_delivered(s);
+    }
+
+    /// The counters marked for reprogramming since the last [`Pmu::take_reprogram`]: a guest
+    /// write to a counter (always, even of the same value: the backend must resync), a change of
+    /// what it counts or whether it counts, and a freeze. Nothing else marks a counter, and a
+    /// write that raises #GP marks nothing.
+    pub fn reprogram_pending(&self) -> Reprogram {
+        self.shared.reprogram
+    }
+
+    /// Takes the counters marked for reprogramming (see [`Pmu::reprogram_pending`]) and clears
+    /// the marks: a backend calls it before each VM entry and reprograms exactly those counters.
+    pub fn take_reprogram(&mut self) -> Reprogram {
+        std::mem::take(&mut self.shared.reprogram)
+    }
+
+    /// The value RDPMC returns in EDX:EAX for `ecx`, executed at `cpl` with CR4.PCE = `pce`.
+    /// #GP when CPL > 0 and CR4.PCE is clear, or when ECX selects no counter of the profile
+    /// (SDM Vol. 2B "RDPMC").
+    pub fn rdpmc(&self, ecx: u32, cpl: u8, pce: bool) -> Result<u64, GpFault> {
+        if cpl > 0 && !pce {
+            return Err(GpFault);
+        }
+        self.ops().rdpmc(ecx)
+    }
+
+    /// A multi-line description of every readable register that exists under the profile,
+    /// decoded, followed by the counters' derived state, the pending PMI and the counters marked
+    /// for reprogramming.
+    pub fn dump(&self) -> String {
+        let mut out = String::new();
+        self.ops().dump(&self.shared, &mut out);
+        let _ = std::fmt::Write::write_fmt(
+            &mut out,
+            format_args!(
+                "PMI pending: {}; marked for reprogramming: {:#x}\n",
+                if self.shared.pmi_pending { "yes" } else { "no" },
+                self.shared.reprogram.counters
+            ),
+        );
+        out
+    }
+
+    // ---- The Debug Store and the LBR stack, where the model has them. ----
+
+    /// Presents PEBS (`on`: the backend writes PEBS records) or not, through
+    /// MISC_ENABLE.PEBS_UNAVAILABLE (bit 12, read-only to the guest). Before the guest runs.
+    pub fn set_pebs(&mut self, on: bool) {
+        let on = self.ops_mut().0.set_pebs(on);
+        self.set_misc_unavailable(MISC_ENABLE_PEBS_UNAVAILABLE, !on);
+    }
+
+    /// Presents BTS (`on`: the backend writes branch records into the BTS buffer) or not,
+    /// through MISC_ENABLE.BTS_UNAVAILABLE (bit 11, read-only to the guest). Before the guest runs.
+    pub fn set_bts(&mut self, on: bool) {
+        let on = self.ops_mut().0.set_bts(on);
+        self.set_misc_unavailable(MISC_ENABLE_BTS_UNAVAILABLE, !on);
+    }
+
+    /// Sets (`unavailable`) or clears a read-only "unavailable" bit of IA32_MISC_ENABLE.
+    fn set_misc_unavailable(&mut self, bit: u64, unavailable: bool) {
+        let m = &mut self.shared.misc_enable;
+        *m = if unavailable { *m | bit } else { *m & !bit };
+    }
+
+    /// Is PEBS presented to the guest (MISC_ENABLE.PEBS_UNAVAILABLE clear)?
+    pub fn pebs_on(&self) -> bool {
+        self.ops().pebs_on()
+    }
+
+    /// Is BTS presented?
+    pub fn bts_on(&self) -> bool {
+        self.ops().bts_on()
+    }
+
+    /// MSR_PEBS_DATA_CFG: the adaptive record's groups.
+    pub fn pebs_data_cfg(&self) -> u64 {
+        self.ops().pebs_data_cfg()
+    }
+
+    /// PEBS-enabled counters whose assist is due: they overflowed and have counted an event
+    /// since. The backend writes the record and calls [`Pmu::pebs_assisted`].
+    pub fn pebs_due(&self) -> u64 {
+        self.ops().pebs_due()
+    }
+
+    /// The backend performed the PEBS assist for `counters` (of [`Pmu::pebs_due`], in the
+    /// GLOBAL_STATUS layout; SDM 18.6.1.1 "PEBS Counter Reset"): each is reloaded with
+    /// `reset(id)`, its reset value in the DS area. `threshold`: the record brought the PEBS
+    /// index to the interrupt threshold, which sets GLOBAL_STATUS.OvfBuffer and raises a PMI.
+    pub fn pebs_assisted(&mut self, counters: u64, reset: impl Fn(CounterId) -> u64, threshold: bool) {
+        let (m, s) = self.ops_mut();
+        m.pebs_assisted(s, counters, &reset, threshold);
+    }
+
+    /// Does a branch taken at CPL `cpl` go into the BTS buffer? DEBUGCTL.TR and BTS are set, and
+    /// BTS_OFF_OS / BTS_OFF_USR do not skip that CPL (SDM 17.4.9).
+    pub fn bts_records(&self, cpl: u8) -> bool {
+        self.ops().bts_records(cpl)
+    }
+
+    /// DEBUGCTL.BTINT: the BTS buffer interrupts at its threshold instead of wrapping around.
+    pub fn bts_interrupts(&self) -> bool {
+        self.ops().bts_interrupts()
+    }
+
+    /// The BTS index reached the interrupt threshold with BTINT set: a DS interrupt, the PMI
+    /// through LVTPC (SDM 17.4.9).
+    pub fn bts_threshold_reached(&mut self) {
+        self.shared.pmi_pending = true;
+    }
+
+    /// Is the LBR stack recording? DEBUGCTL.LBR is set and, on v4+, GLOBAL_STATUS.LBR_Frz is
+    /// clear (SDM 17.4.7: v1-v3 freeze by clearing DEBUGCTL.LBR instead).
+    pub fn lbr_recording(&self) -> bool {
+        self.ops().lbr_recording()
+    }
+
+    /// Does MSR_LBR_SELECT ask for the call-stack mode, which emon does not model?
+    pub fn lbr_call_stack(&self) -> bool {
+        self.ops().lbr_call_stack()
+    }
+
+    /// The newest `n` entries of the LBR stack (at most its depth), newest first: (FROM_IP,
+    /// TO_IP, LBR_INFO or 0). Adaptive PEBS's LBR group copies them.
+    pub fn lbr_newest(&self, n: usize) -> Vec<(u64, u64, u64)> {
+        self.ops().lbr_newest(n)
+    }
+
+    /// Records `b` in the LBR stack if it is recording and MSR_LBR_SELECT lets `b` through
+    /// (SDM 17.4.8); returns whether it did.
+    pub fn record_branch(&mut self, b: &lbr::Branch) -> bool {
+        self.ops_mut().0.record_branch(b)
     }
 }

@@ -5,6 +5,13 @@
 //! VirtualBox CPU database measured on a Pentium 4 3.00 GHz (family 0FH model 4, README "The
 //! NetBurst PMU"), and counting follows the SDM's qualification order (18.15.3).
 
+use super::counter;
+use super::lbr::BranchType;
+use super::msr;
+use super::ops::{PmuOps, Shared, Unmodelled};
+use super::semantics::{BranchFilter, Semantics};
+use super::{CounterId, CounterState, GpFault};
+
 /// MSR_BPU_COUNTER0: counter i is at 0x300 + i (SDM Table 18-63).
 pub const MSR_BPU_COUNTER0: u32 = 0x300;
 /// MSR_BPU_CCCR0: the CCCR of counter i is at 0x360 + i.
@@ -324,49 +331,6 @@ impl Cccr {
     }
 }
 
-/// Configurations emon stores but does not model; the VMM says so in the run summary.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct Unmodelled {
-    /// An enabled CCCR's ESCR select names no ESCR of its counter's block.
-    pub unpaired: bool,
-    /// An ESCR has Tag Enable set: µop tagging for at-retirement counting (SDM 18.15.6).
-    pub tagging: bool,
-    /// An enabled IQ CCCR sets an extended-cascading bit (SDM 18.15.5.7).
-    pub extended_cascade: bool,
-    /// An enabled CCCR asks for OVF_PMI_T1: a PMI to logical processor 1, which emon does not run.
-    pub pmi_t1: bool,
-    /// IA32_PEBS_ENABLE.ENABLE_PEBS_MY_THR: NetBurst PEBS, which emon does not write.
-    pub pebs: bool,
-}
-
-impl Unmodelled {
-    pub fn any(self) -> bool {
-        self != Unmodelled::default()
-    }
-
-    pub fn union(self, o: Unmodelled) -> Unmodelled {
-        Unmodelled {
-            unpaired: self.unpaired || o.unpaired,
-            tagging: self.tagging || o.tagging,
-            extended_cascade: self.extended_cascade || o.extended_cascade,
-            pmi_t1: self.pmi_t1 || o.pmi_t1,
-            pebs: self.pebs || o.pebs,
-        }
-    }
-
-    /// One phrase per configuration, for the run summary.
-    pub fn describe(self) -> Vec<&'static str> {
-        let all = [
-            (self.unpaired, "a CCCR's ESCR select named no ESCR of its counter's block (the counter counted nothing)"),
-            (self.tagging, "ESCR Tag Enable (µop tagging for at-retirement events: tagged µops count 0)"),
-            (self.extended_cascade, "an IQ CCCR's extended-cascading bits (the counters did not cascade)"),
-            (self.pmi_t1, "CCCR.OVF_PMI_T1 (a PMI to logical processor 1, which emon does not run: none was sent)"),
-            (self.pebs, "IA32_PEBS_ENABLE.ENABLE_PEBS_MY_THR (NetBurst PEBS: no record was written)"),
-        ];
-        all.into_iter().filter(|(on, _)| *on).map(|(_, text)| text).collect()
-    }
-}
-
 /// The NetBurst registers of one vCPU (all 0 at reset, SDM 18.15.1 and 18.15.3, but
 /// MSR_TC_PRECISE_EVENT as measured), and the counting state behind them.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -593,29 +557,332 @@ impl Regs {
 
     /// The configurations of enabled counters (and PEBS) that emon does not model.
     pub fn unmodelled(&self) -> Unmodelled {
-        let mut u = Unmodelled { pebs: self.pebs_enable & PEBS_ENABLE_MY_THR != 0, ..Unmodelled::default() };
-        for i in 0..COUNTERS {
-            let c = self.cccr(i);
-            if !c.enabled() {
-                continue;
+        let mut u = Unmodelled::NONE;
+        let mut add = |on: bool, what: Unmodelled| {
+            if on {
+                u = u.union(what);
             }
-            u.unpaired |= self.selected_escr(i).is_none();
-            u.pmi_t1 |= c.0 & CCCR_OVF_PMI_T1 != 0;
+        };
+        add(self.pebs_enable & PEBS_ENABLE_MY_THR != 0, Unmodelled::NETBURST_PEBS);
+        for i in (0..COUNTERS).filter(|&i| self.cccr(i).enabled()) {
+            let c = self.cccr(i);
+            add(self.selected_escr(i).is_none(), Unmodelled::UNPAIRED_CCCR);
+            add(c.0 & CCCR_OVF_PMI_T1 != 0, Unmodelled::PMI_T1);
             let ext = match i {
                 12 | 15 => CCCR_EXT_CASCADE_IQ0_IQ3,
                 16 | 17 => CCCR_EXT_CASCADE_IQ4_IQ5,
                 _ => 0,
             };
-            u.extended_cascade |= c.0 & ext != 0;
+            add(c.0 & ext != 0, Unmodelled::EXTENDED_CASCADE);
         }
-        u.tagging = self.escr.iter().any(|v| v & ESCR_TAG_ENABLE != 0);
+        add(self.escr.iter().any(|v| v & ESCR_TAG_ENABLE != 0), Unmodelled::UOP_TAGGING);
         u
     }
+}
+
+/// MSR_DEBUGCTLA (SDM 17.5.1): LBR, BTF, TR, BTS, BTINT, BTS_OFF_OS, BTS_OFF_USR; the Pentium 4
+/// 3.00 GHz #GPs on bits 63:7 (VirtualBox CPU database).
+const DEBUGCTLA_VALID: u64 = 0x7F;
+/// MSR_DEBUGCTLA's TR, BTS, BTINT, BTS_OFF_OS and BTS_OFF_USR (bits 6:2): branch trace messages
+/// and BTS, which emon stores and does not produce.
+const DEBUGCTLA_BRANCH_TRACE: u64 = 0x7C;
+
+/// The NetBurst PMU model: its register file, and the two architectural-looking registers it
+/// has too, MSR_DEBUGCTLA at IA32_DEBUGCTL's address and IA32_DS_AREA (SDM 17.5.1, 18.15.7).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct NetBurstPmu {
+    regs: Regs,
+    debugctla: u64,
+    ds_area: u64,
+}
+
+impl NetBurstPmu {
+    /// The register file.
+    pub fn regs(&self) -> &Regs {
+        &self.regs
+    }
+
+    fn index(id: CounterId) -> Option<u8> {
+        match id {
+            CounterId::NetBurst(i) if i < COUNTERS => Some(i),
+            _ => None,
+        }
+    }
+}
+
+impl PmuOps for NetBurstPmu {
+    fn claims(&self, msr: u32) -> bool {
+        Reg::in_ranges(msr) || msr == msr::IA32_DEBUGCTL || msr == msr::IA32_DS_AREA
+    }
+
+    fn rdmsr(&self, msr: u32) -> Result<u64, GpFault> {
+        match msr {
+            msr::IA32_DEBUGCTL => Ok(self.debugctla),
+            msr::IA32_DS_AREA => Ok(self.ds_area),
+            _ => Reg::decode(msr).map(|r| self.regs.rdmsr(r)).ok_or(GpFault),
+        }
+    }
+
+    fn wrmsr(&mut self, s: &mut Shared, msr: u32, value: u64) -> Result<(), GpFault> {
+        match msr {
+            msr::IA32_DEBUGCTL if value & !DEBUGCTLA_VALID == 0 => self.debugctla = value,
+            msr::IA32_DS_AREA if counter::is_canonical_48(value) => self.ds_area = value,
+            msr::IA32_DEBUGCTL | msr::IA32_DS_AREA => return Err(GpFault),
+            _ => {
+                let r = Reg::decode(msr).ok_or(GpFault)?;
+                let changed = self.regs.wrmsr(r, value).ok_or(GpFault)?;
+                s.mark(changed.counters, ALL_COUNTERS);
+                s.reprogram.written |= changed.written;
+            }
+        }
+        Ok(())
+    }
+
+    fn reg_name(&self, msr: u32) -> Option<String> {
+        match msr {
+            msr::IA32_DEBUGCTL | msr::IA32_DS_AREA => msr::msr_name(msr),
+            _ => msr_name(msr).map(str::to_string),
+        }
+    }
+
+    fn counter_ids(&self) -> Vec<CounterId> {
+        (0..COUNTERS).map(CounterId::NetBurst).collect()
+    }
+
+    fn exists(&self, id: CounterId) -> bool {
+        Self::index(id).is_some()
+    }
+
+    /// SDM 18.15.3's qualification order: the ESCR's event and T0 privilege flags, the CCCR's
+    /// threshold filter (compare, complement, edge: the filter applies to the per-instruction
+    /// count, as CMASK does), and whether it counts.
+    fn counter(&self, id: CounterId) -> CounterState {
+        let mut s = CounterState::absent(id);
+        let Some(i) = Self::index(id) else { return s };
+        let nb = &self.regs;
+        let c = nb.cccr(i);
+        let sel = nb.selection(i);
+        (s.usr, s.os) = nb.t0_usr_os(i);
+        s.event_select = sel.map_or(0, |e| e.event);
+        s.semantics = sel.map_or(Semantics::Unsupported, semantics);
+        // Compare: count 1 when the event count exceeds the threshold (or, complemented, does not).
+        if c.compare() {
+            s.cmask = c.threshold() + 1;
+            s.inv = c.complement();
+            s.edge = c.edge();
+        }
+        s.int = c.ovf_pmi_t0();
+        s.enabled = c.enabled();
+        s.counting = nb.counting(i);
+        s.value = nb.value(i);
+        s.width = WIDTH;
+        s
+    }
+
+    fn distance_to_overflow(&self, id: CounterId) -> u64 {
+        Self::index(id).map_or(u64::MAX, |i| self.regs.distance(i))
+    }
+
+    fn add_events(&mut self, s: &mut Shared, id: CounterId, n: u64) -> bool {
+        let Some(i) = Self::index(id) else { return false };
+        let added = self.regs.add_events(i, n);
+        s.pmi_pending |= added.pmi;
+        s.mark(added.started, ALL_COUNTERS);
+        added.overflowed
+    }
+
+    fn set_value(&mut self, id: CounterId, value: u64) {
+        if let Some(i) = Self::index(id) {
+            self.regs.set_value(i, value);
+        }
+    }
+
+    /// NetBurst has no freeze-on-PMI controls (MSR_DEBUGCTLA has none).
+    fn pmi_delivered(&mut self, _s: &mut Shared) {}
+
+    /// SDM Vol. 2B "RDPMC": ECX\[30:0\] selects counter 0-17, ECX\[31\] a fast read.
+    fn rdpmc(&self, ecx: u32) -> Result<u64, GpFault> {
+        let index = u8::try_from(ecx & !super::rdpmc::RDPMC_FAST).ok().filter(|&i| i < COUNTERS);
+        Ok(super::rdpmc::fast(ecx, self.regs.value(index.ok_or(GpFault)?)))
+    }
+
+    fn event_name(&self, id: CounterId) -> String {
+        let Some(sel) = Self::index(id).and_then(|i| self.regs.selection(i)) else { return id.to_string() };
+        format!("{} event {:#04x}", msr_name(sel.escr).unwrap_or("ESCR"), sel.event)
+    }
+
+    fn dump(&self, sh: &Shared, out: &mut String) {
+        self.dump_registers(sh, out);
+    }
+
+    fn unmodelled(&self) -> Unmodelled {
+        let mut u = self.regs.unmodelled();
+        for (bits, what) in [
+            (msr::DEBUGCTL_LBR, Unmodelled::DEBUGCTL_LBR),
+            (msr::DEBUGCTL_BTF, Unmodelled::DEBUGCTL_BTF),
+            (DEBUGCTLA_BRANCH_TRACE, Unmodelled::BRANCH_TRACE_STORE),
+        ] {
+            if self.debugctla & bits != 0 {
+                u = u.union(what);
+            }
+        }
+        u
+    }
+
+    fn debugctl(&self) -> u64 {
+        self.debugctla
+    }
+
+    fn ds_area(&self) -> u64 {
+        self.ds_area
+    }
+}
+
+impl NetBurstPmu {
+    /// [`super::Pmu::dump`] under NetBurst: DEBUGCTLA, MISC_ENABLE, every ESCR that holds
+    /// something, and each counter with its CCCR.
+    fn dump_registers(&self, sh: &Shared, out: &mut String) {
+        use super::dump::{counter_text, flags, DEBUGCTL_FLAGS, MISC_ENABLE_FLAGS};
+        use std::fmt::Write as _;
+        let nb = &self.regs;
+        let _ = writeln!(out, "NetBurst PMU: {} counters x {} bits, {} ESCRs", COUNTERS, WIDTH, ESCRS.len());
+        let mut line = |name: &str, msr: u32, value: u64, text: String| {
+            let text = format!("{name:<27} ({msr:#05x}) = {value:#018x}  {text}");
+            let _ = writeln!(out, "{}", text.trim_end());
+        };
+        line("IA32_DEBUGCTL", msr::IA32_DEBUGCTL, self.debugctla, flags(self.debugctla, &DEBUGCTL_FLAGS[..2]));
+        line("IA32_MISC_ENABLE", msr::IA32_MISC_ENABLE, sh.misc_enable, flags(sh.misc_enable, MISC_ENABLE_FLAGS));
+        for m in [MSR_TC_PRECISE_EVENT, IA32_PEBS_ENABLE, MSR_PEBS_MATRIX_VERT] {
+            let r = Reg::decode(m).expect("a NetBurst register");
+            line(msr_name(m).unwrap_or_default(), m, nb.rdmsr(r), String::new());
+        }
+        for e in ESCRS {
+            let v = nb.escr(e.msr).unwrap_or(0);
+            if v != 0 {
+                line(e.name, e.msr, v, escr_text(v));
+            }
+        }
+        for i in 0..COUNTERS {
+            let d = &COUNTER_DEFS[usize::from(i)];
+            let cccr = nb.cccr(i).0;
+            let s = self.counter(CounterId::NetBurst(i));
+            line(d.cccr, MSR_BPU_CCCR0 + u32::from(i), cccr, cccr_text(i, cccr));
+            line(d.name, MSR_BPU_COUNTER0 + u32::from(i), s.value, counter_text(s.counting, s.enabled, nb.distance(i)));
+        }
+    }
+}
+
+/// A NetBurst CCCR, decoded (SDM Figure 18-48).
+fn cccr_text(i: u8, v: u64) -> String {
+    let c = Cccr(v);
+    let escr = COUNTER_DEFS[usize::from(i)].escrs[c.escr_select()];
+    let mut text = format!(
+        "ESCR select {} ({}) active thread {}",
+        c.escr_select(),
+        escr.and_then(msr_name).unwrap_or("no ESCR"),
+        (v >> CCCR_ACTIVE_THREAD_SHIFT) & 3
+    );
+    if c.compare() {
+        let _ = std::fmt::Write::write_fmt(&mut text, format_args!(" COMPARE threshold={}", c.threshold()));
+    }
+    let named = [
+        (CCCR_ENABLE, "ENABLE"),
+        (CCCR_COMPLEMENT, "COMPLEMENT"),
+        (CCCR_EDGE, "EDGE"),
+        (CCCR_FORCE_OVF, "FORCE_OVF"),
+        (CCCR_OVF_PMI_T0, "OVF_PMI_T0"),
+        (CCCR_OVF_PMI_T1, "OVF_PMI_T1"),
+        (CCCR_CASCADE, "CASCADE"),
+        (CCCR_OVF, "OVF"),
+    ];
+    super::dump::with_flags(text, v, &named)
+}
+
+/// A NetBurst ESCR, decoded (SDM Figure 18-47).
+fn escr_text(v: u64) -> String {
+    let text = format!(
+        "event select=0x{:02x} event mask=0x{:04x}",
+        (v >> ESCR_EVENT_SELECT_SHIFT) & 0x3F,
+        (v >> ESCR_EVENT_MASK_SHIFT) & 0xFFFF
+    );
+    let named = [
+        (ESCR_T0_OS, "T0_OS"),
+        (ESCR_T0_USR, "T0_USR"),
+        (ESCR_T1_OS, "T1_OS"),
+        (ESCR_T1_USR, "T1_USR"),
+        (ESCR_TAG_ENABLE, "TAG_ENABLE"),
+    ];
+    super::dump::with_flags(text, v, &named)
+}
+
+/// Every counter, in the reprogramming marks' layout (bit i: counter i).
+const ALL_COUNTERS: u64 = (1 << COUNTERS) - 1;
+
+/// What the NetBurst event `s` selects counts (SDM Table 19-33): instr_retired NBOGUSNTAG is the
+/// instructions, mispred_branch_retired NBOGUS the mispredicted branches, branch_retired the
+/// branches of the mask's (taken, mispredicted) classes, retired_branch_type and
+/// retired_mispred_branch_type the near branches of the mask's types, global_power_events
+/// RUNNING the core cycles. Bogus (wrong-path) and tagged µops never occur where emon runs.
+pub fn semantics(s: Selection) -> Semantics {
+    let Some(e) = event(s) else { return Semantics::Unsupported };
+    let bit0 = s.mask & 1 != 0;
+    match e.name {
+        "instr_retired" if bit0 => Semantics::Instructions,
+        "mispred_branch_retired" if bit0 => Semantics::Branches(BranchFilter::MISSES),
+        "global_power_events" if bit0 => Semantics::CoreCycles,
+        "branch_retired" if s.mask & 0xF != 0 => {
+            Semantics::Branches(BranchFilter { kinds: BranchFilter::ALL_KINDS, outcomes: (s.mask & 0xF) as u8 })
+        }
+        "retired_branch_type" | "retired_mispred_branch_type" if s.mask & 0x1E != 0 => {
+            let outcomes = if e.event == 0x05 { BranchFilter::MISPREDICTED } else { BranchFilter::ALL_OUTCOMES };
+            Semantics::Branches(BranchFilter { kinds: branch_types(s.mask), outcomes })
+        }
+        _ => Semantics::Nothing,
+    }
+}
+
+/// The branch kinds retired_branch_type's mask selects (SDM Table 19-33): CONDITIONAL (bit 1),
+/// CALL (bit 2: direct and indirect), RETURN (bit 3), INDIRECT (bit 4: indirect calls and jumps).
+/// Direct JMPs and far transfers are none of these types.
+fn branch_types(mask: u16) -> u8 {
+    let kind = BranchFilter::kind_bit;
+    [
+        (1, kind(BranchType::Jcc)),
+        (2, kind(BranchType::NearRelCall) | kind(BranchType::NearIndCall)),
+        (3, kind(BranchType::NearRet)),
+        (4, kind(BranchType::NearIndCall) | kind(BranchType::NearIndJmp)),
+    ]
+    .iter()
+    .filter(|(bit, _)| mask >> bit & 1 != 0)
+    .fold(0, |m, (_, kinds)| m | kinds)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn events_map_to_what_they_count() {
+        let sel = |escr, event, mask| Selection { escr, event, mask };
+        assert_eq!(semantics(sel(0x3B8, 2, 1)), Semantics::Instructions);
+        assert_eq!(semantics(sel(0x3B9, 2, 0b1110)), Semantics::Nothing, "bogus and tagged");
+        assert_eq!(semantics(sel(0x3CC, 2, 1)), Semantics::Unsupported, "instr_retired is a CRU_ESCR0/1 event");
+        assert_eq!(semantics(sel(0x3B9, 3, 1)), Semantics::Branches(BranchFilter::MISSES));
+        assert_eq!(semantics(sel(0x3A3, 0x13, 1)), Semantics::CoreCycles);
+        assert_eq!(
+            semantics(sel(0x3CD, 6, 0xC)),
+            Semantics::Branches(BranchFilter { kinds: BranchFilter::ALL_KINDS, outcomes: 0xC })
+        );
+        assert_eq!(semantics(sel(0x3A0, 5, 1)), Semantics::Unsupported);
+        let Semantics::Branches(calls) = semantics(sel(0x3C2, 4, 1 << 2 | 1 << 4)) else { panic!() };
+        assert!(calls.counts(BranchType::NearIndCall, true, false), "an indirect call is both");
+        assert!(calls.counts(BranchType::NearIndJmp, true, false));
+        assert!(!calls.counts(BranchType::NearRelJmp, true, false), "a direct JMP has none of the types");
+        assert!(!calls.counts(BranchType::NearRet, true, false));
+        assert_eq!(semantics(sel(0x3C2, 4, 1)), Semantics::Nothing, "bit 0 alone selects no type");
+        let Semantics::Branches(mispred) = semantics(sel(0x3C3, 5, 1 << 1)) else { panic!() };
+        assert!(mispred.counts(BranchType::Jcc, false, true) && !mispred.counts(BranchType::Jcc, true, false));
+    }
 
     const CRU_ESCR0: u32 = 0x3B8;
     /// instr_retired (event 2) NBOGUSNTAG on CRU_ESCR0, T0_OS and T0_USR.
@@ -687,7 +954,7 @@ mod tests {
         // Select 7 names no ESCR in the IQ block.
         wr(&mut r, 0x36C, IQ_CCCR | 7 << 13).unwrap();
         assert!(!r.counting(12));
-        assert!(r.unmodelled().unpaired);
+        assert!(r.unmodelled().contains(Unmodelled::UNPAIRED_CCCR));
     }
 
     #[test]

@@ -1,33 +1,35 @@
-//! RDPMC (SDM Vol. 2B "RDPMC"; 18.2.1): which counter ECX selects and when the instruction
-//! faults. The VMM's precise backend emulates the instruction with this.
-use super::{CounterId, GpFault, Pmu};
+//! RDPMC (SDM Vol. 2B "RDPMC"; 18.2.1) on the architectural PMU: which counter ECX selects.
+//! The privilege check is [`super::Pmu::rdpmc`]'s. The VMM's precise backend emulates the
+//! instruction with this.
+use super::arch::ArchPmu;
+use super::ops::PmuOps;
+use super::{CounterId, GpFault};
 
 /// ECX\[30\]: select the fixed-function counters.
 pub const RDPMC_FIXED: u32 = 1 << 30;
 /// ECX\[31\]: fast read, only bits 31:0 are returned (EDX = 0), as KVM implements it.
 pub const RDPMC_FAST: u32 = 1 << 31;
 
-impl Pmu {
-    /// The value RDPMC returns in EDX:EAX for `ecx`, executed at `cpl` with CR4.PCE = `pce`.
-    /// #GP when CPL > 0 and CR4.PCE is clear, or when ECX selects no counter of the profile.
-    pub fn rdpmc(&self, ecx: u32, cpl: u8, pce: bool) -> Result<u64, GpFault> {
-        if cpl > 0 && !pce {
-            return Err(GpFault);
-        }
-        if self.nb.is_some() {
-            // NetBurst (SDM Vol. 2B "RDPMC"): ECX[30:0] selects counter 0-17, ECX[31] a fast read.
-            let index = u8::try_from(ecx & !RDPMC_FAST).ok().filter(|&i| i < super::netburst::COUNTERS);
-            let value = self.counter(CounterId::NetBurst(index.ok_or(GpFault)?)).value;
-            return Ok(if ecx & RDPMC_FAST != 0 { value & 0xFFFF_FFFF } else { value });
-        }
+impl ArchPmu {
+    /// The value RDPMC returns in EDX:EAX for `ecx`: #GP when ECX selects no counter of the
+    /// profile.
+    pub(super) fn read_pmc(&self, ecx: u32) -> Result<u64, GpFault> {
         let index = ecx & !(RDPMC_FIXED | RDPMC_FAST);
         let index = u8::try_from(index).map_err(|_| GpFault)?;
         let id = if ecx & RDPMC_FIXED != 0 { CounterId::Fixed(index) } else { CounterId::Gp(index) };
-        if !self.counter_exists(id) {
+        if !self.exists(id) {
             return Err(GpFault);
         }
-        let value = self.counter(id).value;
-        Ok(if ecx & RDPMC_FAST != 0 { value & 0xFFFF_FFFF } else { value })
+        Ok(fast(ecx, self.state(id).value))
+    }
+}
+
+/// A fast read (ECX\[31\]) returns bits 31:0 only.
+pub(super) fn fast(ecx: u32, value: u64) -> u64 {
+    if ecx & RDPMC_FAST != 0 {
+        value & 0xFFFF_FFFF
+    } else {
+        value
     }
 }
 
@@ -35,6 +37,7 @@ impl Pmu {
 mod tests {
     use super::*;
     use crate::pmu::msr::{IA32_FIXED_CTR0, IA32_PMC0};
+    use crate::pmu::Pmu;
     use crate::profile::Profile;
 
     fn pmu(name: &str) -> Pmu {

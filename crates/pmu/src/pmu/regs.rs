@@ -132,8 +132,6 @@ pub struct Layout {
     pub lbr_format: u8,
     /// OFFCORE_RSP, PEBS_LD_LAT and PEBS_FRONTEND.
     pub msrs: ModelMsrs,
-    /// The NetBurst PMU (SDM 18.15): its registers replace the architectural ones.
-    pub netburst: bool,
 }
 
 /// MISC_ENABLE bits a guest may change.
@@ -215,11 +213,6 @@ impl Layout {
         if version >= 2 {
             debugctl_valid |= DEBUGCTL_FREEZE_PERFMON_ON_PMI;
         }
-        if p.netburst() {
-            // MSR_DEBUGCTLA (SDM 17.5.1): LBR, BTF, TR, BTS, BTINT, BTS_OFF_OS, BTS_OFF_USR; the
-            // Pentium 4 3.00 GHz #GPs on bits 63:7 (VirtualBox CPU database).
-            debugctl_valid = NETBURST_DEBUGCTLA_VALID;
-        }
         if p.perf_capabilities & PERF_CAPABILITIES_FREEZE_WHILE_SMM != 0 {
             debugctl_valid |= DEBUGCTL_FREEZE_WHILE_SMM;
         }
@@ -245,7 +238,6 @@ impl Layout {
             lbr: p.lbr,
             lbr_format: p.lbr_format(),
             msrs: p.msrs,
-            netburst: p.netburst(),
         }
     }
 

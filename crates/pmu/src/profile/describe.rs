@@ -1,6 +1,86 @@
 //! Human-readable decoding of CPUID leaf 0x0A (for `emon profiles` / `emon cpuid`).
 
-use super::{PmuProfile, ARCH_EVENTS};
+use super::{PmuProfile, Profile, ARCH_EVENTS};
+use crate::pmu::Semantics;
+
+/// The events a profile's PMU model names, for `emon events`: a title, the columns, one row per
+/// event (its text and what it counts, to which a backend adds how it counts it) and notes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EventListing {
+    pub title: String,
+    pub columns: String,
+    pub rows: Vec<(String, Semantics)>,
+    pub notes: Vec<String>,
+}
+
+/// The events `p`'s PMU model names (see [`EventListing`]).
+pub fn event_listing(p: &Profile) -> EventListing {
+    if p.pmu.netburst() {
+        return netburst_listing(p);
+    }
+    let title = format!(
+        "architectural events under profile {} (CPUID.0AH EBX length {}, EBX {:#x}):",
+        p.name, p.pmu.ebx_length, p.pmu.ebx_unavailable
+    );
+    let columns = format!("{:<3} {:<28} {:<12} {:<10} {:<16}", "bit", "event", "select/umask", "fixed", "CPUID");
+    let rows = ARCH_EVENTS
+        .iter()
+        .map(|e| {
+            let cpuid = if e.bit >= p.pmu.ebx_length {
+                "not enumerated"
+            } else if p.pmu.arch_event_available(e.bit) {
+                "available"
+            } else {
+                "unavailable"
+            };
+            let fixed = match e.fixed {
+                Some(i) if p.pmu.fixed_supported(i) => format!("FIXED_CTR{i}"),
+                _ => "-".into(),
+            };
+            let text = format!(
+                "{:<3} {:<28} {:<12} {:<10} {:<16}",
+                e.bit,
+                e.name,
+                format!("{:#04x}/{:#04x}", e.event_select, e.umask),
+                fixed,
+                cpuid
+            );
+            (text, crate::pmu::arch_semantics(crate::pmu::CounterId::Gp(0), e.event_select, e.umask))
+        })
+        .collect();
+    EventListing {
+        title,
+        columns,
+        rows,
+        notes: vec!["Any other event select/umask counts 0 under the precise backend.".into()],
+    }
+}
+
+/// `emon events` under a NetBurst profile: the events the precise backend derives, by ESCR and
+/// event-mask bit, and that every other event counts 0.
+fn netburst_listing(p: &Profile) -> EventListing {
+    use crate::pmu::netburst::{self, Selection, EVENTS};
+    let title = format!("NetBurst events under profile {} ({}), SDM Table 19-33:", p.name, p.description);
+    let columns = format!("{:<28} {:<32} {:<6} {:<14}", "event", "ESCRs", "select", "mask bit");
+    let mut rows = Vec::new();
+    for e in EVENTS {
+        let escrs = e.escrs.map(|m| netburst::msr_name(m).unwrap_or("?")).join(", ");
+        for (bit, name) in e.mask_bits.iter().enumerate() {
+            let s = Selection { escr: e.escrs[0], event: e.event, mask: 1 << bit };
+            rows.push((
+                format!("{:<28} {:<32} {:#04x}   {bit:<2} {name:<11}", e.name, escrs, e.event),
+                netburst::semantics(s),
+            ));
+        }
+    }
+    let notes = vec![
+        "Any other ESCR event counts 0 under the precise backend, and the run summary says NOT EXACT when a counter counts one.".into(),
+        "CCCR filters (COMPARE, COMPLEMENT, THRESHOLD, EDGE) apply per retired instruction; T0_OS/T0_USR by CPL; the T1 bits, \
+         OVF_PMI_T1 and active-thread 10B (both threads) never count: emon runs logical processor 0 only. \
+         The perf backend cannot count the NetBurst PMU and refuses it (README, \"The NetBurst PMU\").".into(),
+    ];
+    EventListing { title, columns, rows, notes }
+}
 
 /// Decode a profile's CPUID leaf 0x0A (and its PMU MSR capabilities) into human lines:
 /// the raw registers, the version, the general-purpose and fixed-function counters with

@@ -35,7 +35,7 @@ pub use arch_event::{ArchEvent, Event, ARCH_EVENTS};
 pub use cache::{Cache, CacheLevel};
 pub use clock::Clock;
 pub use cpu::Profile;
-pub use describe::describe_leaf_0a;
+pub use describe::{describe_leaf_0a, event_listing, EventListing};
 pub use error::ProfileError;
 pub use file::DEFAULT_NOMINAL_MHZ;
 pub use model_msrs::{
@@ -43,7 +43,7 @@ pub use model_msrs::{
     LBR_MAX_DEPTH, LBR_NHM_FROM, LBR_NHM_TO, LBR_SELECT_BITS,
 };
 pub use overrides::{parse_u64, NumberError, KEYS as OVERRIDE_KEYS};
-pub use pmu::{PmuKind, PmuProfile};
+pub use pmu::{PmuKind, PmuProfile, PreciseOnly};
 pub use validate::{
     MAX_CACHE_KIB, MAX_CACHE_LINE, MAX_CACHE_WAYS, MAX_EBX_LENGTH, MAX_FIXED, MAX_GP, MAX_VERSION, MIN_CACHE_LINE,
     PERF_CAPABILITIES_ACCEPTED,

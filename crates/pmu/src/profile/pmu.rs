@@ -13,6 +13,16 @@ pub enum PmuKind {
     NetBurst,
 }
 
+/// Why a PMU model is counted by the precise backend only (see [`PmuProfile::precise_only`]):
+/// what `--backend perf` says refusing it, why `--backend auto` chooses precise, and what
+/// `emon host` says of such profiles.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PreciseOnly {
+    pub refusal: &'static str,
+    pub auto: &'static str,
+    pub host: &'static str,
+}
+
 /// CPUID leaf 0x0A and the MSR-visible PMU capabilities of a profile.
 ///
 /// The fields are the raw register fields; [`PmuProfile::leaf_0a`] packs them back into
@@ -121,6 +131,16 @@ impl PmuProfile {
     /// Is this the NetBurst PMU (SDM 18.15)?
     pub fn netburst(&self) -> bool {
         self.kind == PmuKind::NetBurst
+    }
+
+    /// Why only a backend that derives events from the instruction stream can count this PMU,
+    /// if so: host perf has no event for a guest that the model's event encodings name.
+    pub fn precise_only(&self) -> Option<PreciseOnly> {
+        self.netburst().then_some(PreciseOnly {
+            refusal: "presents the NetBurst PMU, whose ESCR events host perf cannot count for a guest; use --backend precise (README, \"The NetBurst PMU\")",
+            auto: "the profile presents the NetBurst PMU, which only the precise backend counts",
+            host: "a NetBurst profile (pentium4) is counted by the precise backend only: host perf has no ESCR events for a guest, so auto chooses precise and --backend perf is refused; ESCR events emon does not derive count 0 and the run summary says NOT EXACT (emon events --profile pentium4)",
+        })
     }
 
     /// CPUID.01H:ECX.PDCM[15]: IA32_PERF_CAPABILITIES exists.

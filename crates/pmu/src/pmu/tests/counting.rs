@@ -121,7 +121,23 @@ fn gp_counter_state_decodes_perfevtsel() {
             counting: false,
             value: 42,
             width: 48,
-            netburst: None,
+            semantics: Semantics::LlcReference,
         }
     );
+}
+
+#[test]
+fn architectural_events_say_what_they_count() {
+    let gp = CounterId::Gp(0);
+    assert_eq!(arch_semantics(gp, 0xC0, 0), Semantics::Instructions);
+    assert_eq!(arch_semantics(gp, 0xC4, 0), Semantics::Branches(BranchFilter::ALL));
+    assert_eq!(arch_semantics(gp, 0xC5, 0), Semantics::Branches(BranchFilter::MISSES));
+    assert_eq!(arch_semantics(gp, 0x3C, 1), Semantics::RefXclk);
+    assert_eq!(arch_semantics(CounterId::Fixed(2), 0x3C, 1), Semantics::RefTsc);
+    assert_eq!(arch_semantics(gp, 0x2E, 0x4F), Semantics::LlcReference);
+    assert_eq!(arch_semantics(gp, 0x2E, 0x41), Semantics::LlcMisses);
+    assert_eq!(arch_semantics(gp, 0x2E, 0x3F), Semantics::Unsupported);
+    let mut pmu = Pmu::new(&skylake());
+    wr(&mut pmu, msr::IA32_PERFEVTSEL0 + 1, 0x43_01C4);
+    assert_eq!(pmu.event_name(CounterId::Gp(1)), "IA32_PMC1 event 0xc4 umask 0x01");
 }

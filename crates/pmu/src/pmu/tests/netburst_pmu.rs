@@ -33,7 +33,8 @@ fn a_netburst_counter_decodes_its_cccr_and_escr() {
     let s = pmu.counter(CounterId::NetBurst(12));
     assert!(s.counting && s.enabled && s.int && s.os && !s.usr);
     assert_eq!((s.cmask, s.inv, s.edge, s.width), (3, true, true, 40));
-    assert_eq!(s.netburst, Some(netburst::Selection { escr: CRU_ESCR0, event: 2, mask: 1 }));
+    assert_eq!(s.semantics, Semantics::Instructions);
+    assert_eq!(pmu.event_name(CounterId::NetBurst(12)), "MSR_CRU_ESCR0 event 0x02");
     assert_eq!(pmu.counting().len(), 1);
     assert_eq!(CounterId::NetBurst(12).to_string(), "MSR_IQ_COUNTER0");
 }
@@ -92,4 +93,27 @@ fn the_dump_decodes_the_netburst_registers() {
     assert!(d.contains("ESCR select 4 (MSR_CRU_ESCR0) active thread 3"), "{d}");
     assert!(d.contains("ENABLE OVF_PMI_T0"), "{d}");
     assert!(d.lines().any(|l| l.starts_with("MSR_IQ_COUNTER0") && l.contains("counting")), "{d}");
+}
+
+/// What the guest sets that emon stores without modelling is what the run summary names.
+#[test]
+fn configurations_emon_does_not_model_are_named() {
+    let mut pmu = pentium4();
+    // instr_retired on IQ_COUNTER0 through CRU_ESCR0: modelled, nothing to say.
+    wr(&mut pmu, CRU_ESCR0, 2 << 25 | 1 << 9 | 0xC);
+    wr(&mut pmu, IQ_CCCR0, CCCR_CRU0);
+    assert!(pmu.unmodelled().is_empty());
+    // OVF_PMI_T1 on an enabled CCCR, Tag Enable (FSB_ESCR0 keeps it; CRU_ESCR0 ignores it), and
+    // MSR_DEBUGCTLA.BTS.
+    wr(&mut pmu, IQ_CCCR0, CCCR_CRU0 | netburst::CCCR_OVF_PMI_T1);
+    wr(&mut pmu, 0x3A2, 0x13 << 25 | 1 << 9 | 0xC | netburst::ESCR_TAG_ENABLE);
+    wr(&mut pmu, msr::IA32_DEBUGCTL, 1 << 3);
+    let notes = pmu.unmodelled().notes(true);
+    assert_eq!(notes.len(), 1, "{notes:?}");
+    for what in ["OVF_PMI_T1", "Tag Enable", "MSR_DEBUGCTLA.TR/BTS", "The NetBurst PMU"] {
+        assert!(notes[0].contains(what), "{notes:?} lacks {what}");
+    }
+    // A write that #GPs (ESCR bit 31) changes nothing; DEBUGCTLA has bits 6:0 only.
+    assert_wr_gp(&mut pmu, 0x3B9, 1 << 31);
+    assert_wr_gp(&mut pmu, msr::IA32_DEBUGCTL, 1 << 7);
 }

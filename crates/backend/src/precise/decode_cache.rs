@@ -1,0 +1,98 @@
+//! The stepper's decoded instructions, by linear address under one CR3. Each entry keeps the
+//! bytes it was decoded from and is used only while guest memory still holds them: a guest
+//! rewrites its own code under one CR3 (Linux patches jump labels, alternatives and static
+//! calls), and a stale entry would count the old instruction.
+use emon_x86::insn::{self, Insn};
+use emon_x86::mode::CpuMode;
+use std::collections::HashMap;
+use vm_memory::GuestMemoryMmap;
+
+/// Decoded instructions kept at most (about 3 MiB), so that a guest executing at many addresses
+/// cannot grow emon's memory.
+const MAX_CACHED_INSNS: usize = 65_536;
+
+/// The longest x86 instruction (SDM Vol. 2A 2.3.11).
+const MAX_INSN_LEN: usize = 15;
+
+#[derive(Debug, Clone)]
+struct Entry {
+    /// The bytes the decoding used: the instruction's, or all that were fetched if it did not
+    /// decode.
+    bytes: [u8; MAX_INSN_LEN],
+    len: u8,
+    insn: Option<Insn>,
+}
+
+/// See the module documentation.
+#[derive(Debug, Default)]
+pub struct DecodeCache {
+    cr3: u64,
+    entries: HashMap<u64, Entry>,
+}
+
+impl DecodeCache {
+    /// The instruction at linear address `rip` in `mode`, `None` if it cannot be fetched or
+    /// decoded.
+    pub fn get(&mut self, mem: &GuestMemoryMmap, mode: &CpuMode, rip: u64) -> Option<Insn> {
+        if mode.cr3 != self.cr3 {
+            self.entries.clear();
+            self.cr3 = mode.cr3;
+        }
+        let bytes = mode.fetch(mem, rip);
+        if let Some(e) = self.entries.get(&rip) {
+            if bytes.get(..usize::from(e.len)) == Some(&e.bytes[..usize::from(e.len)]) {
+                return e.insn;
+            }
+        }
+        if self.entries.len() >= MAX_CACHED_INSNS {
+            self.entries.clear();
+        }
+        let insn = insn::decode(&bytes, rip, mode.bitness);
+        let len = insn.map_or(bytes.len().min(MAX_INSN_LEN), |i| usize::from(i.len));
+        let mut kept = [0u8; MAX_INSN_LEN];
+        kept[..len].copy_from_slice(&bytes[..len]);
+        self.entries.insert(rip, Entry { bytes: kept, len: len as u8, insn });
+        insn
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use emon_x86::insn::Flow;
+    use vm_memory::{Bytes, GuestAddress};
+
+    /// Code rewritten under the same CR3 and RIP (as Linux patches a jump label from a NOP to a
+    /// JMP) is decoded again, not taken from the cache.
+    #[test]
+    fn rewritten_code_is_decoded_again() {
+        let mem = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 1 << 20)]).unwrap();
+        let mode = CpuMode { bitness: 64, cr3: 0x1000, ..CpuMode::default() };
+        // nop dword [rax + rax] (5 bytes)
+        mem.write_slice(&[0x0F, 0x1F, 0x44, 0x00, 0x00], GuestAddress(0x5000)).unwrap();
+        let mut cache = DecodeCache::default();
+        let nop = cache.get(&mem, &mode, 0x5000).unwrap();
+        assert_eq!((nop.flow, nop.len), (Flow::Next, 5));
+        assert_eq!(cache.get(&mem, &mode, 0x5000), Some(nop), "unchanged code comes from the cache");
+        // jmp +0x10 (5 bytes), written over it.
+        mem.write_slice(&[0xE9, 0x10, 0x00, 0x00, 0x00], GuestAddress(0x5000)).unwrap();
+        let jmp = cache.get(&mem, &mode, 0x5000).unwrap();
+        assert_eq!(jmp.flow, Flow::Direct { target: 0x5015, conditional: false });
+        // A change past the instruction's bytes does not matter.
+        mem.write_slice(&[0xCC], GuestAddress(0x5005)).unwrap();
+        assert_eq!(cache.get(&mem, &mode, 0x5000), Some(jmp));
+    }
+
+    #[test]
+    fn another_address_space_starts_afresh_and_the_cache_stays_bounded() {
+        let mem = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 1 << 20)]).unwrap();
+        let mode = CpuMode { bitness: 64, cr3: 0x1000, ..CpuMode::default() };
+        let mut cache = DecodeCache::default();
+        for rip in 0..(MAX_CACHED_INSNS as u64 + 10) {
+            cache.get(&mem, &mode, rip);
+        }
+        assert!(cache.entries.len() <= MAX_CACHED_INSNS);
+        cache.get(&mem, &CpuMode { cr3: 0x2000, ..mode }, 0);
+        assert_eq!(cache.entries.len(), 1);
+    }
+}

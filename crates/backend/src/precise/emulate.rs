@@ -1,0 +1,148 @@
+//! Instructions the precise backend completes itself while it counts, instead of stepping them
+//! in KVM: HLT (which KVM steps over), RDPMC (which has no userspace exit), the time-stamp
+//! counter's reads and IA32_TSC_DEADLINE (the guest's time follows the model, README "Guest
+//! time"), and the fences (after which some hosts lose the single-step trap).
+use super::stepper::Pending;
+use super::Precise;
+use crate::{BackendError, Cx, Next};
+use emon_x86::arch::GP_VECTOR;
+use emon_x86::arch::{IA32_TSC, IA32_TSC_AUX, IA32_TSC_DEADLINE};
+use emon_x86::insn::{Insn, Special};
+use emon_x86::mode::CpuMode;
+
+/// CR4.TSD: RDTSC and RDTSCP fault above CPL0 (SDM Vol. 3A 2.5).
+const CR4_TSD: u64 = 1 << 2;
+
+impl Precise {
+    /// Completes the pending instruction `i` if it is one emon completes, and says what the VMM
+    /// does next; `None`: KVM runs it.
+    pub(super) fn emulate(
+        &mut self,
+        cx: &mut Cx,
+        p: &mut Pending,
+        i: &Insn,
+        mode: &CpuMode,
+    ) -> Result<Option<Next>, BackendError> {
+        let virtual_time = self.clock.virtual_time;
+        Ok(Some(match i.special {
+            Special::Hlt => self.emulate_hlt(cx, p, i)?,
+            Special::Rdpmc => self.emulate_rdpmc(cx, p, i, mode)?,
+            Special::Rdtsc | Special::Rdtscp if virtual_time => self.emulate_tsc_read(cx, p, i, mode)?,
+            Special::Fence => {
+                let regs = cx.vcpu.regs()?;
+                self.complete(cx, p, i, regs)?
+            }
+            // RDMSR and WRMSR at CPL0 (at CPL3 they are a #GP, which KVM raises).
+            Special::Rdmsr | Special::Wrmsr if p.cpl == 0 => {
+                let msr = (cx.vcpu.regs()?.rcx & 0xFFFF_FFFF) as u32;
+                if i.special == Special::Rdmsr && virtual_time && msr == IA32_TSC {
+                    self.emulate_tsc_read(cx, p, i, mode)?
+                } else if msr == IA32_TSC_DEADLINE && self.clock.virtual_tsc().is_some() {
+                    // The deadline timer's MSR, on the model's side of the guest's time.
+                    self.emulate_tsc_deadline(cx, p, i)?
+                } else {
+                    return Ok(None);
+                }
+            }
+            _ => return Ok(None),
+        }))
+    }
+
+    /// An instruction emon emulated retires: its effect on the registers, `regs`, is written back
+    /// with RIP past it.
+    fn complete(
+        &mut self,
+        cx: &mut Cx,
+        p: &Pending,
+        i: &Insn,
+        mut regs: kvm_bindings::kvm_regs,
+    ) -> Result<Next, BackendError> {
+        regs.rip = p.rip + i.len as u64;
+        cx.vcpu.set_regs(&regs)?;
+        self.retire_one(cx, &p.armed, (i, p.rip, p.cpl), regs.rip, true)?;
+        Ok(Next::Retired)
+    }
+
+    /// The pending instruction raises #GP(0), as on hardware, and does not retire.
+    fn raise_gp(&mut self, cx: &mut Cx, p: &mut Pending) -> Result<Next, BackendError> {
+        cx.vcpu.inject_exception(GP_VECTOR, Some(0))?;
+        p.expect_event = true;
+        self.step.pending = Some(p.clone());
+        Ok(Next::Run)
+    }
+
+    fn emulate_hlt(&mut self, cx: &mut Cx, p: &Pending, i: &Insn) -> Result<Next, BackendError> {
+        let regs = cx.vcpu.regs()?;
+        self.complete(cx, p, i, regs)?;
+        cx.vcpu.halt()?;
+        self.clock.halt(cx)?;
+        self.step.expect_event = true;
+        self.stats.hlt += 1;
+        Ok(Next::Retired)
+    }
+
+    /// RDTSC, RDTSCP, and RDMSR of IA32_TSC (`rdmsr`): the guest's TSC as the model has it
+    /// (README, "Guest time"). RDTSC and RDTSCP fault above CPL0 with CR4.TSD set.
+    fn emulate_tsc_read(
+        &mut self,
+        cx: &mut Cx,
+        p: &mut Pending,
+        i: &Insn,
+        mode: &CpuMode,
+    ) -> Result<Next, BackendError> {
+        if p.cpl > 0 && i.special != Special::Rdmsr && mode.cr4 & CR4_TSD != 0 {
+            return self.raise_gp(cx, p);
+        }
+        self.stats.tsc_reads += 1;
+        let mut regs = cx.vcpu.regs()?;
+        let tsc = self.clock.guest_tsc(cx)?;
+        regs.rax = tsc & 0xFFFF_FFFF;
+        regs.rdx = tsc >> 32;
+        if i.special == Special::Rdtscp {
+            regs.rcx = cx.vcpu.get_msr(IA32_TSC_AUX)? & 0xFFFF_FFFF;
+        }
+        self.complete(cx, p, i, regs)
+    }
+
+    /// RDMSR and WRMSR of IA32_TSC_DEADLINE while the guest's TSC follows the model: KVM's
+    /// timer fires on KVM's guest TSC, so a deadline the guest computed from the model's TSC
+    /// moves by the difference between the two (both ways), and the timer fires as far ahead
+    /// as the guest asked. Without this, a guest that counts with the deadline timer armed sets
+    /// deadlines already past on KVM's side: an interrupt storm. 0 disarms it either way.
+    fn emulate_tsc_deadline(&mut self, cx: &mut Cx, p: &Pending, i: &Insn) -> Result<Next, BackendError> {
+        let virtual_now = self.clock.virtual_tsc().expect("checked by the caller");
+        let kvm_ahead = cx.vcpu.guest_tsc()?.wrapping_sub(virtual_now);
+        let mut regs = cx.vcpu.regs()?;
+        if i.special == Special::Wrmsr {
+            let deadline = (regs.rdx << 32) | (regs.rax & 0xFFFF_FFFF);
+            let on_kvm = if deadline == 0 { 0 } else { deadline.wrapping_add(kvm_ahead) };
+            cx.vcpu.set_msr(IA32_TSC_DEADLINE, on_kvm)?;
+            self.clock.deadline = Some((deadline, on_kvm));
+        } else {
+            // The value written reads back until the timer fires (then 0), SDM Vol. 3A 10.5.4.1.
+            let on_kvm = cx.vcpu.get_msr(IA32_TSC_DEADLINE)?;
+            let deadline = match self.clock.deadline {
+                _ if on_kvm == 0 => 0,
+                Some((written, set)) if set == on_kvm => written,
+                _ => on_kvm.wrapping_sub(kvm_ahead),
+            };
+            regs.rax = deadline & 0xFFFF_FFFF;
+            regs.rdx = deadline >> 32;
+        }
+        self.stats.tsc_deadlines += 1;
+        self.complete(cx, p, i, regs)
+    }
+
+    fn emulate_rdpmc(&mut self, cx: &mut Cx, p: &mut Pending, i: &Insn, mode: &CpuMode) -> Result<Next, BackendError> {
+        self.stats.rdpmc += 1;
+        let mut regs = cx.vcpu.regs()?;
+        match cx.pmu.rdpmc(regs.rcx as u32, p.cpl, mode.pce()) {
+            Ok(v) => {
+                regs.rax = v & 0xFFFF_FFFF;
+                regs.rdx = v >> 32;
+                self.complete(cx, p, i, regs)
+            }
+            Err(_) => self.raise_gp(cx, p),
+        }
+    }
+}
