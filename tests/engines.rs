@@ -14,6 +14,7 @@ const GUESTS: &[(&str, &[&str])] = &[
     ("hal-emon", &[]),
     ("msr-fuzz", &[]),
     ("sse-completion", &[]),
+    ("rep-string", &[]),
     ("loops", &["calibrate=20000", "iterations=2000", "passes=3"]),
     ("pmu-idioms", &["n=200", "calibrate=2000"]),
 ];

@@ -75,6 +75,20 @@ pub struct Insn {
     pub changes_mode: bool,
     /// The transfer it makes when it branches; `None` for any other instruction.
     pub transfer: Option<Transfer>,
+    /// A string instruction with a REP/REPE/REPNE prefix: it runs one iteration at a time at the
+    /// same RIP (an interrupt or a fault may come between iterations), and retires once, after
+    /// its last iteration. Intel's INST_RETIRED.ANY: "an instruction with a REP prefix counts as
+    /// one instruction (not per iteration). Faults before the retirement of the last micro-op of
+    /// a multi-ops instruction are not counted."
+    pub repeats: bool,
+}
+
+impl Insn {
+    /// Whether this instruction at `rip`, having left the vCPU at `pc`, retired: a REP string
+    /// instruction that is still at its own RIP only ended an iteration (see [`Insn::repeats`]).
+    pub fn retired_at(&self, rip: u64, pc: u64) -> bool {
+        !(self.repeats && pc == rip)
+    }
 }
 
 /// Cycles added for instructions that exit to the VMM (CPUID, MSR and port accesses, RDPMC).
@@ -144,7 +158,18 @@ pub fn of(i: &Instruction) -> Insn {
             && (0..i.op_count()).any(|n| {
                 i.op_kind(n) == OpKind::Register && (i.op_register(n).is_segment_register() || i.op_register(n).is_cr())
             }));
-    Insn { len: i.len() as u8, flow, branch, mem_operands, class_cycles, special, changes_mode, transfer: transfer(i) }
+    let repeats = i.is_string_instruction() && (i.has_rep_prefix() || i.has_repne_prefix());
+    Insn {
+        len: i.len() as u8,
+        flow,
+        branch,
+        mem_operands,
+        class_cycles,
+        special,
+        changes_mode,
+        transfer: transfer(i),
+        repeats,
+    }
 }
 
 /// A far transfer: far JMP/CALL/RET, IRET, software interrupts, SYSCALL/SYSRET and
@@ -261,5 +286,21 @@ mod tests {
         assert!(d(&[0x0F, 0x22, 0xD8]).changes_mode); // mov cr3, rax
         assert!(!d(&[0x90]).changes_mode);
         assert_eq!(decode(&[0x0F, 0xFF], 0, 64), None.or(decode(&[0x0F, 0xFF], 0, 64)));
+    }
+
+    #[test]
+    fn rep_string_instructions_repeat_and_retire_once() {
+        // rep movsb, repe cmpsb, repne scasb, rep stosq, rep insb, rep outsb (32-bit addresses)
+        for b in
+            [&[0xF3, 0xA4][..], &[0xF3, 0xA6], &[0xF2, 0xAE], &[0xF3, 0x48, 0xAB], &[0xF3, 0x6C], &[0x67, 0xF3, 0x6E]]
+        {
+            let i = d(b);
+            assert!(i.repeats, "{b:x?}");
+            assert!(!i.retired_at(0x1000, 0x1000) && i.retired_at(0x1000, 0x1000 + i.len as u64), "{b:x?}");
+        }
+        // movsb without REP, a REP-prefixed non-string instruction (pause), and SSE's MOVSD.
+        for b in [&[0xA4][..], &[0xF3, 0x90], &[0xF2, 0x0F, 0x10, 0xC1]] {
+            assert!(!d(b).repeats, "{b:x?}");
+        }
     }
 }

@@ -84,6 +84,7 @@ pub const UNKNOWN: Insn = Insn {
     special: Special::None,
     changes_mode: true,
     transfer: None,
+    repeats: false,
 };
 
 /// The whole instruction at `rip`, as iced-x86 decodes it (for its data accesses).
@@ -134,6 +135,12 @@ impl Precise {
         };
         let mode = self.mode(cx)?;
         let at_rip = self.decode(cx, &mode, p.rip);
+        if at_rip.is_some_and(|i| !p.expect_event && !i.retired_at(p.rip, pc)) {
+            // An iteration of a REP string instruction ended: the instruction goes on from here,
+            // and retires once, after its last iteration (`Insn::repeats`).
+            self.step.rip = Some(pc);
+            return Ok(());
+        }
         let iret_elsewhere = |i: &Insn| i.special == Special::Iret && p.iret_target.is_some_and(|t| t != pc);
         if let Some(i) = at_rip.filter(|i| !p.expect_event && (!follows(i, p.rip, pc) || iret_elsewhere(i))) {
             if self.retire_lost_traps(cx, &mode, &p, &i, pc)? {

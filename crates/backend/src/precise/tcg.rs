@@ -151,6 +151,9 @@ struct Acc {
     room: Vec<u64>,
     counts: Vec<u64>,
     retired: u64,
+    /// Iterations of REP string instructions that have not retired yet: work the budget counts,
+    /// so that a long REP hands back to KVM (for interrupts) as other code does.
+    iterations: u64,
     /// The model clock now, and the cycles retired in this run.
     clock: ModelClock,
     cycles: u64,
@@ -187,6 +190,7 @@ impl Acc {
             room: armed.iter().map(|(_, d)| *d).collect(),
             counts: vec![0; armed.len()],
             retired: 0,
+            iterations: 0,
             clock,
             cycles: 0,
             budget,
@@ -224,6 +228,13 @@ impl Acc {
         let b = &self.blocks[&addr];
         self.iret |= b.ends_in_iret;
         let Some((rip, last)) = b.insns.last() else { return };
+        if !last.retired_at(*rip, next) {
+            // The block ends in a REP string instruction that only ended an iteration (TCG runs
+            // one iteration per block execution): the instructions before it retired, it did not.
+            let n = b.insns.len() - 1;
+            self.iterations += 1;
+            return self.retire_first(addr, n);
+        }
         let taken = super::stepper::taken(last, *rip, next);
         self.retired += b.insns.len() as u64;
         let c = b.cycles_body + if taken { b.cycles_taken } else { b.cycles_not };
@@ -254,7 +265,7 @@ impl Acc {
     }
 
     /// Counts the first `n` instructions of the block at `addr` (none of them a taken branch:
-    /// the block was cut short by a fault at the next one).
+    /// the block was cut short at the next one, by a fault or a REP iteration).
     fn retire_first(&mut self, addr: u64, n: usize) {
         let fault = self.blocks[&addr].insns.get(n).map(|(rip, _)| *rip);
         let cache = self.feed(fault);
@@ -705,6 +716,10 @@ impl Tcg {
             let r = self.uc.emu_start(pc, u64::MAX, 0, 1);
             let faulted = acc(&mut self.uc).stop == Some(Stop::Fault) || r.is_err();
             let next = self.uc.reg_read(RegisterX86::RIP).map_err(uc_err("reading RIP"))?;
+            if !faulted && !facts.retired_at(pc, next) {
+                // One iteration of a REP string instruction: it retires after its last.
+                continue;
+            }
             // No progress but for a branch to itself: the instruction faulted (unicorn ends a run
             // at some faults without calling the interrupt hook).
             if faulted || next == pc && !matches!(facts.flow, emon_x86::insn::Flow::Direct { .. }) {
@@ -867,7 +882,7 @@ fn on_block(uc: &mut Unicorn<'_, Option<Acc>>, addr: u64, size: u32) {
         Some(Stop::Handover)
     } else if acc.could_overflow(addr) {
         Some(Stop::Overflow)
-    } else if acc.retired + n as u64 > acc.budget {
+    } else if acc.retired + acc.iterations + n as u64 > acc.budget {
         Some(Stop::Budget)
     } else {
         None
@@ -1068,6 +1083,28 @@ mod tests {
         // Without the model the engine counts no LLC event.
         let r = tcg.run(&regs, &sregs, mode, counting(&counters), false).unwrap();
         assert_eq!(r.counts, vec![0, 0]);
+    }
+
+    /// `mov ecx, 1000; rep movsb; mov ecx, 500; xor eax, eax; rep stosb; out dx, al`: TCG runs
+    /// each REP one iteration per block execution, and each retires once (`Insn::repeats`).
+    #[test]
+    fn rep_string_instructions_retire_once() {
+        let code = [0xB9, 0xE8, 0x03, 0, 0, 0xF3, 0xA4, 0xB9, 0xF4, 0x01, 0, 0, 0x31, 0xC0, 0xF3, 0xAA, 0xEE];
+        let (mem, mut regs, sregs, mode) = machine(&code);
+        (regs.rsi, regs.rdi) = (0x40000, 0x50000);
+        let mut tcg = Tcg::new(&mem).unwrap();
+        let counters = [(armed(Semantics::Instructions), u64::MAX), (armed(Semantics::CoreCycles), u64::MAX)];
+        let r = tcg.run(&regs, &sregs, mode, counting(&counters), false).unwrap();
+        assert_eq!((r.stop, r.regs.rip, r.regs.rcx), (Stop::Handover, CODE + 16, 0), "{r:?}");
+        assert_eq!((r.regs.rsi, r.regs.rdi), (0x40000 + 1000, 0x50000 + 1000 + 500));
+        // 5 instructions of 1 cycle each (a string instruction's operands are implicit), whatever
+        // the iterations: the cost model counts an instruction when it retires.
+        assert_eq!((r.retired, r.counts.clone()), (5, vec![5, 5]), "{r:?}");
+        // A budget that ends the run between two iterations: the REP has not retired.
+        let c = Counting { budget: 3, ..counting(&counters) };
+        let r = tcg.run(&regs, &sregs, mode, c, false).unwrap();
+        assert_eq!((r.stop, r.regs.rip, r.retired), (Stop::Budget, CODE + 5, 1), "{r:?}");
+        assert!(r.regs.rcx > 0 && r.regs.rcx < 1000, "stopped midway: {r:?}");
     }
 
     #[test]
