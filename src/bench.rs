@@ -13,6 +13,11 @@ fn precise_backend(engine: Engine) -> Box<dyn Backend> {
     Box::new(Precise::with_engine(engine).with_real_time())
 }
 
+/// The precise backend with CPL0 code in KVM or, while nothing counts, in the TCG engine.
+fn executing_backend(cpl0_in_engine: bool) -> Box<dyn Backend> {
+    Box::new(Precise::with_engine(Engine::Tcg).with_real_time().with_cpl0_in_engine(cpl0_in_engine))
+}
+
 fn run(profile: &Profile, backend: Box<dyn Backend>, args: &str) -> Result<Vec<(String, u64)>, String> {
     run_with_memory(profile, backend, args, 64)
 }
@@ -36,6 +41,7 @@ fn run_with_memory(
         serial: SerialOut::File(out.clone()),
         ignore_msrs: false,
         debug_store: vmm::DebugStoreMode::Auto,
+        cpl0: vmm::exec_probe::cpl0().map_err(|e| e.to_string())?,
         backend,
         trace: None,
     };
@@ -166,7 +172,52 @@ pub const SHAPES: &[(&str, u64, u64)] = &[
     ("loop10", 500_000, 1_000),
     ("loopdot", 20_000_000, 3_000),
     ("branchy", 2_000_000, 2_000),
+    ("kernel", 1_000_000, 1_000),
 ];
+
+/// Uncounted CPL0 code with CPL0 in KVM and in the TCG engine (`--cpl0`): TSC ticks of each,
+/// the best of [`ROUNDS`] alternating rounds.
+#[derive(Debug, Clone)]
+pub struct Free {
+    pub name: &'static str,
+    /// What the guest did: instructions of the loop, or pages mapped and touched.
+    pub n: u64,
+    pub kvm_tsc: u64,
+    pub engine_tsc: u64,
+}
+
+impl Free {
+    /// How many times faster the engine runs it.
+    pub fn ratio(&self) -> f64 {
+        self.kvm_tsc as f64 / self.engine_tsc as f64
+    }
+}
+
+/// The free-running measurements: a `dec; jnz` loop (`n` iterations under KVM, `m` in the
+/// engine, compared per instruction) and 64 MiB mapped and touched (the same under both).
+pub fn measure_free(profile: &Profile, loop_kvm: u64, loop_engine: u64) -> Result<Vec<Free>, String> {
+    let mut spin = Free { name: "loop", n: 2 * loop_engine + 1, kvm_tsc: u64::MAX, engine_tsc: u64::MAX };
+    let pages = 16384;
+    let mut touch = Free { name: "touch 64 MiB", n: pages, kvm_tsc: u64::MAX, engine_tsc: u64::MAX };
+    for _ in 0..ROUNDS {
+        for engine in [false, true] {
+            let n = if engine { loop_engine } else { loop_kvm };
+            let kv = run(profile, executing_backend(engine), &format!("mode=free n={n}"))?;
+            // Per instruction, scaled to the engine's loop.
+            let tsc = (get(&kv, "tsc")? as f64 * (2 * loop_engine + 1) as f64 / (2 * n + 1) as f64) as u64;
+            let kv = run_with_memory(profile, executing_backend(engine), &format!("mode=touch n={pages}"), 128)?;
+            let t = get(&kv, "tsc")?;
+            let (a, b) = if engine {
+                (&mut spin.engine_tsc, &mut touch.engine_tsc)
+            } else {
+                (&mut spin.kvm_tsc, &mut touch.kvm_tsc)
+            };
+            *a = (*a).min(tsc);
+            *b = (*b).min(t);
+        }
+    }
+    Ok(vec![spin, touch])
+}
 
 /// Counts each of [`SHAPES`] under the TCG engine and under single-stepping.
 pub fn measure_shapes(profile: &Profile) -> Result<Vec<Shape>, String> {

@@ -111,6 +111,10 @@ struct RunArgs {
     /// every instruction in KVM (the reference).
     #[arg(long, value_enum, default_value_t = backend::precise::Engine::DEFAULT)]
     precise_engine: backend::precise::Engine,
+    /// precise backend: where CPL0 guest code runs while nothing counts: in KVM, in the TCG
+    /// engine, or auto (the engine where this host's KVM only emulates CPL0 code).
+    #[arg(long, value_enum, default_value_t = Cpl0::Auto)]
+    cpl0: Cpl0,
     /// Log exits and print statistics and the PMU state at the end.
     #[arg(long, short)]
     verbose: bool,
@@ -120,6 +124,18 @@ struct RunArgs {
     /// Arguments passed to the kernel.
     #[arg(last = true, value_name = "CMDLINE")]
     cmdline: Vec<String>,
+}
+
+/// `--cpl0`: where CPL0 guest code runs while nothing counts (README, "CPL0 code in the TCG
+/// engine").
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Cpl0 {
+    /// The TCG engine where this host's KVM only emulates CPL0 code, KVM elsewhere.
+    Auto,
+    /// Always KVM.
+    Kvm,
+    /// Always the TCG engine (precise backend).
+    Tcg,
 }
 
 /// Why a command could not do its job: one line for the user, exit status 2 ([`status::ERROR`]).
@@ -239,8 +255,17 @@ fn run(args: RunArgs) -> Result<ExitCode, CliError> {
     if let (Some(only), backend::BackendKind::Perf) = (profile.pmu.precise_only(), args.backend) {
         return Err(CliError::PerfRefused(profile.name, only.refusal));
     }
+    let cpl0_speed = vmm::exec_probe::cpl0()?;
+    let precise = backend::precise::Options {
+        engine: args.precise_engine,
+        cpl0_in_engine: match args.cpl0 {
+            Cpl0::Kvm => false,
+            Cpl0::Tcg => true,
+            Cpl0::Auto => cpl0_speed.emulated(),
+        },
+    };
     let (backend, why) =
-        backend::select(args.backend, &profile, args.allow_raw_events, vmm::kick::kick_signal(), args.precise_engine);
+        backend::select(args.backend, &profile, args.allow_raw_events, vmm::kick::kick_signal(), precise);
     if args.verbose {
         eprintln!("emon: backend {}: {why}", backend.name());
     }
@@ -256,6 +281,7 @@ fn run(args: RunArgs) -> Result<ExitCode, CliError> {
         serial: args.serial.map(SerialOut::File).unwrap_or(SerialOut::Stdout),
         ignore_msrs: args.ignore_msrs,
         debug_store: args.debug_store,
+        cpl0: cpl0_speed,
         backend,
         trace: args.trace.clone(),
     };
@@ -460,6 +486,17 @@ fn bench(args: &BenchArgs) -> Result<ExitCode, CliError> {
             ips(s.tcg),
             ips(s.step),
             s.ratio()
+        );
+    }
+    println!("  CPL0 code with nothing counting, in KVM against in the TCG engine (--cpl0):");
+    for f in crate::bench::measure_free(&profile, 20_000, 20_000_000).map_err(CliError::Bench)? {
+        let ms = |tsc: u64| tsc as f64 / hz * 1e3;
+        println!(
+            "    {:<13} KVM {:>9.1} ms, engine {:>7.1} ms: engine / KVM {:.0}x",
+            f.name,
+            ms(f.kvm_tsc),
+            ms(f.engine_tsc),
+            f.ratio()
         );
     }
     Ok(ExitCode::SUCCESS)

@@ -72,6 +72,10 @@ pub enum KvmReport {
         error: Option<String>,
         /// Whether a VMM can set the guest's TSC here (README, "Guest time"), or why not known.
         guest_tsc: Result<bool, String>,
+        /// How fast KVM runs CPL0 guest code (README, "CPL0 code in the TCG engine").
+        cpl0: Result<vmm::exec_probe::Cpl0Speed, String>,
+        /// Whether KVM keeps single-stepping across a KVM_SET_REGS that moves RIP.
+        step_survives_set_regs: Result<bool, String>,
         /// Per shipped profile, where a guest's CPUID differs from the table emon sets (README,
         /// "CPUID fidelity"), or why the probe failed.
         cpuid: Vec<(&'static str, Result<Vec<vmm::cpuid_probe::Override>, String>)>,
@@ -172,6 +176,8 @@ impl KvmReport {
                 CapState { name, required: false, value, why, show_value: cap.is_none() }
             });
         let guest_tsc = crate::backend::kvm::guest_tsc_settable(&kvm).map_err(|e| e.to_string());
+        let cpl0 = vmm::exec_probe::cpl0().map_err(|e| e.to_string());
+        let step_survives_set_regs = vmm::exec_probe::step_survives_set_regs().map_err(|e| e.to_string());
         let cpuid = crate::profile::Profile::builtin_names()
             .into_iter()
             .map(|name| {
@@ -190,6 +196,8 @@ impl KvmReport {
             caps: required.chain(optional).collect(),
             error,
             guest_tsc,
+            cpl0,
+            step_survives_set_regs,
             hw_breakpoints: vmm::rdpmc::hardware_breakpoints(&kvm),
         }
     }
@@ -316,7 +324,7 @@ impl fmt::Display for HostReport {
         writeln!(f, "{h_kvm}")?;
         match &self.kvm {
             KvmReport::Unavailable(msg) => writeln!(f, "  unavailable: {msg}")?,
-            KvmReport::Open { api_version, caps, error, guest_tsc, cpuid, .. } => {
+            KvmReport::Open { api_version, caps, error, guest_tsc, cpl0, step_survives_set_regs, cpuid, .. } => {
                 writeln!(f, "  API version {api_version}")?;
                 if let Some(e) = error {
                     writeln!(f, "  emon run cannot use it: {e}")?;
@@ -336,6 +344,21 @@ impl fmt::Display for HostReport {
                     Err(e) => format!("unknown ({e})"),
                 };
                 writeln!(f, "  guest TSC: {tsc} (README, \"Guest time\")")?;
+                match cpl0 {
+                    Ok(s) if s.emulated() => writeln!(
+                        f,
+                        "  {}: with --cpl0 auto (the default) the precise backend runs it in the TCG engine (README, \"CPL0 code in the TCG engine\")",
+                        s.describe()
+                    )?,
+                    Ok(s) => writeln!(f, "  {}: --cpl0 auto leaves it to KVM", s.describe())?,
+                    Err(e) => writeln!(f, "  CPL0 guest code: speed unknown ({e})")?,
+                }
+                let step = match step_survives_set_regs {
+                    Ok(true) => "goes on after KVM_SET_REGS moves RIP".into(),
+                    Ok(false) => "stops after KVM_SET_REGS moves RIP (KVM keeps its trap flag at one RIP): emon sets guest debugging again after each such write".into(),
+                    Err(e) => format!("unknown ({e})"),
+                };
+                writeln!(f, "  single-stepping: {step} (README, \"Registers between exits\")")?;
                 write_cpuid_fidelity(f, cpuid)?;
             }
         }

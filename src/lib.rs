@@ -5,7 +5,7 @@
 //! - [`profile`] and [`pmu`] (crate `emon-pmu`): the PMU a guest sees, from TOML profiles, and
 //!   the virtual PMU, a pure state machine over the architectural perfmon MSRs.
 //! - [`x86`] (crate `emon-x86`): the guest's CPU mode and page walk, instruction facts, and the
-//!   SSE emulator.
+//!   x87/SSE state layout.
 //! - [`backend`] (crate `emon-backend`): what makes the counters count (precise single-stepping;
 //!   host perf events), driving the vCPU through its `Vcpu` trait.
 //! - [`vmm`]: KVM setup, boot paths, devices, MSR trapping and the exit loop.

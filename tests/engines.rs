@@ -134,3 +134,47 @@ fn user_mode_counts_in_the_engine_and_stepping_says_when_it_cannot() {
         );
     }
 }
+
+/// `--cpl0`: whether CPL0 code runs in KVM or in the TCG engine while nothing counts changes
+/// nothing a guest can see but speed: every guest that runs CPL0 code with nothing counting
+/// (completions, RDPMC at the #GP handler, the guest's own single-stepping and breakpoints,
+/// INT3, XSAVE) prints the same under both; and the engine really ran that code.
+#[test]
+fn cpl0_in_kvm_or_in_the_engine_gives_the_same_output() {
+    if !kvm_available() {
+        return;
+    }
+    let mut guests: Vec<(&str, &[&str])> = GUESTS.to_vec();
+    // Not guest:cpuid-report, which prints CPUID.01H:EBX whole: this host puts the APIC ID of the
+    // physical CPU the vCPU happens to run on in bits 31:24, whatever emon's table says.
+    guests.extend([
+        ("cpl0-completion", &[][..]),
+        ("rdpmc", &[]),
+        ("user-mode", &[]),
+        ("msr-semantics", &[]),
+        ("model-msrs", &[]),
+    ]);
+    for (guest, args) in guests {
+        let g = format!("guest:{guest}");
+        let outputs: Vec<(Run, serde_json::Value)> = ["kvm", "tcg"]
+            .iter()
+            .map(|cpl0| {
+                let mut a = vec!["--profile", "skylake", "--cpl0", cpl0, "--timeout", "300", &g, "--"];
+                a.extend(args);
+                emon_json(&format!("cpl0-{cpl0}-{guest}"), &a)
+            })
+            .collect();
+        let (kvm, tcg) = (&outputs[0], &outputs[1]);
+        tcg.0.assert_status(kvm.0.status);
+        assert_eq!(tcg.0.stdout, kvm.0.stdout, "{guest}: the guest saw something else with CPL0 in the engine");
+        let summary = tcg.1["backend"]["summary"].as_str().unwrap();
+        let in_engine: u64 = summary
+            .split("with nothing counting, ")
+            .nth(1)
+            .and_then(|t| t.split_whitespace().next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("{guest}: {summary}"));
+        assert!(in_engine > 0, "{guest}: no CPL0 code ran in the engine: {summary}");
+        assert!(!kvm.1["backend"]["summary"].as_str().unwrap().contains("with nothing counting"), "{guest}");
+    }
+}

@@ -176,17 +176,17 @@ fn emon_run_chooses_what_emon_host_reports() {
 #[test]
 fn setting_the_guest_tsc_near_its_value_tells_the_truth() {
     use emon::backend::guest_debug::GuestDebug;
-    use emon::backend::kvm::{guest_tsc_settable, KvmVcpu};
+    use emon::backend::kvm::{guest_tsc_settable, KvmCpu};
     use emon::backend::Vcpu;
     if !kvm_available() {
         return;
     }
     let kvm = kvm_ioctls::Kvm::new().unwrap();
     let vm = kvm.create_vm().unwrap();
-    let mut fd = vm.create_vcpu(0).unwrap();
+    let fd = vm.create_vcpu(0).unwrap();
     let mem = vm_memory::GuestMemoryMmap::default();
-    let mut debug = GuestDebug::default();
-    let mut vcpu = KvmVcpu { fd: &mut fd, mem: &mem, debug: &mut debug };
+    let mut cpu = KvmCpu::new(&kvm, fd, GuestDebug::default(), None);
+    let mut vcpu = cpu.with(&mem);
     let value = vcpu.guest_tsc().unwrap() + (1 << 19);
     let set = vcpu.set_guest_tsc(value).unwrap();
     let after = vcpu.guest_tsc().unwrap();

@@ -8,8 +8,9 @@ use super::error::kvm_err;
 use super::loader::{self, Format};
 use super::rdpmc::GpCatch;
 use super::vcpu::{ExitStats, Vcpu};
-use super::{boot, cpuid, host, kick, layout, msr, trace, xsave, DebugStoreMode, SerialOut, VmConfig, VmmError};
+use super::{boot, cpuid, host, kick, layout, msr, trace, DebugStoreMode, SerialOut, VmConfig, VmmError};
 use crate::backend::guest_debug::GuestDebug;
+use crate::backend::kvm::KvmCpu;
 use crate::backend::vpmu::VirtualPmu;
 use crate::pmu::Pmu;
 use kvm_bindings::{kvm_pit_config, kvm_userspace_memory_region};
@@ -41,24 +42,27 @@ pub fn build(config: VmConfig) -> Result<BuiltVm, VmmError> {
     let kvm = host::open()?;
     let vm = create_vm(&kvm)?;
     let mem = create_memory(&vm, ram)?;
-    let (mut fd, cpuid_overrides, DebugStore { pebs, bts }) = create_vcpu(&kvm, &vm, &config)?;
+    let (fd, cpuid_overrides, DebugStore { pebs, bts }) = create_vcpu(&kvm, &vm, &config)?;
     let format = load_kernel(&fd, &mem, ram, &config)?;
     let bus = create_bus(&vm, ram, &config)?;
     let tracer = config.trace.as_deref().map(create_tracer).transpose()?;
     let mut pmu = Pmu::new(&config.profile.pmu);
     pmu.set_pebs(pebs);
     pmu.set_bts(bts);
-    let catch = GpCatch::new(&kvm, &mut fd, &pmu);
+    let catch = GpCatch::new(&kvm, &pmu);
+    let xsave = crate::backend::kvm::xsave::XsaveAbi::probe(&vm);
+    let debug = GuestDebug::new(super::rdpmc::block_irq(&kvm));
+    let mut cpu = KvmCpu::new(&kvm, fd, debug, xsave);
+    cpu.step_survives_set_regs = super::exec_probe::step_survives_set_regs()?;
     let vcpu = Vcpu {
-        fd,
+        cpu,
         mem,
         bus,
         pmu: VirtualPmu::observed(pmu, config.backend, tracer),
         msrs: msr::MsrDispatch { ignore_unknown: config.ignore_msrs, stats: Default::default() },
         stats: ExitStats::default(),
         stop: Arc::new(kick::StopRequest::default()),
-        xsave: xsave::XsaveAbi::probe(&vm),
-        debug: GuestDebug::new(super::rdpmc::block_irq(&kvm)),
+        completer: Default::default(),
         catch,
     };
     Ok(BuiltVm { vcpu, format, vm, kvm, cpuid_overrides })

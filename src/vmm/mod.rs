@@ -11,6 +11,7 @@ pub mod cpuid;
 pub mod cpuid_probe;
 pub mod devices;
 pub mod error;
+pub mod exec_probe;
 pub mod host;
 pub mod kick;
 pub mod layout;
@@ -21,7 +22,6 @@ pub mod report;
 pub mod supervisor;
 pub mod trace;
 pub mod vcpu;
-pub mod xsave;
 
 use loader::{Kernel, Module};
 use std::path::PathBuf;
@@ -73,6 +73,9 @@ pub struct VmConfig {
     pub ignore_msrs: bool,
     /// `--debug-store`: whether PEBS and BTS are presented (README, "PEBS", "BTS").
     pub debug_store: DebugStoreMode,
+    /// How fast this host runs CPL0 guest code (emulated or native: what the CPUID table can
+    /// offer of XSAVE depends on it, README "CPUID fidelity").
+    pub cpl0: exec_probe::Cpl0Speed,
     /// What makes the counters count.
     pub backend: Box<dyn crate::backend::Backend>,
     /// `--trace`.

@@ -5,8 +5,8 @@
 //! `backend::rdpmc_catch` (pure); this is the KVM side: keeping the breakpoint in step with the
 //! guest's IDT before every entry, and carrying out the decisions.
 use super::VmmError;
-use crate::backend::guest_debug::{DebugExit, GuestDebug, DR6_BS, DR6_CAUSES, DR7_ENABLES};
-use crate::backend::kvm::{apply_guest_debug, KvmVcpu};
+use crate::backend::guest_debug::{DebugExit, DR6_BS, DR6_CAUSES, DR7_ENABLES};
+use crate::backend::kvm::KvmCpu;
 use crate::backend::rdpmc_catch::{self, Aside, Decision, Pass};
 use crate::backend::vpmu::{Observer, VirtualPmu};
 use crate::backend::Vcpu;
@@ -14,11 +14,8 @@ use crate::pmu::Pmu;
 use crate::x86::arch::DB_VECTOR;
 use crate::x86::insn::{self, Special};
 use crate::x86::mode::CpuMode;
-use kvm_bindings::{
-    kvm_sregs, KVM_CAP_SET_GUEST_DEBUG2, KVM_GUESTDBG_BLOCKIRQ, KVM_GUESTDBG_USE_HW_BP, KVM_SYNC_X86_REGS,
-    KVM_SYNC_X86_SREGS,
-};
-use kvm_ioctls::{Cap, Kvm, SyncReg, VcpuFd};
+use kvm_bindings::{KVM_CAP_SET_GUEST_DEBUG2, KVM_GUESTDBG_BLOCKIRQ, KVM_GUESTDBG_USE_HW_BP};
+use kvm_ioctls::{Cap, Kvm};
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 use vm_memory::GuestMemoryMmap;
@@ -94,16 +91,6 @@ impl CatchStats {
 /// The breakpoint on the guest's #GP handler, and what happens at it.
 pub struct GpCatch {
     on: bool,
-    /// KVM_CAP_SYNC_REGS with the segment and control registers: kvm_run has them after every
-    /// KVM_RUN, with no ioctl.
-    sync_sregs: bool,
-    /// The same for the general-purpose registers, read at the breakpoint (KVM_GET_REGS costs
-    /// about 5 µs here). They are never written back through kvm_run: a backend's KVM_SET_REGS
-    /// could be overtaken.
-    sync_regs: bool,
-    /// The registers in kvm_run may be older than the vCPU's (a backend ran the guest another way,
-    /// or nothing has run yet): read them with KVM_GET_SREGS.
-    stale: bool,
     /// Why the breakpoint was off at the last look, if it was.
     aside: Option<Aside>,
     /// The guest's own DR7 when emon last looked, and when that was.
@@ -116,24 +103,12 @@ impl GpCatch {
     /// The catch for a vCPU whose PMU is `pmu`: off when the profile has no counters (RDPMC then
     /// faults on hardware too, as KVM makes it) or when this KVM cannot put a hardware breakpoint
     /// in a guest.
-    pub fn new(kvm: &Kvm, fd: &mut VcpuFd, pmu: &Pmu) -> GpCatch {
+    pub fn new(kvm: &Kvm, pmu: &Pmu) -> GpCatch {
         let pmu_present = !pmu.counter_ids().is_empty();
         let host = hardware_breakpoints(kvm);
-        let sync = if kvm.check_extension(Cap::SyncRegs) { kvm.check_extension_int(Cap::SyncRegs) as u32 } else { 0 };
-        let sync_sregs = sync & KVM_SYNC_X86_SREGS != 0;
-        let sync_regs = sync & KVM_SYNC_X86_REGS != 0;
         let on = pmu_present && host;
-        if on && sync_sregs {
-            fd.set_sync_valid_reg(SyncReg::SystemRegister);
-        }
-        if on && sync_regs {
-            fd.set_sync_valid_reg(SyncReg::Register);
-        }
         GpCatch {
             on,
-            sync_sregs,
-            sync_regs,
-            stale: true,
             aside: None,
             guest_dr7: 0,
             dr7_checked: None,
@@ -148,24 +123,19 @@ impl GpCatch {
     /// Before every KVM_RUN: puts the breakpoint on the #GP handler the guest has now, or takes
     /// it off (and says why) when there is none emon can use. The guest changes its IDTR and IDT
     /// without exits, so this looks again each time.
-    pub fn before_run(
-        &mut self,
-        fd: &mut VcpuFd,
-        mem: &GuestMemoryMmap,
-        debug: &mut GuestDebug,
-    ) -> Result<(), VmmError> {
-        if !self.on || debug.step || debug.pass {
+    pub fn before_run(&mut self, cpu: &mut KvmCpu, mem: &GuestMemoryMmap) -> Result<(), VmmError> {
+        if !self.on || cpu.debug.step || cpu.debug.pass {
             // Stepping: the backend's single-step sees every instruction (and emulates RDPMC), so
-            // the breakpoint waits; the registers may change without a KVM_RUN meanwhile.
-            self.stale |= debug.step;
+            // the breakpoint waits.
             return Ok(());
         }
-        let sregs = self.sregs(fd)?;
+        let sregs = cpu.sregs()?;
         let want = rdpmc_catch::gp_handler(&sregs, mem);
         let want = match want {
-            Ok(_) if self.guest_breakpoints(fd)? => Err(Aside::GuestDebugRegisters),
+            Ok(_) if self.guest_breakpoints(cpu)? => Err(Aside::GuestDebugRegisters),
             w => w,
         };
+        let debug = &mut cpu.debug;
         match want {
             Ok(addr) => {
                 if debug.breakpoint != Some(addr) {
@@ -184,16 +154,16 @@ impl GpCatch {
                 self.aside = Some(why);
             }
         }
-        Ok(apply_guest_debug(fd, debug)?)
+        Ok(cpu.apply_guest_debug()?)
     }
 
     /// Whether the guest's own DR7 enables a breakpoint, as of the last look. KVM_GET_DEBUGREGS
     /// costs about 7 µs here (as much as an exit), and the guest writes DR7 without an exit
     /// whatever emon does, so emon looks at most every [`DR7_CHECK_INTERVAL`].
-    fn guest_breakpoints(&mut self, fd: &VcpuFd) -> Result<bool, VmmError> {
+    fn guest_breakpoints(&mut self, cpu: &KvmCpu) -> Result<bool, VmmError> {
         let now = Instant::now();
         if self.dr7_checked.is_none_or(|t| now.duration_since(t) >= DR7_CHECK_INTERVAL) {
-            let dr = fd.get_debug_regs().map_err(|source| VmmError::Kvm { op: "KVM_GET_DEBUGREGS", source })?;
+            let dr = cpu.fd.get_debug_regs().map_err(|source| VmmError::Kvm { op: "KVM_GET_DEBUGREGS", source })?;
             self.guest_dr7 = dr.dr7;
             self.dr7_checked = Some(now);
         }
@@ -202,34 +172,23 @@ impl GpCatch {
 
     /// Why a guest that shut down (a triple fault) at an RDPMC did: emon had no #GP handler to
     /// complete it at, so KVM's #GP found no handler either. `None` for any other shutdown.
-    pub fn explain_shutdown(&self, fd: &VcpuFd, mem: &GuestMemoryMmap) -> Option<String> {
+    pub fn explain_shutdown(&self, cpu: &mut KvmCpu, mem: &GuestMemoryMmap) -> Option<String> {
         let why = self.aside.filter(|_| self.on)?;
-        let (regs, sregs) = (fd.get_regs().ok()?, fd.get_sregs().ok()?);
+        let (regs, sregs) = (cpu.regs().ok()?, cpu.sregs().ok()?);
         let mode = CpuMode::from_sregs(&sregs);
         let i = insn::decode(&mode.fetch(mem, sregs.cs.base + regs.rip), regs.rip, mode.bitness)?;
         (i.special == Special::Rdpmc)
             .then(|| format!("the instruction at RIP is RDPMC, which emon could not complete at a #GP handler: {why}"))
     }
 
-    /// The vCPU's segment and control registers: from kvm_run when KVM put them there at the
-    /// last exit, else KVM_GET_SREGS.
-    fn sregs(&mut self, fd: &mut VcpuFd) -> Result<kvm_sregs, VmmError> {
-        if self.sync_sregs && !std::mem::take(&mut self.stale) {
-            return Ok(fd.sync_regs_mut().sregs);
-        }
-        self.stale = false;
-        fd.get_sregs().map_err(|source| VmmError::Kvm { op: "KVM_GET_SREGS", source })
-    }
-
-    /// A debug exit that is not the backend's single step (see [`GuestDebug::classify`]). The
+    /// A debug exit that is not the backend's single step (see [`crate::backend::guest_debug::GuestDebug::classify`]). The
     /// vCPU is at an instruction boundary afterwards.
     pub fn on_debug_exit<O: Observer>(
         &mut self,
         kind: DebugExit,
         dr6: u64,
-        fd: &mut VcpuFd,
+        cpu: &mut KvmCpu,
         mem: &GuestMemoryMmap,
-        debug: &mut GuestDebug,
         pmu: &mut VirtualPmu<O>,
     ) -> Result<(), VmmError> {
         match kind {
@@ -237,13 +196,14 @@ impl GpCatch {
             DebugExit::Passed => {
                 // The handler's first instruction retired: the #GP is the guest's now. The
                 // breakpoint goes back on before the next entry.
-                debug.pass = false;
+                cpu.debug.pass = false;
             }
-            DebugExit::Breakpoint => self.at_breakpoint(fd, mem, debug, pmu)?,
+            DebugExit::Breakpoint => self.at_breakpoint(cpu, mem, pmu)?,
             DebugExit::Guest => {
                 tracing::debug!("the guest's own #DB (DR6 {dr6:#x}) given back to it");
                 self.stats.db_reinjected += 1;
-                inject_db(fd, mem, debug, dr6)?;
+                inject_db(cpu, mem, dr6)?;
+                pmu.event_injected();
             }
         }
         Ok(())
@@ -252,18 +212,11 @@ impl GpCatch {
     /// At the #GP handler's first instruction, with the frame on its stack.
     fn at_breakpoint<O: Observer>(
         &mut self,
-        fd: &mut VcpuFd,
+        cpu: &mut KvmCpu,
         mem: &GuestMemoryMmap,
-        debug: &mut GuestDebug,
         pmu: &mut VirtualPmu<O>,
     ) -> Result<(), VmmError> {
-        // The exit has just happened: kvm_run has the registers KVM put there.
-        let regs = if self.sync_regs {
-            fd.sync_regs_mut().regs
-        } else {
-            fd.get_regs().map_err(|source| VmmError::Kvm { op: "KVM_GET_REGS", source })?
-        };
-        let sregs = self.sregs(fd)?;
+        let (regs, sregs) = (cpu.regs()?, cpu.sregs()?);
         let decision = rdpmc_catch::decide(&regs, &sregs, mem, |ecx, cpl, pce| pmu.rdpmc(ecx, cpl, pce));
         match decision {
             Decision::Complete(c) => {
@@ -274,14 +227,13 @@ impl GpCatch {
                     value = format_args!("{:#x}", c.value),
                     "RDPMC completed at the #GP handler"
                 );
-                fd.set_regs(&c.regs).map_err(|source| VmmError::Kvm { op: "KVM_SET_REGS", source })?;
+                cpu.set_regs(&c.regs)?;
                 if let Some(s) = &c.sregs {
-                    // Only CS and SS change: kvm_run's IDTR, GDTR and control registers, all the
-                    // next look uses, stay true.
-                    fd.set_sregs(s).map_err(|source| VmmError::Kvm { op: "KVM_SET_SREGS", source })?;
+                    cpu.set_sregs(s)?;
                 }
                 if c.single_step_trap {
-                    inject_db(fd, mem, debug, DR6_BS)?;
+                    inject_db(cpu, mem, DR6_BS)?;
+                    pmu.event_injected();
                 }
                 self.stats.completed += 1;
             }
@@ -289,8 +241,8 @@ impl GpCatch {
                 tracing::debug!(rip = format_args!("{:#x}", regs.rip), "#GP passed to the guest: {why}");
                 *self.stats.passed.entry(why).or_default() += 1;
                 // On this host RF does not suppress the breakpoint: it comes off for one step.
-                debug.pass = true;
-                apply_guest_debug(fd, debug)?;
+                cpu.debug.pass = true;
+                cpu.apply_guest_debug()?;
             }
         }
         Ok(())
@@ -315,9 +267,9 @@ pub fn hardware_breakpoints(kvm: &Kvm) -> bool {
 
 /// Delivers a #DB to the guest with `dr6`'s causes in its DR6 (B0-B3 replaced, the others
 /// added: SDM Vol. 3B, "Debug Status Register (DR6)").
-fn inject_db(fd: &mut VcpuFd, mem: &GuestMemoryMmap, debug: &mut GuestDebug, dr6: u64) -> Result<(), VmmError> {
-    let mut dr = fd.get_debug_regs().map_err(|source| VmmError::Kvm { op: "KVM_GET_DEBUGREGS", source })?;
+fn inject_db(cpu: &mut KvmCpu, mem: &GuestMemoryMmap, dr6: u64) -> Result<(), VmmError> {
+    let mut dr = cpu.fd.get_debug_regs().map_err(|source| VmmError::Kvm { op: "KVM_GET_DEBUGREGS", source })?;
     dr.dr6 = (dr.dr6 & !0xF) | (dr6 & DR6_CAUSES);
-    fd.set_debug_regs(&dr).map_err(|source| VmmError::Kvm { op: "KVM_SET_DEBUGREGS", source })?;
-    Ok(KvmVcpu { fd, mem, debug }.inject_exception(DB_VECTOR, None)?)
+    cpu.fd.set_debug_regs(&dr).map_err(|source| VmmError::Kvm { op: "KVM_SET_DEBUGREGS", source })?;
+    Ok(cpu.with(mem).inject_exception(DB_VECTOR, None)?)
 }

@@ -4,14 +4,13 @@ use super::devices::{PioAction, PioBus};
 use super::kick::{self, StopReason, StopRequest};
 use super::msr::MsrDispatch;
 use super::rdpmc::GpCatch;
-use super::xsave::{SseState, XsaveAbi};
 use super::VmmError;
-use crate::backend::guest_debug::{DebugExit, GuestDebug};
-use crate::backend::kvm::KvmVcpu;
+use crate::backend::guest_debug::DebugExit;
+use crate::backend::kvm::KvmCpu;
+use crate::backend::precise::tcg::{self, Completed, EngineCell, Needs};
 use crate::backend::vpmu::{Entry, VirtualPmu};
 use crate::backend::Vcpu as _;
 use crate::x86::arch::BP_VECTOR;
-use crate::x86::emulator;
 use crate::x86::mode::CpuMode;
 use kvm_ioctls::{VcpuExit, VcpuFd};
 use std::sync::Arc;
@@ -26,8 +25,8 @@ pub struct ExitStats {
     pub msr: u64,
     pub interrupted: u64,
     pub other: u64,
-    /// Instructions KVM could not emulate that emon completed itself (SSE, POPCNT, CLAC/STAC:
-    /// see `emulator`), INT3 included.
+    /// Instructions KVM could not emulate that emon completed itself (in the TCG engine), INT3
+    /// included.
     pub completed: u64,
     /// Of those, INT3s that emon delivered to the guest as #BP.
     pub int3_delivered: u64,
@@ -57,7 +56,9 @@ pub enum VcpuStop {
 
 /// The vCPU and everything its exit loop drives.
 pub struct Vcpu {
-    pub fd: VcpuFd,
+    /// The KVM vCPU: its fd, its one KVM_SET_GUEST_DEBUG control (the backend's single-stepping
+    /// and the breakpoint on the guest's #GP handler), and its registers as of the last exit.
+    pub cpu: KvmCpu,
     pub mem: GuestMemoryMmap,
     pub bus: PioBus,
     /// The virtual PMU, observed by the `--trace` file if there is one.
@@ -66,11 +67,8 @@ pub struct Vcpu {
     pub msrs: MsrDispatch,
     pub stats: ExitStats,
     pub stop: Arc<StopRequest>,
-    /// How to reach the guest's XMM registers for the SSE completion; `None` without XSAVE.
-    pub xsave: Option<XsaveAbi>,
-    /// The vCPU's one KVM_SET_GUEST_DEBUG control: the backend's single-stepping and the
-    /// breakpoint on the guest's #GP handler.
-    pub debug: GuestDebug,
+    /// The TCG engine that completes instructions KVM cannot emulate, made at the first.
+    pub completer: EngineCell,
     /// RDPMC outside counted code, completed at the guest's #GP handler.
     pub catch: GpCatch,
 }
@@ -98,7 +96,7 @@ enum ExitAction {
 impl Vcpu {
     /// Runs the guest until something ends the run. Call on the vCPU's own thread.
     pub fn run(&mut self) -> Result<VcpuStop, VmmError> {
-        let immediate_exit = &mut self.fd.get_kvm_run().immediate_exit as *mut u8;
+        let immediate_exit = &mut self.cpu.fd.get_kvm_run().immediate_exit as *mut u8;
         kick::register(Some(immediate_exit));
         self.stats.fds_at_start = open_fds();
         let r = self.run_loop();
@@ -121,12 +119,12 @@ impl Vcpu {
             if let Some(reason) = self.stop.get() {
                 return Ok(VcpuStop::Stopped(reason));
             }
-            let mut vcpu = KvmVcpu { fd: &mut self.fd, mem: &self.mem, debug: &mut self.debug };
+            let mut vcpu = self.cpu.with(&self.mem);
             if self.pmu.before_entry(&mut vcpu, at_boundary)? == Entry::Retired {
                 at_boundary = true;
                 continue;
             }
-            self.catch.before_run(&mut self.fd, &self.mem, &mut self.debug)?;
+            self.catch.before_run(&mut self.cpu, &self.mem)?;
             let step = self.step()?;
             if self.stats.total % TRACE_SAMPLE_EXITS == 0 {
                 self.pmu.observe(|t, pmu| t.iter_mut().for_each(|t| t.sample(pmu)));
@@ -139,29 +137,22 @@ impl Vcpu {
                     at_boundary = true;
                 }
                 ExitAction::Debug { pc, dr6 } => {
-                    match self.debug.classify(dr6, pc) {
+                    match self.cpu.debug.classify(dr6, pc) {
                         DebugExit::Step => {
                             // The backend's step; a step over the #GP handler it overlapped is over.
-                            self.debug.pass = false;
+                            self.cpu.debug.pass = false;
                             self.backend_step(pc)?;
                         }
-                        kind => self.catch.on_debug_exit(
-                            kind,
-                            dr6,
-                            &mut self.fd,
-                            &self.mem,
-                            &mut self.debug,
-                            &mut self.pmu,
-                        )?,
+                        kind => self.catch.on_debug_exit(kind, dr6, &mut self.cpu, &self.mem, &mut self.pmu)?,
                     }
                     at_boundary = true;
                 }
                 ExitAction::Stop(s) => return Ok(s),
                 ExitAction::Shutdown(mut why) => {
-                    if let Some(rdpmc) = self.catch.explain_shutdown(&self.fd, &self.mem) {
+                    if let Some(rdpmc) = self.catch.explain_shutdown(&mut self.cpu, &self.mem) {
                         why += &format!("; {rdpmc}");
                     }
-                    return Ok(VcpuStop::Shutdown { why, registers: dump_registers(&self.fd) });
+                    return Ok(VcpuStop::Shutdown { why, registers: dump_registers(&mut self.cpu) });
                 }
             }
         }
@@ -170,17 +161,17 @@ impl Vcpu {
     /// The backend's single step (or an instruction emon completed): it retired one instruction
     /// and the vCPU is at `pc`.
     fn backend_step(&mut self, pc: u64) -> Result<(), VmmError> {
-        let mut vcpu = KvmVcpu { fd: &mut self.fd, mem: &self.mem, debug: &mut self.debug };
+        let mut vcpu = self.cpu.with(&self.mem);
         Ok(self.pmu.debug_exit(&mut vcpu, pc)?)
     }
 
     fn step(&mut self) -> Result<ExitAction, VmmError> {
-        let exit = match self.fd.run() {
+        let exit = match self.cpu.run() {
             Ok(exit) => exit,
             Err(e) if e.errno() == libc::EINTR || e.errno() == libc::EAGAIN => {
                 // Nothing retired: the boundary state is unchanged.
                 self.stats.interrupted += 1;
-                self.fd.set_kvm_immediate_exit(0);
+                self.cpu.fd.set_kvm_immediate_exit(0);
                 return Ok(ExitAction::Interrupted);
             }
             Err(source) => return Err(VmmError::Kvm { op: "KVM_RUN", source }),
@@ -245,24 +236,26 @@ impl Vcpu {
             VcpuExit::FailEntry(reason, cpu) => {
                 return Err(VmmError::Guest(format!(
                     "VM entry failed (hardware reason {reason:#x}, cpu {cpu})\n{}",
-                    dump_registers(&self.fd)
+                    dump_registers(&mut self.cpu)
                 )))
             }
             VcpuExit::InternalError => {
-                let (suberror, data) = internal_error_data(&mut self.fd);
+                let (suberror, data) = internal_error_data(&mut self.cpu.fd);
                 match self.complete_emulation(suberror, &data) {
-                    Ok(rip) => {
+                    Ok(Some(rip)) => {
                         self.stats.completed += 1;
                         // One instruction retired, as after a single step.
                         ExitAction::Stepped(rip)
                     }
+                    // One iteration of a REP string instruction: it has not retired.
+                    Ok(None) => ExitAction::Continue,
                     Err(failure) => {
-                        let long_mode = self.fd.get_sregs().map(|s| s.cs.l == 1).unwrap_or(true);
+                        let long_mode = self.cpu.sregs().map(|s| s.cs.l == 1).unwrap_or(true);
                         let why = explain_internal_error(suberror, &data, long_mode);
                         let failure = failure.map(|f| format!("; emon's emulator failed too: {f}")).unwrap_or_default();
                         return Err(VmmError::Guest(format!(
                             "KVM internal error ({why}{failure})\n{}",
-                            dump_registers(&self.fd)
+                            dump_registers(&mut self.cpu)
                         )));
                     }
                 }
@@ -277,55 +270,44 @@ impl Vcpu {
 }
 
 impl Vcpu {
-    /// Completes in userspace an instruction KVM's emulator failed on in 64-bit code (kvm_pvm
-    /// sends all of CPL0 code to its emulator): INT3 becomes the #BP it raises, and `emulator`
-    /// runs the instructions it knows. Returns the RIP after the instruction. `Err(None)`: not
-    /// such a failure (no instruction bytes, not 64-bit); `Err(Some(why))`: emon could not
-    /// complete it either.
-    fn complete_emulation(&mut self, suberror: u32, data: &[u64]) -> Result<u64, Option<String>> {
+    /// Completes an instruction KVM's emulator failed on in 64-bit code (kvm_pvm sends all of
+    /// CPL0 code to its emulator), in the TCG engine on the vCPU's whole state (x87/SSE and the
+    /// SYSCALL MSRs included), and writes back what it changed; INT3 becomes the #BP it raises.
+    /// Returns the RIP after the instruction, or `None` after one iteration of a REP string
+    /// instruction (which has not retired). `Err(None)`: not such a failure (no instruction
+    /// bytes, not 64-bit); `Err(Some(why))`: emon could not complete it either.
+    fn complete_emulation(&mut self, suberror: u32, data: &[u64]) -> Result<Option<u64>, Option<String>> {
         let bytes = &emulated_bytes(suberror, data).ok_or(None)?;
-        let sregs = self.fd.get_sregs().map_err(|e| Some(format!("KVM_GET_SREGS: {e}")))?;
-        let mode = CpuMode::from_sregs(&sregs);
-        if mode.bitness != 64 {
+        let mut vcpu = self.cpu.with(&self.mem);
+        let all = Needs { fpu: true, msrs: true };
+        let before = tcg::state_of(&mut vcpu, all).map_err(|e| Some(e.to_string()))?;
+        if CpuMode::from_sregs(&before.sregs).bitness != 64 {
             return Err(None);
         }
-        let mut regs = self.fd.get_regs().map_err(|e| Some(format!("KVM_GET_REGS: {e}")))?;
-        let rip = regs.rip;
         if bytes.first() == Some(&INT3) {
-            return self.deliver_int3(regs).map_err(Some);
+            return self.deliver_int3(before.regs).map(Some).map_err(Some);
         }
-        // Only SSE instructions need the XMM registers: the others skip the XSAVE round trip.
-        if !emulator::uses_xmm(bytes) {
-            let mut scratch = emulator::Xmm16::default();
-            let mut m = emulator::VcpuMachine { regs: &mut regs, xmm: &mut scratch, mem: &self.mem, mode };
-            let next = emulator::emulate(bytes, rip, &mut m).map_err(|e| Some(e.to_string()))?;
-            regs.rip = next;
-            self.fd.set_regs(&regs).map_err(|e| Some(format!("KVM_SET_REGS: {e}")))?;
-            return Ok(next);
-        }
-        let next = match self.xsave {
-            // The XSAVE image, never KVM_GET_FPU/KVM_SET_FPU, where KVM has one: see `xsave`.
-            Some(abi) => {
-                let mut state = SseState::get(&self.fd, abi).map_err(|e| Some(format!("KVM_GET_XSAVE: {e}")))?;
-                let mut xmm = state.xmm();
-                let mut m = emulator::VcpuMachine { regs: &mut regs, xmm: &mut xmm, mem: &self.mem, mode };
-                let next = emulator::emulate(bytes, rip, &mut m).map_err(|e| Some(e.to_string()))?;
-                state.set_xmm(&xmm);
-                state.set(&self.fd).map_err(|e| Some(format!("KVM_SET_XSAVE: {e}")))?;
-                next
-            }
-            // Without XSAVE there is no XSTATE_BV: the FXSAVE image is the whole state.
-            None => {
-                let mut fpu = self.fd.get_fpu().map_err(|e| Some(format!("KVM_GET_FPU: {e}")))?;
-                let mut m = emulator::VcpuMachine { regs: &mut regs, xmm: &mut fpu.xmm, mem: &self.mem, mode };
-                let next = emulator::emulate(bytes, rip, &mut m).map_err(|e| Some(e.to_string()))?;
-                self.fd.set_fpu(&fpu).map_err(|e| Some(format!("KVM_SET_FPU: {e}")))?;
-                next
+        let engine = self.completer.get(&self.mem).map_err(|e| Some(e.to_string()))?;
+        let (after, retired) = match engine.complete(&before).map_err(|e| Some(e.to_string()))? {
+            Completed::Retired(after) => (after, true),
+            Completed::Iteration(after) => (after, false),
+            Completed::Fault { vector } => {
+                let Some(code) = deliverable(vector).filter(|_| !(vector == 6 && lacks(bytes))) else {
+                    return Err(Some(format!(
+                        "the TCG engine raised {} on it (README, \"Instructions the TCG engine lacks\")",
+                        crate::x86::arch::exception_name(vector)
+                    )));
+                };
+                // The instruction faults as it would on the CPU: the exception goes to the guest.
+                let mut vcpu = self.cpu.with(&self.mem);
+                vcpu.inject_exception(vector as u8, code).map_err(|e| Some(e.to_string()))?;
+                self.pmu.event_injected();
+                return Ok(None);
             }
         };
-        regs.rip = next;
-        self.fd.set_regs(&regs).map_err(|e| Some(format!("KVM_SET_REGS: {e}")))?;
-        Ok(next)
+        let mut vcpu = self.cpu.with(&self.mem);
+        tcg::write_back(&mut vcpu, &before, &after).map_err(|e| Some(e.to_string()))?;
+        Ok(retired.then_some(after.regs.rip))
     }
 
     /// INT3 retires and raises #BP, a trap: the guest's handler sees the address after it
@@ -333,12 +315,33 @@ impl Vcpu {
     /// entry, through the guest's IDT, with RIP already past the INT3.
     fn deliver_int3(&mut self, mut regs: kvm_bindings::kvm_regs) -> Result<u64, String> {
         regs.rip += 1;
-        let mut vcpu = KvmVcpu { fd: &mut self.fd, mem: &self.mem, debug: &mut self.debug };
+        let mut vcpu = self.cpu.with(&self.mem);
         vcpu.set_regs(&regs).map_err(|e| e.to_string())?;
         vcpu.inject_exception(BP_VECTOR, None).map_err(|e| e.to_string())?;
+        self.pmu.event_injected();
         self.stats.int3_delivered += 1;
         Ok(regs.rip)
     }
+}
+
+/// An exception the engine raised on an instruction it completes, as emon delivers it: with no
+/// error code (#DE, #UD, #NM, #MF, #XM), or with 0, what #SS, #GP and #AC carry for a memory
+/// operand or an alignment check (SDM Vol. 3A, 6.15); `None` where the engine does not give back
+/// what the guest would see (#PF's error code and CR2).
+fn deliverable(vector: u32) -> Option<Option<u32>> {
+    match vector {
+        0 | 6 | 7 | 16 | 19 => Some(None),
+        12 | 13 | 17 => Some(Some(0)),
+        _ => None,
+    }
+}
+
+/// Whether the engine's #UD on `bytes` is its own lack rather than the instruction's: an
+/// instruction the guest was told it has (AVX and the rest of "Instructions the TCG engine
+/// lacks") stops the run with the reason instead of faulting in the guest.
+fn lacks(bytes: &[u8]) -> bool {
+    let i = iced_x86::Decoder::new(64, bytes, iced_x86::DecoderOptions::NONE).decode();
+    !i.is_invalid() && tcg::classify(&i, &mut iced_x86::InstructionInfoFactory::new()) == tcg::Class::HandedOver
 }
 
 /// INT3's opcode (SDM Vol. 2A, "INT n/INTO/INT3/INT1"), which raises #BP.
@@ -400,8 +403,8 @@ pub fn explain_internal_error(suberror: u32, data: &[u64], long_mode: bool) -> S
 }
 
 /// The vCPU's registers, for a crash report.
-pub fn dump_registers(fd: &VcpuFd) -> String {
-    let (Ok(r), Ok(s)) = (fd.get_regs(), fd.get_sregs()) else {
+pub fn dump_registers(cpu: &mut KvmCpu) -> String {
+    let (Ok(r), Ok(s)) = (cpu.regs(), cpu.sregs()) else {
         return "registers unavailable".into();
     };
     format!(

@@ -1,6 +1,6 @@
 //! Embedding emon's virtual PMU in another VMM: a minimal KVM exit loop that drives
 //! `emon_backend::vpmu::VirtualPmu` (the PMU model `emon_pmu::pmu::Pmu`, counted by the precise
-//! backend) through `emon_backend::kvm::KvmVcpu`, one call per kind of exit. It uses none of
+//! backend) through `emon_backend::kvm::KvmCpu`, one call per kind of exit. It uses none of
 //! emon's own VMM.
 //!
 //! The guest (64-bit, CPL0) programs IA32_PERFEVTSEL0 for Instructions Retired, sets
@@ -12,7 +12,7 @@
 //!
 //!     cargo run -p emon-backend --example embed
 use emon_backend::guest_debug::GuestDebug;
-use emon_backend::kvm::{trap_pmu_msrs, KvmVcpu};
+use emon_backend::kvm::{trap_pmu_msrs, KvmCpu};
 use emon_backend::precise::Precise;
 use emon_backend::vpmu::{Entry, VirtualPmu};
 use emon_pmu::pmu::{msr, Pmu};
@@ -75,22 +75,22 @@ pub fn run() -> Result<Outcome, Box<dyn std::error::Error>> {
     };
     // SAFETY: `mem` outlives the VM's use of it.
     unsafe { vm.set_user_memory_region(region)? };
-    let mut fd = vm.create_vcpu(0)?;
+    let fd = vm.create_vcpu(0)?;
     enter_long_mode(&fd, &mem)?;
+    // The vCPU with its KVM_SET_GUEST_DEBUG control, which the backend's single-stepping goes
+    // through, and its registers as of the last exit.
+    let mut cpu = KvmCpu::new(&kvm, fd, GuestDebug::default(), None);
 
     // The component: a PMU model for a profile, counted by a backend, behind one facade.
     let mut vpmu = VirtualPmu::new(Pmu::new(&Profile::load("skylake")?.pmu), Box::new(Precise::new()));
     let mut at_boundary = true;
-    // The vCPU's KVM_SET_GUEST_DEBUG control, which the backend's single-stepping goes through.
-    let mut debug = GuestDebug::default();
     let guest_read = loop {
         // Delivers a pending PMI, reprograms what the guest changed, and arms the backend.
-        let mut vcpu = KvmVcpu { fd: &mut fd, mem: &mem, debug: &mut debug };
-        if vpmu.before_entry(&mut vcpu, at_boundary)? == Entry::Retired {
+        if vpmu.before_entry(&mut cpu.with(&mem), at_boundary)? == Entry::Retired {
             at_boundary = true;
             continue;
         }
-        let exit = match fd.run()? {
+        let exit = match cpu.run()? {
             // Every PMU MSR (and any MSR KVM does not know) exits here.
             VcpuExit::X86Rdmsr(e) => {
                 match vpmu.rdmsr(e.index) {
@@ -112,10 +112,10 @@ pub fn run() -> Result<Outcome, Box<dyn std::error::Error>> {
         match exit {
             Exit::Msr => at_boundary = false,
             Exit::Stepped(pc) => {
-                vpmu.debug_exit(&mut KvmVcpu { fd: &mut fd, mem: &mem, debug: &mut debug }, pc)?;
+                vpmu.debug_exit(&mut cpu.with(&mem), pc)?;
                 at_boundary = true;
             }
-            Exit::Done => break fd.get_regs()?.rax,
+            Exit::Done => break cpu.regs()?.rax,
         }
     };
     let steps = vpmu.report().summary;

@@ -93,6 +93,11 @@ impl GuestDebug {
         Some(g)
     }
 
+    /// Whether KVM single-steps the guest now (for the backend or the catch).
+    pub fn stepping(&self) -> bool {
+        self.applied.is_some_and(|(control, _)| control & KVM_GUESTDBG_SINGLESTEP != 0)
+    }
+
     /// Forgets what KVM has, so that the next [`GuestDebug::take_change`] gives it again (after
     /// a KVM_SET_GUEST_DEBUG that failed).
     pub fn forget_applied(&mut self) {

@@ -126,14 +126,19 @@ pub fn select(
     profile: &Profile,
     allow_raw: bool,
     kick_signal: i32,
-    engine: precise::Engine,
+    precise: precise::Options,
 ) -> (Box<dyn Backend>, String) {
     let caps = perf::host_caps(allow_raw);
     let perf = |caps| -> Box<dyn Backend> {
         Box::new(perf::counting::Perf::new(caps, &profile.vendor, profile.pmu.nominal_mhz, kick_signal))
     };
     let precise = || -> Box<dyn Backend> {
-        Box::new(precise::Precise::with_engine(engine).with_ref_clock(profile.clock).with_cache(&profile.cache))
+        Box::new(
+            precise::Precise::with_engine(precise.engine)
+                .with_cpl0_in_engine(precise.cpl0_in_engine)
+                .with_ref_clock(profile.clock)
+                .with_cache(&profile.cache),
+        )
     };
     match kind {
         BackendKind::Precise => (precise(), "requested with --backend precise".into()),

@@ -52,6 +52,9 @@ impl Vcpu for Script {
         self.halted = true;
         Ok(())
     }
+    fn end_interrupt_shadow(&mut self) -> Result<(), VcpuError> {
+        Ok(())
+    }
     fn inject_exception(&mut self, vector: u8, error_code: Option<u32>) -> Result<(), VcpuError> {
         self.injected.push((vector, error_code));
         Ok(())

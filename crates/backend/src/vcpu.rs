@@ -1,6 +1,7 @@
 //! The vCPU as a backend sees it. A VMM implements [`Vcpu`] over its KVM vCPU file descriptor;
 //! tests implement it with scripted registers and guest memory.
 use emon_x86::arch::IA32_TSC;
+use emon_x86::fpu::Fpu;
 use emon_x86::mode::CpuMode;
 use kvm_bindings::{kvm_regs, kvm_sregs};
 use thiserror::Error;
@@ -43,6 +44,13 @@ pub trait Vcpu {
     /// The vCPU has just retired HLT: it waits for an interrupt, and any interrupt shadow (STI's)
     /// has ended with the HLT it covered.
     fn halt(&mut self) -> Result<(), VcpuError>;
+    /// An instruction retired outside the vCPU: any interrupt shadow (STI's, MOV SS's) it was
+    /// under has ended.
+    fn end_interrupt_shadow(&mut self) -> Result<(), VcpuError>;
+    /// The guest's own DR7 (its breakpoints, which only KVM makes fire).
+    fn guest_dr7(&mut self) -> Result<u64, VcpuError> {
+        Ok(0)
+    }
     /// Delivers exception `vector` (with `error_code` where it has one) at the next entry, through
     /// the guest's IDT; the instruction at RIP does not retire.
     fn inject_exception(&mut self, vector: u8, error_code: Option<u32>) -> Result<(), VcpuError>;
@@ -54,14 +62,29 @@ pub trait Vcpu {
     fn set_lapic(&mut self, page: &[u8; 1024]) -> Result<(), VcpuError>;
     /// Queues an NMI for the vCPU (delivered at the next entry if it can take one).
     fn nmi(&mut self) -> Result<(), VcpuError>;
+    /// The x87/MMX/SSE state and XCR0 (the TCG engine's instructions, adaptive PEBS's XMM group).
+    fn fpu(&mut self) -> Result<Fpu, VcpuError> {
+        Err(VcpuError { op: "reading the x87/SSE state", source: vmm_sys_util::errno::Error::new(libc::ENOTSUP) })
+    }
+    fn set_fpu(&mut self, _f: &Fpu) -> Result<(), VcpuError> {
+        Err(VcpuError { op: "writing the x87/SSE state", source: vmm_sys_util::errno::Error::new(libc::ENOTSUP) })
+    }
     /// XMM0-15 (adaptive PEBS's XMM group).
     fn xmm(&mut self) -> Result<[[u8; 16]; 16], VcpuError> {
-        Ok([[0; 16]; 16])
+        let f = self.fpu()?;
+        Ok(std::array::from_fn(|n| f.xmm(n)))
     }
     /// The guest's MSR `index`, as the guest would read it where KVM answers it (IA32_TSC_AUX).
     fn get_msr(&mut self, index: u32) -> Result<u64, VcpuError>;
     /// Sets the guest's MSR `index` as the VMM (a host-initiated write: IA32_TSC_DEADLINE).
     fn set_msr(&mut self, index: u32, value: u64) -> Result<(), VcpuError>;
+    /// Several MSRs at once, in `indices` order.
+    fn get_msrs(&mut self, indices: &[u32]) -> Result<Vec<u64>, VcpuError> {
+        indices.iter().map(|&i| self.get_msr(i)).collect()
+    }
+    fn set_msrs(&mut self, values: &[(u32, u64)]) -> Result<(), VcpuError> {
+        values.iter().try_for_each(|&(i, v)| self.set_msr(i, v))
+    }
     /// The guest's time-stamp counter now: what RDTSC would return.
     fn guest_tsc(&mut self) -> Result<u64, VcpuError> {
         self.get_msr(IA32_TSC)

@@ -206,6 +206,12 @@ impl<O: Observer> VirtualPmu<O> {
         self.backend.on_debug_exit(&mut Cx { vcpu, pmu: &mut self.pmu }, pc)
     }
 
+    /// The VMM injected an event itself (the #BP of an INT3 it completed, a #DB it gives back):
+    /// the next entry must be KVM's, which delivers it, not a stretch of code run elsewhere.
+    pub fn event_injected(&mut self) {
+        self.backend.event_queued();
+    }
+
     /// Delivers the pending PMI as LVTPC says (a fixed vector into the IRR, or an NMI), then
     /// applies the freeze-on-PMI controls.
     fn deliver_pmi(&mut self, vcpu: &mut dyn Vcpu) -> Result<(), BackendError> {

@@ -61,6 +61,13 @@ thread_local! {
     static INFO: RefCell<InstructionInfoFactory> = RefCell::new(InstructionInfoFactory::new());
 }
 
+/// The value of the 64-bit general-purpose register `reg` (any of its sizes names it) in `r`.
+pub fn gpr(r: &kvm_bindings::kvm_regs, reg: Register) -> u64 {
+    let all =
+        [r.rax, r.rcx, r.rdx, r.rbx, r.rsp, r.rbp, r.rsi, r.rdi, r.r8, r.r9, r.r10, r.r11, r.r12, r.r13, r.r14, r.r15];
+    all[reg.number() & 15]
+}
+
 /// The data accesses of `i`, in the order it makes them, given the registers before it executes:
 /// `reg` returns a 64-bit general-purpose register's value (RAX..R15), `fs_base` and `gs_base`
 /// the FS and GS bases. ES, CS, SS and DS have base 0 (64-bit mode, or a flat segment model).

@@ -18,3 +18,31 @@ pub const IA32_TSC: u32 = 0x10;
 pub const IA32_TSC_DEADLINE: u32 = 0x6E0;
 /// IA32_TSC_AUX: what RDTSCP returns in ECX.
 pub const IA32_TSC_AUX: u32 = 0xC000_0103;
+/// IA32_EFER: SCE (SYSCALL enable), LME/LMA (IA-32e mode), NXE.
+pub const IA32_EFER: u32 = 0xC000_0080;
+/// IA32_STAR, IA32_LSTAR, IA32_CSTAR, IA32_FMASK: SYSCALL's and SYSRET's selectors, targets and
+/// RFLAGS mask (SDM Vol. 3A 5.8.8 "Fast System Calls in 64-Bit Mode").
+pub const IA32_STAR: u32 = 0xC000_0081;
+pub const IA32_LSTAR: u32 = 0xC000_0082;
+pub const IA32_CSTAR: u32 = 0xC000_0083;
+pub const IA32_FMASK: u32 = 0xC000_0084;
+/// IA32_KERNEL_GS_BASE: what SWAPGS exchanges with GS's base.
+pub const IA32_KERNEL_GS_BASE: u32 = 0xC000_0102;
+/// EFER.SCE.
+pub const EFER_SCE: u64 = 1;
+/// CR0.EM and CR0.TS: x87 emulation and task switched (FXSAVE/FXRSTOR fault on either).
+pub const CR0_EM: u64 = 1 << 2;
+pub const CR0_TS: u64 = 1 << 3;
+/// CR4.OSXSAVE: XSETBV/XGETBV and the XSAVE family are enabled.
+pub const CR4_OSXSAVE: u64 = 1 << 18;
+/// CR4.LA57: 5-level paging.
+pub const CR4_LA57: u64 = 1 << 12;
+
+/// The mnemonic of exception `vector` (SDM Vol. 3A, Table 6-1), or "interrupt N" past them.
+pub fn exception_name(vector: u32) -> String {
+    const NAMES: [&str; 22] = [
+        "#DE", "#DB", "NMI", "#BP", "#OF", "#BR", "#UD", "#NM", "#DF", "#CSO", "#TS", "#NP", "#SS", "#GP", "#PF",
+        "#15", "#MF", "#AC", "#MC", "#XM", "#VE", "#CP",
+    ];
+    NAMES.get(vector as usize).map_or_else(|| format!("interrupt {vector}"), |n| (*n).to_string())
+}

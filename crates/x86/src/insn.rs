@@ -45,6 +45,8 @@ pub enum Special {
     /// IRET restores RFLAGS.TF, so the single-step trap lands after the instruction it returns
     /// to: emon reads the return address from the frame before it executes.
     Iret,
+    /// POPF may set RFLAGS.TF: the guest then single-steps itself.
+    Popf,
     /// RDTSC, RDTSCP and RDMSR read the time-stamp counter, which runs with the cost model while
     /// emon counts (README, "Guest time"): emon emulates them (RDMSR only of IA32_TSC).
     Rdtsc,
@@ -71,7 +73,8 @@ pub struct Insn {
     /// Cost-model cycles beyond the base, for the instruction's class.
     pub class_cycles: u32,
     pub special: Special,
-    /// May change CPL, paging or the code segment: emon re-reads the CPU state after it.
+    /// May change CPL, paging, the code segment or the debug registers: emon re-reads the CPU
+    /// state after it.
     pub changes_mode: bool,
     /// The transfer it makes when it branches; `None` for any other instruction.
     pub transfer: Option<Transfer>,
@@ -145,6 +148,7 @@ pub fn of(i: &Instruction) -> Insn {
         Hlt => Special::Hlt,
         Rdpmc => Special::Rdpmc,
         Iret | Iretd | Iretq => Special::Iret,
+        Popf | Popfd | Popfq => Special::Popf,
         Rdtsc => Special::Rdtsc,
         Rdtscp => Special::Rdtscp,
         Rdmsr => Special::Rdmsr,
@@ -156,7 +160,8 @@ pub fn of(i: &Instruction) -> Insn {
         || matches!(m, Lgdt | Lidt | Lldt | Ltr | Rsm | Swapgs | Wrmsr)
         || (m == Mov
             && (0..i.op_count()).any(|n| {
-                i.op_kind(n) == OpKind::Register && (i.op_register(n).is_segment_register() || i.op_register(n).is_cr())
+                i.op_kind(n) == OpKind::Register
+                    && (i.op_register(n).is_segment_register() || i.op_register(n).is_cr() || i.op_register(n).is_dr())
             }));
     let repeats = i.is_string_instruction() && (i.has_rep_prefix() || i.has_repne_prefix());
     Insn {
@@ -284,6 +289,7 @@ mod tests {
         assert_eq!(d(&[0x0F, 0x1F, 0x40, 0x00]).mem_operands, 0); // nop dword [rax]
         assert!(d(&[0x48, 0xCF]).changes_mode); // iretq
         assert!(d(&[0x0F, 0x22, 0xD8]).changes_mode); // mov cr3, rax
+        assert!(d(&[0x0F, 0x23, 0xF8]).changes_mode); // mov dr7, rax
         assert!(!d(&[0x90]).changes_mode);
         assert_eq!(decode(&[0x0F, 0xFF], 0, 64), None.or(decode(&[0x0F, 0xFF], 0, 64)));
     }

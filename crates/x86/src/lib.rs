@@ -7,9 +7,9 @@
 //!   operands, the instructions a VMM must handle itself), decoded with iced-x86.
 //! - [`access`]: the data accesses of an instruction (linear address, size, read/write/flush)
 //!   from the registers before it executes, for the precise backend's cache model.
-//! - [`emulator`]: a userspace emulator for the SSE2 instructions some hosts' KVM cannot run.
+//! - [`fpu`]: the x87/MMX/SSE state as FXSAVE and XSAVE lay it out.
 pub mod access;
 pub mod arch;
-pub mod emulator;
+pub mod fpu;
 pub mod insn;
 pub mod mode;

@@ -28,7 +28,8 @@ fn spin(n: u64) {
 /// - `straight`: 64 ALU instructions and a loop branch (straight-line code);
 /// - `loop10`: KVM's PMU test loop, `mov rax, [rsi]; add rsi, 64; nop x 7; loop` (reads n x 64 bytes);
 /// - `loopdot`: `loop .`;
-/// - `branchy`: a loop whose conditional branch alternates taken and not taken.
+/// - `branchy`: a loop whose conditional branch alternates taken and not taken;
+/// - `kernel`: what kernel code is full of, `endbr64; pause; lfence; add rax, 1` and a loop branch.
 fn run_shape(shape: &str, n: u64) {
     // SAFETY: registers only, except loop10, which reads n x 64 bytes of RAM from 16 MiB up.
     unsafe {
@@ -46,6 +47,10 @@ fn run_shape(shape: &str, n: u64) {
                 inout("rcx") n => _, inout("rsi") 0x100_0000u64 => _, out("rax") _, options(nostack, readonly),
             ),
             "loopdot" => asm!("2: loop 2b", inout("rcx") n => _, options(nostack, nomem)),
+            "kernel" => asm!(
+                "2:", "endbr64", "pause", "lfence", "add rax, 1", "dec rcx", "jnz 2b",
+                inout("rcx") n => _, out("rax") _, options(nostack, nomem),
+            ),
             "branchy" => asm!(
                 "2: test rcx, 1", "jz 3f", "add rax, 1", "3: add rdx, 1", "dec rcx", "jnz 2b",
                 inout("rcx") n => _, out("rax") _, out("rdx") _, options(nostack, nomem),
@@ -73,6 +78,25 @@ extern "C" {
 fn non_canonical_load() {
     // SAFETY: the load faults and the handler returns past it.
     unsafe { asm!("mov rax, [rax]", inout("rax") 0x8000_0000_0000_0000u64 => _, options(nostack)) };
+}
+
+/// RAM from 32 MiB up, mapped and touched a 4 KiB page at a time by [`map_and_touch`].
+const TOUCH_BASE: u64 = 32 << 20;
+/// Page-table entries for up to 64 MiB of 4 KiB pages.
+static mut PTES: [u64; 16384] = [0; 16384];
+
+/// What a kvm-unit-tests program's set-up does to its RAM: a page-table entry for every 4 KiB
+/// page of `pages`, and a write to each page.
+fn map_and_touch(pages: u64) {
+    let ptes = (&raw mut PTES).cast::<u64>();
+    for i in 0..pages.min(16384) {
+        let page = TOUCH_BASE + i * 4096;
+        // SAFETY: PTES is the guest's own; the page is RAM (the run gives enough).
+        unsafe {
+            ptes.add(i as usize).write_volatile(page | 3);
+            (page as *mut u8).write_volatile(i as u8);
+        }
+    }
 }
 
 fn time(f: impl FnOnce()) -> u64 {
@@ -194,8 +218,19 @@ fn main(boot: &emon_guest::BootInfo) -> i32 {
             let pio = time(|| port_io(n));
             println!("bench pio n={} port_io_tsc={}", dec(n), dec(pio));
         }
+        "free" => {
+            // Nothing counts: a CPL0 loop of 2n + 1 instructions, run wherever emon runs CPL0
+            // code (KVM, or the TCG engine: --cpl0).
+            let tsc = time(|| spin(n));
+            println!("bench free n={} tsc={}", dec(n), dec(tsc));
+        }
+        "touch" => {
+            // Nothing counts: n pages mapped and touched, as a kvm-unit-tests set-up does.
+            let tsc = time(|| map_and_touch(n));
+            println!("bench touch n={} tsc={}", dec(n), dec(tsc));
+        }
         m => println!(
-            "bench: unknown mode '{m}' (loop, loop-counted, exits, cycles, reprogram, unknown-msrs, shape, rdpmc, pio)"
+            "bench: unknown mode '{m}' (loop, loop-counted, exits, cycles, reprogram, unknown-msrs, shape, rdpmc, pio, free, touch)"
         ),
     }
     0

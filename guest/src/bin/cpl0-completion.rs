@@ -1,7 +1,8 @@
 //! Instructions at CPL0 that a host KVM may be unable to emulate although the guest sees their
 //! features (README, "Linux guests"), each as the SDM defines it: INT3 delivers #BP with the
 //! address after it on the stack, POPCNT counts bits and sets only ZF, CLAC and STAC clear and
-//! set RFLAGS.AC, LOCK CMPXCHG16B compares and swaps 128 bits. On kvm_pvm emon completes each one; elsewhere the CPU runs them.
+//! set RFLAGS.AC, LOCK CMPXCHG16B compares and swaps 128 bits, x87 arithmetic, CRC32 (SSE4.2),
+//! XSETBV/XGETBV, and XSAVE/XRSTOR of the x87 and SSE state. On kvm_pvm emon completes each one; elsewhere the CPU runs them.
 #![no_std]
 #![no_main]
 
@@ -180,10 +181,114 @@ fn clac_stac() {
     check_eq!(set & !AC, clear & !AC, "CLAC and STAC change no other flag");
 }
 
+/// x87 arithmetic on the FPU stack: (1.5 + 1.5) x 3.0 stored as a double, and the stack empty
+/// again (FSW.TOP back to 0).
+fn x87() {
+    let (a, b, mut out): (u64, u64, u64) = (1.5f64.to_bits(), 3.0f64.to_bits(), 0);
+    let fsw: u16;
+    // SAFETY: x87 instructions on the guest's own doubles; the FPU stack is left empty.
+    unsafe {
+        asm!(
+            "fninit",
+            "fld qword ptr [{a}]",
+            "fadd st(0), st(0)",
+            "fld qword ptr [{b}]",
+            "fmulp st(1), st(0)",
+            "fstp qword ptr [{out}]",
+            "fnstsw ax",
+            a = in(reg) &a,
+            b = in(reg) &b,
+            out = in(reg) &mut out,
+            out("ax") fsw,
+        );
+    }
+    check_eq!(out, 9.0f64.to_bits(), "x87: FLD, FADD, FMULP, FSTP compute (1.5 + 1.5) x 3 = 9");
+    check_eq!(u64::from((fsw >> 11) & 7), 0u64, "x87: FSTP popped the stack back to TOP 0");
+}
+
+/// CRC32C of `data` a byte at a time (SDM Vol. 2A, CRC32: the polynomial 11EDC6F41H, bit
+/// reflected), for checking the instruction.
+fn crc32c(mut crc: u32, data: u32) -> u32 {
+    for byte in data.to_le_bytes() {
+        crc ^= u32::from(byte);
+        for _ in 0..8 {
+            crc = if crc & 1 != 0 { (crc >> 1) ^ 0x82F6_3B78 } else { crc >> 1 };
+        }
+    }
+    crc
+}
+
+fn crc32() {
+    if cpuid(1, 0).ecx & (1 << 20) == 0 {
+        skip!("CRC32: CPUID.01H:ECX.SSE4_2[bit 20] is clear");
+        return;
+    }
+    for (init, data) in [(0xFFFF_FFFFu32, 0u32), (0, 0x1234_5678), (0xDEAD_BEEF, 0xFFFF_FFFF)] {
+        let mut crc = init;
+        // SAFETY: CRC32 of registers.
+        unsafe { asm!("crc32 {c:e}, {d:e}", c = inout(reg) crc, d = in(reg) black_box(data)) };
+        check_eq!(u64::from(crc), u64::from(crc32c(init, data)), "CRC32 r32 of {:#x} from {:#x}", data, init);
+    }
+}
+
+fn xgetbv() -> u64 {
+    let (lo, hi): (u32, u32);
+    // SAFETY: XCR0 read, CR4.OSXSAVE set by the caller.
+    unsafe { asm!("xgetbv", in("ecx") 0, out("eax") lo, out("edx") hi) };
+    u64::from(hi) << 32 | u64::from(lo)
+}
+
+/// XSAVE's standard-format image: legacy region, header, (no extended components at XCR0 = 3).
+#[repr(C, align(64))]
+struct XsaveArea([u8; 1024]);
+
+/// XSETBV and XGETBV, then XSAVE and XRSTOR of XMM0 through memory.
+fn xsave() {
+    if cpuid(1, 0).ecx & (1 << 26) == 0 {
+        skip!("XSAVE: CPUID.01H:ECX.XSAVE[bit 26] is clear");
+        return;
+    }
+    // SAFETY: CR4.OSXSAVE (bit 18) enables XSETBV/XGETBV and the XSAVE family; the guest runs
+    // no other SSE code that XCR0 could disturb.
+    unsafe { asm!("mov {t}, cr4", "bts {t}, 18", "mov cr4, {t}", t = out(reg) _) };
+    // SAFETY: XCR0 = x87 | SSE, which every XSAVE processor supports.
+    unsafe { asm!("xsetbv", in("ecx") 0, in("eax") 3, in("edx") 0) };
+    check_eq!(xgetbv(), 3u64, "XSETBV then XGETBV: XCR0 = x87 | SSE");
+    let mut area = XsaveArea([0; 1024]);
+    let before: u64;
+    // SAFETY: XMM0 is the guest's to use (its code has no other SSE); the area is 64-byte aligned.
+    unsafe {
+        asm!(
+            "movq xmm0, {v}",
+            "xsave [{area}]",
+            v = in(reg) 0x1111_2222_3333_4444u64,
+            area = in(reg) &mut area,
+            in("eax") 3,
+            in("edx") 0,
+        );
+        asm!("movq {}, xmm0", out(reg) before);
+    }
+    check_eq!(before, 0x1111_2222_3333_4444u64, "MOVQ to and from XMM0");
+    let saved = u64::from_le_bytes(area.0[160..168].try_into().unwrap());
+    check_eq!(saved, 0x1111_2222_3333_4444u64, "XSAVE stores XMM0 at byte 160 of the legacy region");
+    check_eq!(u64::from(area.0[512] & 2), 2u64, "XSAVE marks SSE in use in XSTATE_BV");
+    area.0[160..168].copy_from_slice(&0x5555_6666_7777_8888u64.to_le_bytes());
+    let after: u64;
+    // SAFETY: XRSTOR of the image XSAVE made, with one XMM0 field changed.
+    unsafe {
+        asm!("xrstor [{area}]", area = in(reg) &area, in("eax") 3, in("edx") 0);
+        asm!("movq {}, xmm0", out(reg) after);
+    }
+    check_eq!(after, 0x5555_6666_7777_8888u64, "XRSTOR loads XMM0 from the image");
+}
+
 fn main(_boot: &emon_guest::BootInfo) -> i32 {
     int3();
     popcnt();
     clac_stac();
     cmpxchg16b_checks();
+    x87();
+    crc32();
+    xsave();
     emon_guest::summary()
 }

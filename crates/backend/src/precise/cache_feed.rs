@@ -76,7 +76,7 @@ impl CacheFeed {
             }
             _ => (0, 0),
         };
-        Ok(access::data_accesses(i, |r| emon_x86::emulator::gpr(&regs, r), fs, gs).ok())
+        Ok(access::data_accesses(i, |r| access::gpr(&regs, r), fs, gs).ok())
     }
 
     /// An instruction retires with the accesses `accesses` (known from before it ran): they go

@@ -59,7 +59,7 @@ impl Precise {
     ) -> Result<Next, BackendError> {
         regs.rip = p.rip + i.len as u64;
         cx.vcpu.set_regs(&regs)?;
-        self.retire_one(cx, &p.armed, (i, p.rip, p.cpl), regs.rip, true)?;
+        self.retire_one(cx, p, (i, p.rip, p.cpl), regs.rip, true)?;
         Ok(Next::Retired)
     }
 

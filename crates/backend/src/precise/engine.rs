@@ -68,15 +68,18 @@ impl EngineSlot {
 
 #[cfg(feature = "tcg")]
 mod tcg_slot {
+    use super::super::tcg::Needs;
+
     /// The TCG engine, made on the vCPU thread the first time it runs.
     #[derive(Default)]
     pub struct TcgSlot {
-        pub engine: Option<super::super::tcg::Tcg>,
+        pub engine: super::super::tcg::EngineCell,
         /// Boundaries to step in KVM before trying the engine again.
         pub cooldown: u32,
-        /// The engine's last run ended in user mode and the vCPU has not run since: the engine
-        /// holds the CPL3 state and can go on from it.
-        pub at_cpl3: bool,
+        /// What runs load beyond the general and control registers: what recent code needed.
+        pub wants: Needs,
+        /// Runs since the code last used what `wants` loads (past a few, it is dropped).
+        pub unused_runs: u32,
     }
 
     // SAFETY: the engine (which holds unicorn's non-thread-safe handle) is created in
@@ -101,30 +104,29 @@ mod step_only {
         ) -> Result<Option<Next>, BackendError> {
             Ok(None)
         }
-
-        pub(in super::super) fn vcpu_runs(&mut self) {}
     }
 }
 
 #[cfg(feature = "tcg")]
 mod fast_forward {
-    use super::super::tcg::{self, Tcg};
-    use super::super::Precise;
+    use super::super::tcg::{self, Class, CpuState, Needs};
+    use super::super::{Precise, DR7_ENABLES, RFLAGS_TF};
     use super::Engine;
     use crate::{BackendError, Cx, Next};
     use emon_x86::arch::GP_VECTOR;
     use emon_x86::mode::CpuMode;
+    use std::time::{Duration, Instant};
 
     /// Steps after an engine run that retired little (or nothing) before the engine is tried
     /// again.
     const TCG_COOLDOWN: u32 = 16;
+    /// Runs without using the x87/SSE state or the MSRs after which runs stop loading them.
+    const WANTS_KEPT: u32 = 8;
+    /// How long a run goes on while nothing counts before KVM gets a turn (to deliver the
+    /// interrupts that came meanwhile): a tenth of a fast Linux timer tick.
+    const FREE_SLICE: Duration = Duration::from_millis(1);
 
     impl Precise {
-        /// The vCPU runs: whatever user-mode state the engine held is the vCPU's now.
-        pub(in super::super) fn vcpu_runs(&mut self) {
-            self.engine.tcg.at_cpl3 = false;
-        }
-
         /// Runs counted code in the TCG engine from the boundary at `rip`, when it may (see
         /// [`tcg`]): `Some(Next::Retired)` if it retired anything, `None` to single-step instead.
         pub(in super::super) fn fast_forward(
@@ -136,28 +138,22 @@ mod fast_forward {
             if !self.engine_may_run(cx, mode) {
                 return Ok(None);
             }
-            // User mode runs in the engine only where the engine entered it (through an IRETQ):
-            // unicorn's API cannot load CPL3 state (it refuses an SS with RPL 3 at CPL0).
-            let resume = mode.cpl == 3;
-            if resume && !self.engine.tcg.at_cpl3 {
+            let user = mode.cpl == 3;
+            if self.engine.tcg.cooldown > 0 && !user {
+                self.engine.tcg.cooldown -= 1;
                 return Ok(None);
             }
             let bytes = mode.fetch(cx.vcpu.memory(), rip);
             let first = iced_x86::Decoder::with_ip(64, &bytes, rip, iced_x86::DecoderOptions::NONE).decode();
-            let iret = first.code() == iced_x86::Code::Iretq;
-            if self.engine.tcg.cooldown > 0 && !resume && !iret {
-                self.engine.tcg.cooldown -= 1;
-                return Ok(None);
-            }
             // Not worth entering the engine for an instruction it would hand back at once.
-            if !tcg::runs_in_engine(&first, &mut iced_x86::InstructionInfoFactory::new()) {
-                return if resume { self.user_mode_handover(cx, &first) } else { Ok(None) };
+            if tcg::classify(&first, &mut iced_x86::InstructionInfoFactory::new()) == Class::HandedOver {
+                return if user { self.user_mode_handover(cx, &first) } else { Ok(None) };
             }
-            let Some(run) = self.engine_run(cx, mode, resume)? else { return Ok(None) };
+            let Some((before, run)) = self.engine_run(cx, mode)? else { return Ok(None) };
             if run.retired == 0 {
-                return if resume { self.user_mode_handover(cx, &first) } else { Ok(None) };
+                return if user { self.user_mode_handover(cx, &first) } else { Ok(None) };
             }
-            self.take_run(cx, mode, run)?;
+            self.take_run(cx, &before, run)?;
             Ok(Some(Next::Retired))
         }
 
@@ -173,50 +169,81 @@ mod fast_forward {
                 && !pebs
         }
 
-        /// One engine run from the vCPU's state, counting for the armed counters; `None` if the
-        /// engine failed (and was given up).
-        fn engine_run(&mut self, cx: &mut Cx, mode: &CpuMode, resume: bool) -> Result<Option<tcg::Run>, BackendError> {
-            if self.engine.tcg.engine.is_none() {
-                match Tcg::new(cx.vcpu.memory()) {
-                    Ok(e) => self.engine.tcg.engine = Some(e),
+        /// One engine run from the vCPU's state, counting for the armed counters (and again,
+        /// with more state loaded, when the code needs it): the state it started from and the
+        /// run; `None` if the engine failed (and was given up).
+        fn engine_run(&mut self, cx: &mut Cx, mode: &CpuMode) -> Result<Option<(CpuState, tcg::Run)>, BackendError> {
+            if let Err(e) = self.engine.tcg.engine.get(cx.vcpu.memory()) {
+                self.engine.give_up(e.to_string());
+                return Ok(None);
+            }
+            // The guest's own single-stepping (RFLAGS.TF) and breakpoints (DR7) are KVM's to
+            // make fire: the engine stands aside while they are on.
+            if self.step.guest_breakpoints.is_none() {
+                self.step.guest_breakpoints = Some(cx.vcpu.guest_dr7()? & DR7_ENABLES != 0);
+            }
+            if self.step.guest_breakpoints == Some(true) {
+                return Ok(None);
+            }
+            let armed: Vec<_> = self.counters.armed.iter().map(|a| (*a, cx.pmu.distance_to_overflow(a.id))).collect();
+            loop {
+                let state = tcg::state_of(cx.vcpu, self.engine.tcg.wants)?;
+                if state.regs.rflags & RFLAGS_TF != 0 {
+                    return Ok(None);
+                }
+                let clock = tcg::ModelClock { cycles: self.clock.cycles, reference: self.clock.reference };
+                // With nothing counting, the run hands back on time for interrupts too.
+                let deadline = (!self.counting).then(|| Instant::now() + FREE_SLICE);
+                let counting =
+                    tcg::Counting { armed: &armed, clock, budget: tcg::BUDGET, cache: self.feed.lend(), deadline };
+                let engine = self.engine.tcg.engine.get(cx.vcpu.memory()).expect("made above");
+                let run = match engine.run(&state, *mode, counting) {
+                    Ok(run) => run,
                     Err(e) => {
                         self.engine.give_up(e.to_string());
                         return Ok(None);
                     }
+                };
+                self.feed.give_back(run.cache.clone());
+                self.stats.engine_runs += 1;
+                tracing::trace!(
+                    rip = format_args!("{:#x}", state.regs.rip),
+                    cpl = mode.cpl,
+                    stop = ?run.stop,
+                    retired = run.retired,
+                    to = format_args!("{:#x}", run.state.regs.rip),
+                    "TCG engine run"
+                );
+                let slot = &mut self.engine.tcg;
+                if let tcg::Stop::Needs(n) = run.stop {
+                    if !n.met_by(slot.wants) {
+                        slot.wants = slot.wants.union(n);
+                        slot.unused_runs = 0;
+                        if run.retired == 0 {
+                            continue;
+                        }
+                    }
                 }
+                slot.unused_runs += 1;
+                if slot.unused_runs > WANTS_KEPT {
+                    slot.wants = Needs::NONE;
+                }
+                // KVM runs at least the next kernel instruction: it delivers interrupts, and runs
+                // what the engine handed over or faulted on (after a handover that is the next
+                // instruction anyway). A run that retired nothing is not tried again for a while.
+                // (At CPL3 the engine goes on: KVM cannot step user mode here.)
+                slot.cooldown = match (run.retired, run.stop) {
+                    (0, _) => TCG_COOLDOWN,
+                    (_, tcg::Stop::Handover) => 0,
+                    _ => 1,
+                };
+                return Ok(Some((state, run)));
             }
-            let regs = cx.vcpu.regs()?;
-            let sregs = cx.vcpu.sregs()?;
-            let armed: Vec<_> = self.counters.armed.iter().map(|a| (*a, cx.pmu.distance_to_overflow(a.id))).collect();
-            let clock = tcg::ModelClock { cycles: self.clock.cycles, reference: self.clock.reference };
-            let counting = tcg::Counting { armed: &armed, clock, budget: tcg::BUDGET, cache: self.feed.lend() };
-            let engine = self.engine.tcg.engine.as_mut().expect("made above");
-            let mut run = match engine.run(&regs, &sregs, *mode, counting, resume) {
-                Ok(run) => run,
-                Err(e) => {
-                    self.engine.give_up(e.to_string());
-                    return Ok(None);
-                }
-            };
-            self.feed.give_back(run.cache.take());
-            self.stats.engine_runs += 1;
-            tracing::trace!(
-                rip = format_args!("{:#x}", regs.rip),
-                cpl = mode.cpl,
-                stop = ?run.stop,
-                retired = run.retired,
-                to = format_args!("{:#x}", run.regs.rip),
-                "TCG engine run"
-            );
-            // KVM runs at least the next kernel instruction: it delivers interrupts and runs what
-            // the engine handed over. (At CPL3 the engine goes on: KVM cannot step user mode here.)
-            self.engine.tcg.cooldown = if run.retired < 64 { TCG_COOLDOWN } else { 1 };
-            self.engine.tcg.at_cpl3 = run.cpl == 3;
-            Ok(Some(run))
         }
 
-        /// What an engine run retired goes to the counters, the model clock and the vCPU.
-        fn take_run(&mut self, cx: &mut Cx, mode: &CpuMode, run: tcg::Run) -> Result<(), BackendError> {
+        /// What an engine run retired goes to the counters, the model clock and the vCPU (the
+        /// state the run changed: registers always, the rest where it differs).
+        fn take_run(&mut self, cx: &mut Cx, before: &CpuState, run: tcg::Run) -> Result<(), BackendError> {
             for (a, n) in self.counters.armed.iter().zip(&run.counts) {
                 // At CPL0 the engine stops short of every overflow, and the overflowing
                 // instruction is stepped; at CPL3 it stops right after it (`Stop::Overflowed`).
@@ -224,45 +251,33 @@ mod fast_forward {
                     tracing::error!("{}: the TCG engine crossed an overflow", a.id);
                 }
             }
-            self.stats.retired += run.retired;
-            self.stats.engine_retired += run.retired;
-            self.clock.cycles += run.cycles;
-            cx.vcpu.set_regs(&run.regs)?;
-            if let Some(segments) = run.segments {
-                self.iret_ran(cx, mode, segments)?;
+            if self.counting {
+                self.stats.retired += run.retired;
+                self.stats.engine_retired += run.retired;
+                self.clock.cycles += run.cycles;
+            } else {
+                self.stats.free_engine += run.retired;
             }
-            self.step.rip = Some(run.regs.rip);
+            if run.used != Needs::NONE {
+                self.engine.tcg.unused_runs = 0;
+            }
+            if !self.counting && run.state.regs.rflags & RFLAGS_TF != 0 {
+                // An IRETQ set the guest's own TF: KVM runs on free (its single-step would hide
+                // and clobber the guest's TF), so the guest's #DBs reach it.
+                self.set_stepping(cx, false)?;
+            }
+            tcg::write_back(cx.vcpu, before, &run.state)?;
+            if run.iret {
+                cx.vcpu.end_nmi_blocking()?;
+            }
+            if run.state.sregs != before.sregs {
+                self.step.mode = None;
+            }
+            self.step.rip = Some(run.state.regs.rip);
             if run.stop == tcg::Stop::Overflowed && cx.pmu.pmi_pending() {
                 // The PMI goes out before the next entry; the vCPU takes it first thing.
                 self.step.expect_event = true;
             }
-            Ok(())
-        }
-
-        /// An IRETQ ran in the engine: the segments it loaded (selectors of CS, SS, DS, ES, FS,
-        /// GS, and the FS and GS bases) go to the vCPU, decoded from the guest's GDT, and NMI
-        /// blocking ends as the IRETQ ends it.
-        fn iret_ran(
-            &mut self,
-            cx: &mut Cx,
-            mode: &CpuMode,
-            (sel, fs_base, gs_base): ([u16; 6], u64, u64),
-        ) -> Result<(), BackendError> {
-            let mut sregs = cx.vcpu.sregs()?;
-            let mem = cx.vcpu.memory();
-            let slots = [&mut sregs.cs, &mut sregs.ss, &mut sregs.ds, &mut sregs.es, &mut sregs.fs, &mut sregs.gs];
-            for (slot, selector) in slots.into_iter().zip(sel) {
-                if slot.selector != selector || slot.unusable == 1 {
-                    if let Some(seg) = mode.segment(mem, sregs.gdt.base, selector) {
-                        *slot = seg;
-                    }
-                }
-            }
-            sregs.fs.base = fs_base;
-            sregs.gs.base = gs_base;
-            cx.vcpu.set_sregs(&sregs)?;
-            cx.vcpu.end_nmi_blocking()?;
-            self.step.mode = None;
             Ok(())
         }
 
@@ -280,12 +295,7 @@ mod fast_forward {
             if privileged {
                 cx.vcpu.inject_exception(GP_VECTOR, Some(0))?;
                 self.step.expect_event = true;
-                self.engine.tcg.at_cpl3 = false;
                 return Ok(Some(Next::Retired));
-            }
-            // Emulated without KVM (see `arm`): the engine goes on after them.
-            if !matches!(i.mnemonic(), Rdpmc | Rdtsc | Rdtscp) {
-                self.engine.tcg.at_cpl3 = false;
             }
             Ok(None)
         }

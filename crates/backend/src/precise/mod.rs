@@ -47,6 +47,21 @@ pub use engine::Engine;
 use engine::EngineSlot;
 use stepper::{decode_full, Pending, Stepper};
 
+/// How the precise backend runs the guest's code.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Options {
+    /// What runs counted code.
+    pub engine: Engine,
+    /// CPL0 code runs in the TCG engine while nothing counts too (README, "CPL0 code in the TCG
+    /// engine").
+    pub cpl0_in_engine: bool,
+}
+
+/// RFLAGS.TF: the guest single-steps itself.
+const RFLAGS_TF: u64 = 1 << 8;
+/// DR7's local and global enables of breakpoints 0-3 (SDM Vol. 3B 17.2.4).
+const DR7_ENABLES: u64 = 0xFF;
+
 /// What the backend did, for the run summary.
 #[derive(Debug, Default, Clone, Copy)]
 pub struct Stats {
@@ -60,9 +75,13 @@ pub struct Stats {
     pub lost_traps: u64,
     /// Single-steps of user-mode (CPL3) code that did not come back to the VMM.
     pub cpl3_lost: u64,
-    /// TCG engine runs, and the instructions they retired.
+    /// TCG engine runs, and the counted instructions they retired.
     pub engine_runs: u64,
     pub engine_retired: u64,
+    /// Instructions run with nothing counting because the engine runs this host's CPL0 code
+    /// (in the engine, and stepped in KVM where the engine handed them over).
+    pub free_engine: u64,
+    pub free_stepped: u64,
     /// RDMSR/WRMSR of IA32_TSC_DEADLINE translated between the model's and KVM's guest TSC.
     pub tsc_deadlines: u64,
     /// RDTSC, RDTSCP and RDMSR(IA32_TSC) answered from the modelled guest time.
@@ -82,6 +101,11 @@ pub struct Precise {
     branches: BranchRecorder,
     ds: DsStats,
     engine: EngineSlot,
+    /// A counter counts or a branch record records: the guest's time follows the model.
+    counting: bool,
+    /// Runs CPL0 code in the TCG engine even while nothing counts (a host whose KVM only
+    /// emulates it: README, "CPL0 code in the TCG engine").
+    cpl0_in_engine: bool,
     pub stats: Stats,
 }
 
@@ -107,8 +131,22 @@ impl Precise {
             branches: BranchRecorder::default(),
             ds: DsStats::default(),
             engine: EngineSlot::new(engine),
+            counting: false,
+            cpl0_in_engine: false,
             stats: Stats::default(),
         }
+    }
+
+    /// Runs CPL0 code in the TCG engine while nothing counts too (where the TCG engine is built
+    /// in and chosen).
+    pub fn with_cpl0_in_engine(mut self, on: bool) -> Precise {
+        self.cpl0_in_engine = on;
+        self
+    }
+
+    /// Whether CPL0 code runs in the TCG engine while nothing counts.
+    pub fn cpl0_in_engine(&self) -> bool {
+        self.cpl0_in_engine && self.engine.engine() == Engine::Tcg
     }
 
     /// The engine that runs counted code.
@@ -147,17 +185,34 @@ impl Precise {
         }
         self.feed.set_on(self.counters.use_cache());
         self.branches.arm(cx);
-        let active = !self.counters.armed.is_empty() || self.branches.on();
+        let counting = !self.counters.armed.is_empty() || self.branches.on();
         if !at_boundary {
-            // In the middle of an instruction (an MSR or I/O exit): start stepping as soon as a
-            // counter goes live, but never stop before the instruction retires (the WRMSR that
-            // disables a counter still counts).
-            if active && !self.step.stepping {
+            // In the middle of an instruction (an MSR or I/O exit): start counting and stepping as
+            // soon as a counter goes live, but never stop before the instruction retires (the
+            // WRMSR that disables a counter still counts).
+            if counting && !self.counting {
+                self.set_counting(cx, true)?;
+            }
+            if counting && !self.step.stepping {
                 self.set_stepping(cx, true)?;
+            }
+            if !counting && !self.step.stepping && self.cpl0_in_engine() {
+                // KVM ran free since the last boundary (it may have left 32-bit code or user
+                // mode): the engine takes over after this instruction if it takes the code.
+                self.step.mode = None;
+                self.step.guest_breakpoints = None;
+                if self.engine_takes(cx)? {
+                    self.set_stepping(cx, true)?;
+                }
             }
             return Ok(Next::Run);
         }
-        if !active {
+        if counting != self.counting {
+            self.set_counting(cx, counting)?;
+        }
+        // Nothing counts, but this host's CPL0 code runs in the engine.
+        let executing = !counting && self.cpl0_in_engine() && self.engine_takes(cx)?;
+        if !counting && !executing {
             if self.step.stepping {
                 self.set_stepping(cx, false)?;
             }
@@ -179,12 +234,27 @@ impl Precise {
         self.pend(cx, rip, &mode)
     }
 
+    /// Whether the engine takes the code at the boundary while nothing counts: 64-bit CPL0 code,
+    /// unless the guest single-steps itself (RFLAGS.TF) or has breakpoints on (DR7), which only
+    /// KVM makes fire.
+    fn engine_takes(&mut self, cx: &mut Cx) -> Result<bool, BackendError> {
+        let mode = self.mode(cx)?;
+        if mode.cpl != 0 || mode.bitness != 64 || cx.vcpu.regs()?.rflags & RFLAGS_TF != 0 {
+            return Ok(false);
+        }
+        if !self.step.stepping || self.step.guest_breakpoints.is_none() {
+            self.step.guest_breakpoints = Some(cx.vcpu.guest_dr7()? & DR7_ENABLES != 0);
+        }
+        Ok(self.step.guest_breakpoints == Some(false))
+    }
+
     /// Notes the instruction at `rip` as the one the next step retires, unless emon completes it
     /// itself.
     fn pend(&mut self, cx: &mut Cx, rip: u64, mode: &emon_x86::mode::CpuMode) -> Result<Next, BackendError> {
         let mut p = Pending {
             rip,
             cpl: mode.cpl,
+            counting: self.counting,
             armed: self.counters.armed.clone(),
             expect_event: std::mem::take(&mut self.step.expect_event),
             iret_target: None,
@@ -195,6 +265,12 @@ impl Precise {
             if let Some(i) = self.decode(cx, mode, rip) {
                 if let Some(next) = self.emulate(cx, &mut p, &i, mode)? {
                     return Ok(next);
+                }
+                if !self.counting && self.popped_rflags(cx, mode, &i)?.is_some_and(|f| f & RFLAGS_TF != 0) {
+                    // The guest turns on its own single-stepping: KVM's single-step would hide
+                    // and clobber its TF, so KVM runs on free, and its #DBs reach the guest.
+                    self.set_stepping(cx, false)?;
+                    return Ok(Next::Run);
                 }
                 if i.special == Special::Iret {
                     let target = self.iret_target(cx, mode)?;
@@ -211,18 +287,26 @@ impl Precise {
     }
 
     fn set_stepping(&mut self, cx: &mut Cx, on: bool) -> Result<(), BackendError> {
-        if on {
-            self.clock.begin_stretch(cx)?;
-        } else {
-            self.clock.end_stretch(cx)?;
-        }
         cx.vcpu.set_single_step(on)?;
         self.step.stepping = on;
         self.stats.arm_changes += 1;
         if on {
             self.step.mode = None;
             self.step.rip = None;
+            self.step.guest_breakpoints = None;
         }
+        Ok(())
+    }
+
+    /// Counting starts or stops: the guest's time follows the model while it counts (README,
+    /// "Guest time").
+    fn set_counting(&mut self, cx: &mut Cx, on: bool) -> Result<(), BackendError> {
+        if on {
+            self.clock.begin_stretch(cx)?;
+        } else {
+            self.clock.end_stretch(cx)?;
+        }
+        self.counting = on;
         Ok(())
     }
 
@@ -250,11 +334,7 @@ impl Backend for Precise {
     }
 
     fn before_run(&mut self, cx: &mut Cx, at_boundary: bool) -> Result<Next, BackendError> {
-        let next = self.arm(cx, at_boundary)?;
-        if next == Next::Run {
-            self.vcpu_runs();
-        }
-        Ok(next)
+        self.arm(cx, at_boundary)
     }
 
     fn on_debug_exit(&mut self, cx: &mut Cx, pc: u64) -> Result<(), BackendError> {
@@ -294,7 +374,14 @@ impl Backend for Precise {
             self.ds.pebs_full,
             s.arm_changes,
             self.counters.reprogrammed
-        )
+        ) + &if self.cpl0_in_engine() {
+            format!(
+                "; with nothing counting, {} CPL0 instructions ran in the TCG engine and {} in KVM (handed over)",
+                s.free_engine, s.free_stepped
+            )
+        } else {
+            String::new()
+        }
     }
 
     fn notes(&self) -> Vec<String> {

@@ -22,6 +22,9 @@ const MAX_LOST_TRAPS: usize = 64;
 pub struct Pending {
     pub rip: u64,
     pub cpl: u8,
+    /// It began while something counted (else it is stepped only because the engine handed it
+    /// over: nothing counts it).
+    pub counting: bool,
     /// The counters that were counting when it began.
     pub armed: Arc<[Armed]>,
     /// The vCPU cannot retire the instruction at `rip` before an event is delivered (it is
@@ -52,6 +55,9 @@ pub struct Stepper {
     /// The VMM queued a PMI in KVM (see [`crate::Backend::event_queued`]): the next counted
     /// instruction is stepped in KVM, which delivers the PMI first if the guest can take it.
     pub event_queued: bool,
+    /// Whether the guest's DR7 enables a breakpoint of its own, as last read; `None` after
+    /// anything that may have changed it (KVM running free, a MOV to a debug register).
+    pub guest_breakpoints: Option<bool>,
 }
 
 /// Whether executing `i` at `rip` can leave the vCPU at `pc`.
@@ -169,27 +175,34 @@ impl Precise {
             pc = format_args!("{pc:#x}"),
             "step"
         );
-        self.retire_one(cx, &p.armed, (&i, rip, cpl), pc, true)
+        self.retire_one(cx, &p, (&i, rip, cpl), pc, true)
     }
 
-    /// One instruction `i` at `rip`, begun at CPL `cpl` with `armed` counting, retired and left
-    /// the vCPU at `next`: it counts, the mode is re-read if it may have changed, a taken branch
+    /// One instruction `i` at `rip`, begun at CPL `cpl` while `p` was pending (its counters
+    /// counting), retired and left the vCPU at `next`: it counts, the mode is re-read if it may
+    /// have changed, a taken branch
     /// is recorded, and a PEBS assist it triggers writes its record (`exact`: the vCPU's
     /// registers are those right after it).
     pub(super) fn retire_one(
         &mut self,
         cx: &mut Cx,
-        armed: &[Armed],
+        p: &Pending,
         (i, rip, cpl): (&Insn, u64, u8),
         next: u64,
         exact: bool,
     ) -> Result<(), BackendError> {
         let taken = taken(i, rip, next);
         let cache = std::mem::take(&mut self.feed.retiring);
-        self.stats.retired += 1;
-        self.counters.retire(cx, &mut self.clock, armed, (i, rip, cpl), taken, cache);
+        if p.counting {
+            self.stats.retired += 1;
+            self.counters.retire(cx, &mut self.clock, &p.armed, (i, rip, cpl), taken, cache);
+        } else {
+            // Stepped only because the engine handed it over: nothing counts it.
+            self.stats.free_stepped += 1;
+        }
         if i.changes_mode {
             self.step.mode = None;
+            self.step.guest_breakpoints = None;
         }
         if self.branches.on() && i.transfer.is_some() {
             let to_cpl = self.mode(cx)?.cpl;
@@ -227,7 +240,7 @@ impl Precise {
         );
         self.feed_pending(cx, mode, p);
         let end = run.first().map_or(pc, |(a, _)| *a);
-        self.retire_one(cx, &p.armed, (i, p.rip, p.cpl), end, run.is_empty())?;
+        self.retire_one(cx, p, (i, p.rip, p.cpl), end, run.is_empty())?;
         let cpl = self.mode(cx)?.cpl;
         for (n, (a, j)) in run.iter().enumerate() {
             let next = run.get(n + 1).map_or(pc, |(b, _)| *b);
@@ -236,7 +249,7 @@ impl Precise {
                 // It ran in KVM without its own trap: it read the host's time.
                 self.stats.tsc_unseen += 1;
             }
-            self.retire_one(cx, &p.armed, (j, *a, cpl), next, n + 1 == run.len())?;
+            self.retire_one(cx, p, (j, *a, cpl), next, n + 1 == run.len())?;
         }
         self.stats.lost_traps += run.len() as u64;
         self.step.rip = Some(pc);
@@ -299,6 +312,20 @@ impl Precise {
 
     /// The RIP an IRET at the current boundary returns to, and whether it returns to user mode:
     /// the first two slots of its frame (RIP, CS).
+    /// The RFLAGS a POPF or IRET at the boundary pops (its TF, bit 8, is in the low word whatever
+    /// the operand size).
+    pub(super) fn popped_rflags(&mut self, cx: &mut Cx, mode: &CpuMode, i: &Insn) -> Result<Option<u64>, BackendError> {
+        let rsp = cx.vcpu.regs()?.rsp;
+        let width: u64 = if mode.bitness == 64 { 8 } else { 4 };
+        let at = match i.special {
+            Special::Popf => rsp,
+            Special::Iret => rsp + 2 * width,
+            _ => return Ok(None),
+        };
+        let mut b = [0u8; 8];
+        Ok(mode.read_linear(cx.vcpu.memory(), at, &mut b[..width as usize]).map(|()| u64::from_le_bytes(b)))
+    }
+
     pub(super) fn iret_target(&mut self, cx: &mut Cx, mode: &CpuMode) -> Result<Option<(u64, bool)>, BackendError> {
         let rsp = cx.vcpu.regs()?.rsp;
         let width = if mode.bitness == 64 { 8 } else { 4 };

@@ -303,19 +303,6 @@ fn a_user_mode_step_lost_to_the_guests_db_handler_is_reported() {
     );
 }
 
-#[cfg(feature = "tcg")]
-#[test]
-fn the_tcg_engine_does_not_take_user_mode_it_did_not_enter() {
-    let mut r = Rig::new(&[NOP, NOP]);
-    r.precise = Precise::with_engine(Engine::Tcg);
-    r.count();
-    r.vcpu.mode.cpl = 3;
-    assert_eq!(r.before(true), Next::Run);
-    assert!(r.vcpu.single_step);
-    assert_eq!(r.precise.stats.engine_runs, 0);
-    assert_eq!(r.precise.engine(), Engine::Tcg, "the engine is not given up");
-}
-
 /// `nop; rdtsc; nop; rdtsc`, counted from a guest TSC of 1000.
 fn tsc_rig(settable: bool) -> Rig {
     let mut r = Rig::new(&[NOP, 0x0F, 0x31, NOP, 0x0F, 0x31, NOP]);

@@ -2,11 +2,15 @@
 //! KVM vCPU file descriptor (the PMI goes through its in-kernel local APIC); [`trap_pmu_msrs`],
 //! which sends every PMU MSR access to userspace; and [`apply_guest_debug`], the vCPU's one
 //! KVM_SET_GUEST_DEBUG control.
+mod regs;
+pub mod xsave;
+
 use crate::guest_debug::GuestDebug;
 use crate::{lapic, Vcpu, VcpuError};
 use emon_pmu::pmu::Pmu;
+use emon_x86::fpu::Fpu;
 use kvm_bindings::{
-    kvm_device_attr, kvm_enable_cap, kvm_mp_state, kvm_msr_entry, kvm_regs, kvm_sregs, Msrs,
+    kvm_device_attr, kvm_enable_cap, kvm_mp_state, kvm_msr_entry, kvm_regs, kvm_sregs, kvm_vcpu_events, Msrs,
     KVM_CAP_X86_USER_SPACE_MSR, KVM_MP_STATE_HALTED, KVM_MSR_EXIT_REASON_FILTER, KVM_MSR_EXIT_REASON_INVAL,
     KVM_MSR_EXIT_REASON_UNKNOWN, KVM_VCPUEVENT_VALID_SHADOW, KVM_VCPU_TSC_CTRL, KVM_VCPU_TSC_OFFSET,
 };
@@ -84,59 +88,149 @@ pub fn apply_guest_debug(fd: &VcpuFd, debug: &mut GuestDebug) -> Result<(), Vcpu
     })
 }
 
+/// A KVM vCPU as emon drives it: its file descriptor, its one guest-debug control, how it hands
+/// out the x87/SSE state, and its registers as of the last exit (see [`regs`]). Every register
+/// read and write goes through it.
+pub struct KvmCpu {
+    pub fd: VcpuFd,
+    /// The vCPU's guest-debug control, which single-stepping shares with other users.
+    pub debug: GuestDebug,
+    /// How this KVM hands out the x87/SSE state (`None`: no XSAVE, the FPU ioctls).
+    pub xsave: Option<xsave::XsaveAbi>,
+    regs: regs::RegCache,
+    /// This KVM keeps single-stepping across a KVM_SET_REGS that moves RIP (kvm_pvm does; KVM on
+    /// VMX and SVM does not): measured by the VMM, assumed not until told.
+    pub step_survives_set_regs: bool,
+}
+
+impl KvmCpu {
+    pub fn new(kvm: &kvm_ioctls::Kvm, mut fd: VcpuFd, debug: GuestDebug, xsave: Option<xsave::XsaveAbi>) -> KvmCpu {
+        let regs = regs::RegCache::new(kvm, &mut fd);
+        KvmCpu { fd, debug, xsave, regs, step_survives_set_regs: false }
+    }
+
+    /// The vCPU with its guest memory, as the backends drive it.
+    pub fn with<'a>(&'a mut self, mem: &'a GuestMemoryMmap) -> KvmVcpu<'a> {
+        KvmVcpu { cpu: self, mem }
+    }
+
+    /// KVM_RUN.
+    pub fn run(&mut self) -> Result<kvm_ioctls::VcpuExit<'_>, vmm_sys_util::errno::Error> {
+        self.regs.ran(true);
+        let r = self.fd.run();
+        if r.is_err() {
+            // An error before KVM stored the registers, or EINTR from a kick: read them anew.
+            self.regs.ran(false);
+        }
+        r
+    }
+
+    pub fn regs(&mut self) -> Result<kvm_regs, VcpuError> {
+        self.regs.regs(&mut self.fd)
+    }
+
+    pub fn set_regs(&mut self, r: &kvm_regs) -> Result<(), VcpuError> {
+        let moved = self.regs.regs(&mut self.fd)?.rip != r.rip;
+        self.regs.set_regs(&mut self.fd, r)?;
+        if moved && self.debug.stepping() && !self.step_survives_set_regs {
+            // KVM keeps its single-step trap (RFLAGS.TF) only at the RIP where guest debugging
+            // was last set (`singlestep_rip`): KVM_SET_REGS with another RIP drops it, and the
+            // guest would run on free. Setting the control again puts it back.
+            self.debug.forget_applied();
+            self.apply_guest_debug()?;
+        }
+        Ok(())
+    }
+
+    pub fn sregs(&mut self) -> Result<kvm_sregs, VcpuError> {
+        self.regs.sregs(&mut self.fd)
+    }
+
+    pub fn set_sregs(&mut self, s: &kvm_sregs) -> Result<(), VcpuError> {
+        self.regs.set_sregs(&mut self.fd, s)
+    }
+
+    pub fn events(&mut self) -> Result<kvm_vcpu_events, VcpuError> {
+        self.regs.events(&mut self.fd)
+    }
+
+    pub fn set_events(&mut self, e: &kvm_vcpu_events) -> Result<(), VcpuError> {
+        self.regs.set_events(&mut self.fd, e)
+    }
+
+    /// Applies the guest-debug control if it changed.
+    pub fn apply_guest_debug(&mut self) -> Result<(), VcpuError> {
+        apply_guest_debug(&self.fd, &mut self.debug)
+    }
+}
+
 /// A KVM vCPU and its guest memory, as the backends drive it.
 pub struct KvmVcpu<'a> {
-    pub fd: &'a mut VcpuFd,
+    pub cpu: &'a mut KvmCpu,
     pub mem: &'a GuestMemoryMmap,
-    /// The vCPU's guest-debug control, which single-stepping shares with other users.
-    pub debug: &'a mut GuestDebug,
 }
 
 impl Vcpu for KvmVcpu<'_> {
     fn regs(&mut self) -> Result<kvm_regs, VcpuError> {
-        self.fd.get_regs().map_err(VcpuError::op("KVM_GET_REGS"))
+        self.cpu.regs()
     }
 
-    fn xmm(&mut self) -> Result<[[u8; 16]; 16], VcpuError> {
-        Ok(self.fd.get_fpu().map_err(VcpuError::op("KVM_GET_FPU"))?.xmm)
+    fn fpu(&mut self) -> Result<Fpu, VcpuError> {
+        xsave::get(&self.cpu.fd, self.cpu.xsave).map_err(VcpuError::op("KVM_GET_XSAVE"))
+    }
+
+    fn set_fpu(&mut self, f: &Fpu) -> Result<(), VcpuError> {
+        xsave::set(&self.cpu.fd, self.cpu.xsave, f).map_err(VcpuError::op("KVM_SET_XSAVE"))
     }
 
     fn set_regs(&mut self, regs: &kvm_regs) -> Result<(), VcpuError> {
-        self.fd.set_regs(regs).map_err(VcpuError::op("KVM_SET_REGS"))
+        self.cpu.set_regs(regs)
     }
 
     fn sregs(&mut self) -> Result<kvm_sregs, VcpuError> {
-        self.fd.get_sregs().map_err(VcpuError::op("KVM_GET_SREGS"))
+        self.cpu.sregs()
     }
 
     fn set_sregs(&mut self, sregs: &kvm_sregs) -> Result<(), VcpuError> {
-        self.fd.set_sregs(sregs).map_err(VcpuError::op("KVM_SET_SREGS"))
+        self.cpu.set_sregs(sregs)
     }
 
     fn end_nmi_blocking(&mut self) -> Result<(), VcpuError> {
-        let mut ev = self.fd.get_vcpu_events().map_err(VcpuError::op("KVM_GET_VCPU_EVENTS"))?;
+        let mut ev = self.cpu.events()?;
         if ev.nmi.masked != 0 {
             ev.nmi.masked = 0;
-            self.fd.set_vcpu_events(&ev).map_err(VcpuError::op("KVM_SET_VCPU_EVENTS"))?;
+            self.cpu.set_events(&ev)?;
         }
         Ok(())
     }
 
     fn set_single_step(&mut self, on: bool) -> Result<(), VcpuError> {
-        self.debug.step = on;
-        apply_guest_debug(self.fd, self.debug)
+        self.cpu.debug.step = on;
+        self.cpu.apply_guest_debug()
     }
 
     fn halt(&mut self) -> Result<(), VcpuError> {
         // `sti; hlt`: STI's interrupt shadow covers the HLT, which has retired, so the shadow ends
         // here (SDM Vol. 2, STI). KVM would keep it, and no interrupt could wake the vCPU.
-        let mut ev = self.fd.get_vcpu_events().map_err(VcpuError::op("KVM_GET_VCPU_EVENTS"))?;
+        self.end_interrupt_shadow()?;
+        self.cpu
+            .fd
+            .set_mp_state(kvm_mp_state { mp_state: KVM_MP_STATE_HALTED })
+            .map_err(VcpuError::op("KVM_SET_MP_STATE"))
+    }
+
+    fn guest_dr7(&mut self) -> Result<u64, VcpuError> {
+        Ok(self.cpu.fd.get_debug_regs().map_err(VcpuError::op("KVM_GET_DEBUGREGS"))?.dr7)
+    }
+
+    fn end_interrupt_shadow(&mut self) -> Result<(), VcpuError> {
+        let mut ev = self.cpu.events()?;
         if ev.interrupt.shadow != 0 {
             ev.interrupt.shadow = 0;
             ev.flags |= KVM_VCPUEVENT_VALID_SHADOW;
-            self.fd.set_vcpu_events(&ev).map_err(VcpuError::op("KVM_SET_VCPU_EVENTS"))?;
+            self.cpu.set_events(&ev)?;
         }
-        self.fd.set_mp_state(kvm_mp_state { mp_state: KVM_MP_STATE_HALTED }).map_err(VcpuError::op("KVM_SET_MP_STATE"))
+        Ok(())
     }
 
     fn inject_exception(&mut self, vector: u8, error_code: Option<u32>) -> Result<(), VcpuError> {
@@ -149,12 +243,12 @@ impl Vcpu for KvmVcpu<'_> {
             regs.rflags |= RFLAGS_RF;
             self.set_regs(&regs)?;
         }
-        let mut ev = self.fd.get_vcpu_events().map_err(VcpuError::op("KVM_GET_VCPU_EVENTS"))?;
+        let mut ev = self.cpu.events()?;
         ev.exception.injected = 1;
         ev.exception.nr = vector;
         ev.exception.has_error_code = u8::from(error_code.is_some());
         ev.exception.error_code = error_code.unwrap_or(0);
-        self.fd.set_vcpu_events(&ev).map_err(VcpuError::op("KVM_SET_VCPU_EVENTS"))
+        self.cpu.set_events(&ev)
     }
 
     fn memory(&self) -> &GuestMemoryMmap {
@@ -162,31 +256,53 @@ impl Vcpu for KvmVcpu<'_> {
     }
 
     fn lapic(&mut self) -> Result<[u8; 1024], VcpuError> {
-        let mut state = self.fd.get_lapic().map_err(VcpuError::op("KVM_GET_LAPIC"))?;
+        let mut state = self.cpu.fd.get_lapic().map_err(VcpuError::op("KVM_GET_LAPIC"))?;
         Ok(*lapic::bytes(&mut state.regs))
     }
 
     fn set_lapic(&mut self, page: &[u8; 1024]) -> Result<(), VcpuError> {
         let mut state = kvm_bindings::kvm_lapic_state::default();
         *lapic::bytes(&mut state.regs) = *page;
-        self.fd.set_lapic(&state).map_err(VcpuError::op("KVM_SET_LAPIC"))
+        self.cpu.fd.set_lapic(&state).map_err(VcpuError::op("KVM_SET_LAPIC"))
     }
 
     fn nmi(&mut self) -> Result<(), VcpuError> {
-        self.fd.nmi().map_err(VcpuError::op("KVM_NMI"))
+        self.cpu.fd.nmi().map_err(VcpuError::op("KVM_NMI"))
     }
 
     fn get_msr(&mut self, index: u32) -> Result<u64, VcpuError> {
         let failed = || VcpuError { op: "KVM_GET_MSRS", source: vmm_sys_util::errno::Error::new(libc::EINVAL) };
         let mut msrs = Msrs::from_entries(&[kvm_msr_entry { index, ..Default::default() }]).map_err(|_| failed())?;
-        match self.fd.get_msrs(&mut msrs).map_err(VcpuError::op("KVM_GET_MSRS"))? {
+        match self.cpu.fd.get_msrs(&mut msrs).map_err(VcpuError::op("KVM_GET_MSRS"))? {
             1 => Ok(msrs.as_slice()[0].data),
             _ => Err(failed()),
         }
     }
 
     fn set_msr(&mut self, index: u32, value: u64) -> Result<(), VcpuError> {
-        set_msr(self.fd, index, value)
+        set_msr(&self.cpu.fd, index, value)
+    }
+
+    fn get_msrs(&mut self, indices: &[u32]) -> Result<Vec<u64>, VcpuError> {
+        let failed = || VcpuError { op: "KVM_GET_MSRS", source: vmm_sys_util::errno::Error::new(libc::EINVAL) };
+        let entries: Vec<kvm_msr_entry> =
+            indices.iter().map(|&index| kvm_msr_entry { index, ..Default::default() }).collect();
+        let mut msrs = Msrs::from_entries(&entries).map_err(|_| failed())?;
+        if self.cpu.fd.get_msrs(&mut msrs).map_err(VcpuError::op("KVM_GET_MSRS"))? != indices.len() {
+            return Err(failed());
+        }
+        Ok(msrs.as_slice().iter().map(|e| e.data).collect())
+    }
+
+    fn set_msrs(&mut self, values: &[(u32, u64)]) -> Result<(), VcpuError> {
+        let failed = || VcpuError { op: "KVM_SET_MSRS", source: vmm_sys_util::errno::Error::new(libc::EINVAL) };
+        let entries: Vec<kvm_msr_entry> =
+            values.iter().map(|&(index, data)| kvm_msr_entry { index, data, ..Default::default() }).collect();
+        let msrs = Msrs::from_entries(&entries).map_err(|_| failed())?;
+        if self.cpu.fd.set_msrs(&msrs).map_err(VcpuError::op("KVM_SET_MSRS"))? != values.len() {
+            return Err(failed());
+        }
+        Ok(())
     }
 
     fn set_guest_tsc(&mut self, value: u64) -> Result<bool, VcpuError> {
@@ -213,7 +329,7 @@ impl Vcpu for KvmVcpu<'_> {
     }
 
     fn wait_for_guest_tsc(&mut self, value: u64, limit: Duration) -> Result<u64, VcpuError> {
-        let khz = u64::from(self.fd.get_tsc_khz().unwrap_or(1_000_000).max(1));
+        let khz = u64::from(self.cpu.fd.get_tsc_khz().unwrap_or(1_000_000).max(1));
         let deadline = Instant::now() + limit;
         loop {
             let now = self.guest_tsc()?;
@@ -240,7 +356,7 @@ impl KvmVcpu<'_> {
         };
         // SAFETY: KVM_SET_DEVICE_ATTR on a vCPU fd reads the attribute and, through `addr`, the
         // u64 offset, both of which outlive the call.
-        Ok(unsafe { ioctl_with_ref(&*self.fd, KVM_SET_DEVICE_ATTR(), &attr) } == 0)
+        Ok(unsafe { ioctl_with_ref(&self.cpu.fd, KVM_SET_DEVICE_ATTR(), &attr) } == 0)
     }
 }
 
@@ -274,10 +390,10 @@ fn host_tsc() -> u64 {
 /// reads as set), tried on a throwaway VM. kvm_pvm accepts the offset and ignores it.
 pub fn guest_tsc_settable(kvm: &kvm_ioctls::Kvm) -> Result<bool, VcpuError> {
     let vm = kvm.create_vm().map_err(VcpuError::op("KVM_CREATE_VM"))?;
-    let mut fd = vm.create_vcpu(0).map_err(VcpuError::op("KVM_CREATE_VCPU"))?;
+    let fd = vm.create_vcpu(0).map_err(VcpuError::op("KVM_CREATE_VCPU"))?;
     let mem = GuestMemoryMmap::default();
-    let mut debug = GuestDebug::default();
-    let mut vcpu = KvmVcpu { fd: &mut fd, mem: &mem, debug: &mut debug };
+    let mut cpu = KvmCpu::new(kvm, fd, GuestDebug::default(), None);
+    let mut vcpu = cpu.with(&mem);
     let now = vcpu.guest_tsc()?;
     vcpu.set_guest_tsc(now)
 }

@@ -1,0 +1,306 @@
+//! What the engine may run: each instruction's class ([`classify`]), and the translated blocks the
+//! block hook decides on, decoded once per run with what each adds to the armed counters.
+use super::super::events::{cycles, Armed, Derive};
+use emon_pmu::profile::MIN_CACHE_LINE;
+use emon_x86::access;
+use emon_x86::insn::{self, Insn};
+use emon_x86::mode::CpuMode;
+use iced_x86::OpAccess;
+use iced_x86::{
+    Code, CpuidFeature, Decoder, DecoderOptions, FlowControl, Instruction, InstructionInfoFactory, Mnemonic,
+};
+use vm_memory::GuestMemoryMmap;
+
+/// State beyond the general and control registers that an instruction needs in the engine, and
+/// that a run loads only when it may execute such an instruction.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Needs {
+    /// The x87, MMX and SSE registers, MXCSR and XCR0.
+    pub fpu: bool,
+    /// IA32_STAR, LSTAR, CSTAR, FMASK and KERNEL_GS_BASE (SYSCALL, SYSRET, SWAPGS).
+    pub msrs: bool,
+}
+
+impl Needs {
+    pub const NONE: Needs = Needs { fpu: false, msrs: false };
+
+    /// Whether a run that loaded `loaded` has all of this.
+    pub fn met_by(self, loaded: Needs) -> bool {
+        (!self.fpu || loaded.fpu) && (!self.msrs || loaded.msrs)
+    }
+
+    pub fn union(self, other: Needs) -> Needs {
+        Needs { fpu: self.fpu || other.fpu, msrs: self.msrs || other.msrs }
+    }
+}
+
+/// Whether the engine runs an instruction.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Class {
+    /// The engine runs it, given what it needs loaded.
+    Runs(Needs),
+    /// It must go through KVM or the VMM.
+    HandedOver,
+}
+
+/// Instructions that must go through KVM or the VMM, by mnemonic: they read or set state the
+/// engine does not hold or must not change behind KVM's back (the TSC, MSRs, CPUID, I/O,
+/// RFLAGS.IF with an interrupt window, the TLB KVM keeps for the guest), deliver an event through
+/// the IDT, or wait.
+const HANDED_OVER: &[Mnemonic] = {
+    use Mnemonic::*;
+    &[
+        Cpuid, Rdtsc, Rdtscp, Rdpmc, Rdmsr, Wrmsr, In, Out, Insb, Insw, Insd, Outsb, Outsw, Outsd, Hlt, Sti, Popf,
+        Popfq, Popfd, Iret, Iretd, Syscall, Sysret, Sysretq, Sysenter, Sysexit, Int, Int1, Int3, Into, Ud0, Ud1, Ud2,
+        Retf, Lss, Lfs, Lgs, Lds, Les, Xsetbv, Rdseed, Rdpid, Wbinvd, Invd, Monitor, Mwait, Umonitor, Umwait, Tpause,
+        Enqcmd, Serialize, Invlpg, Invpcid,
+    ]
+};
+
+/// Privileged instructions the engine runs at CPL0 all the same: their effect is registers the
+/// engine holds and gives back (RFLAGS.IF cleared, RFLAGS.AC, GS's base).
+const PRIVILEGED_IN_ENGINE: &[Mnemonic] = {
+    use Mnemonic::*;
+    &[Cli, Clac, Stac, Swapgs]
+};
+
+/// The instruction sets the engine runs: what QEMU's TCG implements of what a guest may be told
+/// it has (integer, x87, MMX, SSE to SSE4.2, AES-NI, PCLMULQDQ, FXSAVE and XSAVE/XSAVEOPT).
+/// Not AVX, AVX2, FMA, F16C, SHA, XSAVEC/XSAVES or RDSEED: TCG has none of them.
+const ENGINE_FEATURES: &[CpuidFeature] = {
+    use CpuidFeature::*;
+    &[
+        INTEL8086,
+        INTEL8086_ONLY,
+        INTEL186,
+        INTEL286,
+        INTEL386,
+        INTEL486,
+        X64,
+        CMOV,
+        CX8,
+        CMPXCHG16B,
+        MULTIBYTENOP,
+        BMI1,
+        BMI2,
+        LZCNT,
+        POPCNT,
+        ADX,
+        MOVBE,
+        CLFSH,
+        CLFLUSHOPT,
+        CLWB,
+        PAUSE,
+        CET_IBT,
+        SMAP,
+        FSGSBASE,
+        RDRAND,
+        FPU,
+        FPU287,
+        FPU387,
+        MMX,
+        SSE,
+        SSE2,
+        SSE3,
+        SSSE3,
+        SSE4_1,
+        SSE4_2,
+        AES,
+        PCLMULQDQ,
+        FXSR,
+        XSAVE,
+        XSAVEOPT,
+    ]
+};
+
+/// Instructions that read or write the x87/SSE state or XCR0 without naming an x87, MMX or XMM
+/// register.
+const FPU_STATE: &[Mnemonic] = {
+    use Mnemonic::*;
+    &[
+        Ldmxcsr, Stmxcsr, Fxsave, Fxsave64, Fxrstor, Fxrstor64, Xsave, Xsave64, Xsaveopt, Xsaveopt64, Xrstor, Xrstor64,
+        Xgetbv,
+    ]
+};
+
+/// Whether the engine may run `i` (see [`Class`]).
+pub fn classify(i: &Instruction, info: &mut InstructionInfoFactory) -> Class {
+    let m = i.mnemonic();
+    // IRETQ runs in the engine, so that a return to user mode stays under its control (KVM
+    // cannot single-step CPL3 code on some hosts); the run stops before the first block at the
+    // new privilege level, and the VMM writes the segments back and ends NMI blocking.
+    if i.code() == Code::Iretq {
+        return Class::Runs(Needs::NONE);
+    }
+    let far = i.is_jmp_far() || i.is_call_far() || i.is_jmp_far_indirect() || i.is_call_far_indirect();
+    let plain_flow = matches!(
+        i.flow_control(),
+        FlowControl::Next
+            | FlowControl::UnconditionalBranch
+            | FlowControl::ConditionalBranch
+            | FlowControl::IndirectBranch
+            | FlowControl::Call
+            | FlowControl::IndirectCall
+            | FlowControl::Return
+    );
+    let privileged = i.is_privileged() && !PRIVILEGED_IN_ENGINE.contains(&m);
+    if i.is_invalid() || privileged || far || !plain_flow || HANDED_OVER.contains(&m) {
+        return Class::HandedOver;
+    }
+    let used = info.info(i).used_registers().to_vec();
+    // Segment register loads, and registers the engine does not hold or hand back.
+    let outside = used.iter().any(|r| {
+        let reg = r.register();
+        (reg.is_segment_register() && r.access() != OpAccess::Read)
+            || reg.is_ymm()
+            || reg.is_zmm()
+            || reg.is_k()
+            || reg.is_cr()
+            || reg.is_dr()
+            || reg.is_tr()
+    });
+    if outside || !i.cpuid_features().iter().all(|f| ENGINE_FEATURES.contains(f)) {
+        return Class::HandedOver;
+    }
+    let fpu = FPU_STATE.contains(&m)
+        || used.iter().any(|r| r.register().is_xmm() || r.register().is_mm() || r.register().is_st())
+        || i.cpuid_features()
+            .iter()
+            .any(|f| matches!(f, CpuidFeature::FPU | CpuidFeature::FPU287 | CpuidFeature::FPU387 | CpuidFeature::MMX));
+    Class::Runs(Needs { fpu, msrs: m == Mnemonic::Swapgs })
+}
+
+/// Whether the engine runs `i` with nothing but the general and control registers loaded.
+pub fn runs_in_engine(i: &Instruction, info: &mut InstructionInfoFactory) -> bool {
+    classify(i, info) == Class::Runs(Needs::NONE)
+}
+
+/// A decoded block: each instruction's address and facts, whether the engine may run it, and
+/// per armed counter what it adds when it retires whole.
+#[derive(Debug, Clone)]
+pub struct Block {
+    pub insns: Vec<(u64, Insn)>,
+    pub runnable: bool,
+    /// What the block needs loaded that the run did not load (when that alone stops it).
+    pub needs: Needs,
+    /// What its runnable instructions need (the state the block may change).
+    pub insns_need: Needs,
+    /// The instruction that ends its runnable part, where the engine hands over.
+    pub stops_at: Option<u64>,
+    /// Its last instruction is IRETQ.
+    pub ends_in_iret: bool,
+    /// The block is `loop .` alone (LOOP to itself, counting in RCX): see `loop_ahead`.
+    pub self_loop: bool,
+    /// Per armed counter: the events of every instruction but the last.
+    pub body: Vec<u64>,
+    /// Per armed counter: the last instruction's events when it branches and when it does not.
+    pub last_taken: Vec<u64>,
+    pub last_not: Vec<u64>,
+    /// Core cycles: every instruction but the last, and the last when it branches or not.
+    pub cycles_body: u64,
+    pub cycles_taken: u64,
+    pub cycles_not: u64,
+    /// The most cache lines its data accesses can touch (counted only with a cache model).
+    pub lines: u64,
+}
+
+impl Block {
+    /// Sums what the block adds to each armed counter (`counting`: the counter counts at the
+    /// run's privilege level).
+    pub fn sums(&mut self, armed: &[Armed], counting: &[bool]) {
+        let n = self.insns.len();
+        let per = |a: &Armed, on: bool, (rip, i): &(u64, Insn), taken: bool| {
+            if on {
+                a.semantics.increment(i, *rip, taken)
+            } else {
+                0
+            }
+        };
+        self.body = armed
+            .iter()
+            .zip(counting)
+            .map(|(a, on)| self.insns[..n.saturating_sub(1)].iter().map(|x| per(a, *on, x, false)).sum())
+            .collect();
+        let last = self.insns.last();
+        self.last_taken = armed.iter().zip(counting).map(|(a, on)| last.map_or(0, |x| per(a, *on, x, true))).collect();
+        self.last_not = armed.iter().zip(counting).map(|(a, on)| last.map_or(0, |x| per(a, *on, x, false))).collect();
+        self.cycles_body = self.insns[..n.saturating_sub(1)].iter().map(|(_, i)| cycles(i, false)).sum();
+        self.cycles_taken = last.map_or(0, |(_, i)| cycles(i, true));
+        self.cycles_not = last.map_or(0, |(_, i)| cycles(i, false));
+    }
+}
+
+/// Decodes the block of `size` bytes at linear `addr` for a run that loaded `loaded`.
+/// With `cache` (the cache model counts), an instruction whose data accesses cannot be known
+/// before it runs (a REP string instruction) ends the runnable part: it is stepped.
+pub fn decode_block(
+    mode: &CpuMode,
+    mem: &GuestMemoryMmap,
+    (addr, size): (u64, usize),
+    cache: bool,
+    loaded: Needs,
+) -> Block {
+    let mut bytes = Vec::with_capacity(size + 15);
+    let mut a = addr;
+    while bytes.len() < size + 15 {
+        let chunk = mode.fetch(mem, a);
+        if chunk.is_empty() {
+            break;
+        }
+        a += chunk.len() as u64;
+        bytes.extend(chunk);
+    }
+    let mut insns = Vec::new();
+    let mut runnable = true;
+    let mut needs = Needs::NONE;
+    let mut insns_need = Needs::NONE;
+    let mut stops_at = None;
+    let mut lines = 0;
+    let mut self_loop = false;
+    let mut ends_in_iret = false;
+    let mut d = Decoder::with_ip(64, &bytes, addr, DecoderOptions::NONE);
+    let mut info = InstructionInfoFactory::new();
+    while d.ip() < addr + size as u64 {
+        let i = d.decode();
+        // The smallest line a profile may have: the bound holds whatever the profile's line.
+        let accesses = if cache { access::max_lines(&i, MIN_CACHE_LINE).ok() } else { Some(0) };
+        let class = classify(&i, &mut info);
+        match (i.is_invalid(), class, accesses) {
+            (false, Class::Runs(n), Some(l)) if n.met_by(loaded) => {
+                lines += l;
+                insns_need = insns_need.union(n);
+                self_loop = i.code() == Code::Loop_rel8_64_RCX && i.near_branch_target() == i.ip();
+                ends_in_iret = i.code() == Code::Iretq;
+                insns.push((i.ip(), insn::of(&i)));
+            }
+            (false, Class::Runs(n), Some(_)) => {
+                needs = n;
+                runnable = false;
+                break;
+            }
+            _ => {
+                runnable = false;
+                // Where the engine hands over (not where only this run's cache model stops it).
+                stops_at = (class == Class::HandedOver).then_some(i.ip());
+                break;
+            }
+        }
+    }
+    let self_loop = self_loop && insns.len() == 1;
+    Block {
+        insns,
+        runnable,
+        needs,
+        insns_need,
+        stops_at,
+        ends_in_iret,
+        self_loop,
+        body: Vec::new(),
+        last_taken: Vec::new(),
+        last_not: Vec::new(),
+        cycles_body: 0,
+        cycles_taken: 0,
+        cycles_not: 0,
+        lines,
+    }
+}

@@ -1,0 +1,370 @@
+//! Counting in the engine: the state the hooks work on ([`Acc`]), the block hook that decides
+//! before each translated block whether it runs (and retires the one before it), the code hook
+//! that feeds the cache model, and the `loop .` fast path.
+use super::blocks::{decode_block, Block, Needs};
+use super::{Counting, Data, ModelClock, Stop, MAX_BLOCKS};
+use crate::precise::cache::{CacheEvents, CacheModel};
+use crate::precise::events::{cycles, Armed, Derive};
+use emon_pmu::pmu::Semantics;
+use emon_x86::access::{self, Access};
+use emon_x86::mode::CpuMode;
+use iced_x86::{Decoder, DecoderOptions, Instruction};
+use rustc_hash::FxHashMap;
+use std::time::Instant;
+use unicorn_engine::{RegisterX86, Unicorn};
+use vm_memory::GuestMemoryMmap;
+
+/// State the block hook works on.
+pub struct Acc {
+    pub mode: CpuMode,
+    pub mem: GuestMemoryMmap,
+    pub armed: Vec<Armed>,
+    pub counting: Vec<bool>,
+    /// Events each armed counter may still take before it would overflow.
+    pub room: Vec<u64>,
+    pub counts: Vec<u64>,
+    pub retired: u64,
+    /// Iterations of REP string instructions that have not retired yet: work the budget counts,
+    /// so that a long REP hands back to KVM (for interrupts) as other code does.
+    pub iterations: u64,
+    /// The model clock now, and the cycles retired in this run.
+    pub clock: ModelClock,
+    pub cycles: u64,
+    pub budget: u64,
+    /// The block entered last, not yet known to have retired.
+    pub current: Option<u64>,
+    pub blocks: FxHashMap<u64, Block>,
+    pub stop: Option<Stop>,
+    /// The privilege level the run counts at (the USR/OS filters), and whether an IRETQ has
+    /// retired (the next block may be at another level).
+    pub cpl: u8,
+    pub iret: bool,
+    /// Instruction-at-a-time execution near an overflow: the block hook stands aside.
+    pub single: bool,
+    /// The cache model (while an LLC event counts), and the data accesses of the instructions
+    /// of the current block that have started, each with its RIP, in order (see [`on_insn`]).
+    pub cache: Option<CacheModel>,
+    pub accesses: Vec<(u64, Access)>,
+    /// Instructions decoded for [`on_insn`], by address.
+    pub decoded: FxHashMap<u64, Instruction>,
+    /// What the run loaded beyond the general and control registers, and what the blocks it ran
+    /// needed of it (what it may have changed).
+    pub loaded: Needs,
+    pub used: Needs,
+    /// The wall-clock time at which the run hands back, checked every few blocks.
+    pub deadline: Option<Instant>,
+    pub blocks_run: u64,
+    /// A block that runs up to an instruction the engine hands over: its address, size and the
+    /// handed-over instruction's address, which the engine makes an exit (see `Tcg::run`).
+    pub cut: Option<(u64, u32, u64)>,
+    /// The block hook stopped before a block whose code changed behind the engine: every
+    /// translation goes, and the run goes on from there (see `CodeSnapshot`).
+    pub changed: bool,
+}
+
+impl Acc {
+    /// The counting state of a run at `mode` for `counting`.
+    pub fn new(mode: CpuMode, mem: GuestMemoryMmap, counting: Counting, loaded: Needs) -> Acc {
+        let Counting { armed, clock, budget, cache, deadline } = counting;
+        Acc {
+            mode,
+            mem,
+            armed: armed.iter().map(|(a, _)| *a).collect(),
+            counting: armed.iter().map(|(a, _)| if mode.cpl == 0 { a.os } else { a.usr }).collect(),
+            room: armed.iter().map(|(_, d)| *d).collect(),
+            counts: vec![0; armed.len()],
+            retired: 0,
+            iterations: 0,
+            clock,
+            cycles: 0,
+            budget,
+            current: None,
+            blocks: FxHashMap::default(),
+            stop: None,
+            cpl: mode.cpl,
+            iret: false,
+            single: false,
+            accesses: Vec::new(),
+            decoded: FxHashMap::default(),
+            cache,
+            loaded,
+            used: Needs::NONE,
+            deadline,
+            blocks_run: 0,
+            cut: None,
+            changed: false,
+        }
+    }
+
+    pub fn block(&mut self, addr: u64, size: u32) -> &Block {
+        if self.blocks.len() >= MAX_BLOCKS {
+            self.blocks.clear();
+        }
+        let (mode, mem, armed, counting) = (&self.mode, &self.mem, &self.armed, &self.counting);
+        let (cache, loaded) = (self.cache.is_some(), self.loaded);
+        self.blocks.entry(addr).or_insert_with(|| {
+            // Once per block and run (the hook runs at every execution of every block).
+            let mut b = decode_block(mode, mem, (addr, size as usize), cache, loaded);
+            b.sums(armed, counting);
+            b
+        })
+    }
+
+    /// Counts the whole block at `addr` as retired; control went on to `next`.
+    pub fn retire_block(&mut self, addr: u64, next: u64) {
+        let b = &self.blocks[&addr];
+        self.iret |= b.ends_in_iret;
+        let Some((rip, last)) = b.insns.last() else { return };
+        if !last.retired_at(*rip, next) {
+            // The block ends in a REP string instruction that only ended an iteration (TCG runs
+            // one iteration per block execution): the instructions before it retired, it did not.
+            let n = b.insns.len() - 1;
+            self.iterations += 1;
+            return self.retire_first(addr, n);
+        }
+        let taken = crate::precise::stepper::taken(last, *rip, next);
+        self.retired += b.insns.len() as u64;
+        let c = b.cycles_body + if taken { b.cycles_taken } else { b.cycles_not };
+        let ticks = self.clock.reference.ref_ticks_between(self.clock.cycles, c);
+        let cache = self.feed(None);
+        let b = &self.blocks[&addr];
+        for (k, count) in self.counts.iter_mut().enumerate() {
+            *count += b.body[k] + if taken { b.last_taken[k] } else { b.last_not[k] };
+            if self.counting[k] {
+                *count += self.armed[k].semantics.dynamic(ticks, cache);
+            }
+        }
+        self.advance_clock(c);
+    }
+
+    /// Feeds the data accesses of the instructions that have started to the cache model, all of
+    /// them or those before the one at `fault` (which did not retire); what they did at the LLC.
+    pub fn feed(&mut self, fault: Option<u64>) -> CacheEvents {
+        let accesses = std::mem::take(&mut self.accesses);
+        let Some(cache) = &mut self.cache else { return CacheEvents::default() };
+        let retired = accesses.iter().take_while(|(rip, _)| Some(*rip) != fault).map(|(_, a)| *a).collect::<Vec<_>>();
+        crate::precise::cache_feed::feed(cache, &self.mode, &self.mem, &retired)
+    }
+
+    pub fn advance_clock(&mut self, c: u64) {
+        self.clock.cycles += c;
+        self.cycles += c;
+    }
+
+    /// Counts the first `n` instructions of the block at `addr` (none of them a taken branch:
+    /// the block was cut short at the next one, by a fault or a REP iteration).
+    pub fn retire_first(&mut self, addr: u64, n: usize) {
+        let fault = self.blocks[&addr].insns.get(n).map(|(rip, _)| *rip);
+        let cache = self.feed(fault);
+        let insns = &self.blocks[&addr].insns[..n];
+        self.retired += n as u64;
+        let c = insns.iter().map(|(_, i)| cycles(i, false)).sum();
+        let ticks = self.clock.reference.ref_ticks_between(self.clock.cycles, c);
+        for (k, (a, on)) in self.armed.iter().zip(&self.counting).enumerate() {
+            if *on {
+                self.counts[k] += insns.iter().map(|(rip, i)| a.semantics.increment(i, *rip, false)).sum::<u64>();
+                self.counts[k] += a.semantics.dynamic(ticks, cache);
+            }
+        }
+        self.advance_clock(c);
+    }
+
+    /// Whether the block at `addr` could bring a counter to its overflow.
+    pub fn could_overflow(&self, addr: u64) -> bool {
+        let b = &self.blocks[&addr];
+        let c = b.cycles_body + b.cycles_taken.max(b.cycles_not);
+        (0..self.counts.len()).any(|k| {
+            let dynamic = if self.counting[k] {
+                self.armed[k].semantics.dynamic_bound(c, b.lines, self.clock.reference)
+            } else {
+                0
+            };
+            self.counts[k] + b.body[k] + b.last_taken[k].max(b.last_not[k]) + dynamic >= self.room[k]
+        })
+    }
+}
+
+/// The code hook, installed while the cache model counts: the data accesses of the instruction
+/// about to run at `addr`, from the registers now, join those of the block's earlier instructions
+/// (fed to the cache model when they retire: [`Acc::feed`]).
+pub fn on_insn(uc: &mut Unicorn<'_, Data>, addr: u64, _size: u32) {
+    let Some(acc) = uc.get_data_mut().acc.as_mut() else { return };
+    if acc.decoded.len() >= MAX_BLOCKS {
+        acc.decoded.clear();
+    }
+    let (mode, mem) = (&acc.mode, &acc.mem);
+    let i = *acc.decoded.entry(addr).or_insert_with(|| {
+        let bytes = mode.fetch(mem, addr);
+        Decoder::with_ip(64, &bytes, addr, DecoderOptions::NONE).decode()
+    });
+    let (fs, gs) = match i.memory_segment() {
+        iced_x86::Register::FS | iced_x86::Register::GS => {
+            (uc.reg_read(RegisterX86::FS_BASE).unwrap_or(0), uc.reg_read(RegisterX86::GS_BASE).unwrap_or(0))
+        }
+        _ => (0, 0),
+    };
+    let accesses = access::data_accesses(&i, |r| unicorn_gpr(r).and_then(|r| uc.reg_read(r).ok()).unwrap_or(0), fs, gs);
+    if let (Ok(a), Some(acc)) = (accesses, uc.get_data_mut().acc.as_mut()) {
+        acc.accesses.extend(a.into_iter().map(|x| (addr, x)));
+    }
+}
+
+/// unicorn's name for a 64-bit general-purpose register (or RIP).
+fn unicorn_gpr(r: iced_x86::Register) -> Option<RegisterX86> {
+    use iced_x86::Register::*;
+    Some(match r {
+        RAX => RegisterX86::RAX,
+        RBX => RegisterX86::RBX,
+        RCX => RegisterX86::RCX,
+        RDX => RegisterX86::RDX,
+        RSI => RegisterX86::RSI,
+        RDI => RegisterX86::RDI,
+        RSP => RegisterX86::RSP,
+        RBP => RegisterX86::RBP,
+        R8 => RegisterX86::R8,
+        R9 => RegisterX86::R9,
+        R10 => RegisterX86::R10,
+        R11 => RegisterX86::R11,
+        R12 => RegisterX86::R12,
+        R13 => RegisterX86::R13,
+        R14 => RegisterX86::R14,
+        R15 => RegisterX86::R15,
+        RIP => RegisterX86::RIP,
+        _ => return Option::None,
+    })
+}
+
+/// RFLAGS.TF.
+const RFLAGS_TF: u64 = 1 << 8;
+
+/// Blocks between two looks at the clock (a look costs about as much as a short block).
+const DEADLINE_EVERY: u64 = 256;
+
+/// The block hook: the block entered before this one has retired; this one runs only if the
+/// engine may run all of it with what the run loaded, no counter could overflow in it, and
+/// budget and time remain. During a trampoline it stops the engine at the first block outside
+/// the private region.
+pub fn on_block(uc: &mut Unicorn<'_, Data>, addr: u64, size: u32) {
+    let data = uc.get_data_mut();
+    if let Some((lo, hi)) = data.trampoline {
+        if !(lo..hi).contains(&addr) {
+            let _ = uc.emu_stop();
+        }
+        return;
+    }
+    let Some(acc) = data.acc.as_mut() else { return };
+    if acc.single {
+        return;
+    }
+    if let Some(prev) = acc.current.take() {
+        acc.retire_block(prev, addr);
+    }
+    if acc.iret {
+        // An IRETQ may have changed the privilege level, or set RFLAGS.TF (the guest then
+        // single-steps itself, which only KVM makes trap).
+        let cpl = uc.reg_read(RegisterX86::CS).map_or(0, |cs| (cs & 3) as u8);
+        let tf = uc.reg_read(RegisterX86::RFLAGS).is_ok_and(|f| f & RFLAGS_TF != 0);
+        let Some(acc) = uc.get_data_mut().acc.as_mut() else { return };
+        if cpl != acc.cpl || tf {
+            acc.stop = Some(Stop::ModeChange);
+            let _ = uc.emu_stop();
+            return;
+        }
+    }
+    let data = uc.get_data_mut();
+    let data_stops = &data.stops;
+    let Some(acc) = data.acc.as_mut() else { return };
+    if !acc.blocks.contains_key(&addr) && data.code.enter(&acc.mem, &acc.mode, addr, size).is_err() {
+        acc.changed = true;
+        let _ = uc.emu_stop();
+        return;
+    }
+    let block = acc.block(addr, size);
+    let (runnable, n, needs, stops_at) = (block.runnable, block.insns.len(), block.needs, block.stops_at);
+    acc.blocks_run += 1;
+    let late = acc.blocks_run % DEADLINE_EVERY == 0 && acc.deadline.is_some_and(|d| Instant::now() >= d);
+    // A block that runs up to a handed-over instruction runs only where a stop hook waits there.
+    let stopped_inside = stops_at.is_some_and(|x| data_stops.contains(&x));
+    let stop = if !runnable && needs != Needs::NONE {
+        // The block needs state the run did not load: the caller runs again with it.
+        Some(Stop::Needs(needs))
+    } else if n == 0 || !runnable && stops_at.is_none() {
+        Some(Stop::Handover)
+    } else if !runnable && !stopped_inside {
+        // Instructions the engine runs, then one it hands over: the caller puts a stop hook on
+        // that one and runs again.
+        acc.cut = stops_at.map(|x| (addr, size, x));
+        Some(Stop::Handover)
+    } else if acc.could_overflow(addr) {
+        Some(Stop::Overflow)
+    } else if acc.retired + acc.iterations + n as u64 > acc.budget || late {
+        Some(Stop::Budget)
+    } else {
+        None
+    };
+    match stop {
+        Some(s) => {
+            acc.stop = Some(s);
+            acc.accesses.clear();
+            let _ = uc.emu_stop();
+        }
+        None => {
+            acc.current = Some(addr);
+            acc.used = acc.used.union(acc.blocks[&addr].insns_need);
+            if acc.blocks[&addr].self_loop {
+                loop_ahead(uc, addr);
+            }
+        }
+    }
+}
+
+/// A stop hook: the engine stops before the handed-over instruction at `addr`, which a block it
+/// ran leads to (only during a run: not in a trampoline or a completion).
+pub fn on_stop(uc: &mut Unicorn<'_, Data>, _addr: u64, _size: u32) {
+    let Some(acc) = uc.get_data_mut().acc.as_mut() else { return };
+    acc.stop = Some(Stop::Handover);
+    let _ = uc.emu_stop();
+}
+
+/// `loop .` with RCX = c: c - 1 taken LOOPs, then one that falls through. The engine retires as
+/// many of the taken ones at once as the budget and every counter's room allow (each exactly as
+/// the block would, for every counter), leaves RCX as they would, and lets the block run on.
+fn loop_ahead(uc: &mut Unicorn<'_, Data>, addr: u64) {
+    let Ok(c) = uc.reg_read(RegisterX86::RCX) else { return };
+    let Some(acc) = uc.get_data_mut().acc.as_mut() else { return };
+    let b = &acc.blocks[&addr];
+    let reference = acc.clock.reference;
+    // Each skipped iteration is one taken LOOP of `cyc` core cycles.
+    let cyc = b.cycles_taken;
+    // The block itself still runs once after the skipped iterations: keep room for it.
+    let mut k = c.saturating_sub(1).min(acc.budget.saturating_sub(acc.retired + 1));
+    for j in 0..acc.counts.len() {
+        let per = b.last_taken[j];
+        let once = b.last_taken[j].max(b.last_not[j])
+            + if acc.counting[j] { acc.armed[j].semantics.dynamic_bound(cyc, 0, reference) } else { 0 };
+        let left = acc.room[j].saturating_sub(acc.counts[j] + once + 1);
+        if let Some(most) = left.checked_div(per) {
+            k = k.min(most);
+        }
+        if acc.counting[j] && acc.armed[j].semantics == Semantics::RefXclk {
+            // Reference ticks over k iterations are at most ticks(k * cyc) + 1.
+            let most_cycles = (u128::from(left.saturating_sub(1)) * u128::from(reference.tsc_per_ref_numerator)
+                / u128::from(reference.tsc_per_ref_denominator.max(1))) as u64;
+            k = k.min(most_cycles.checked_div(cyc).unwrap_or(u64::MAX));
+        }
+    }
+    if k == 0 {
+        return;
+    }
+    let per: Vec<u64> = b.last_taken.clone();
+    let ticks = reference.ref_ticks_between(acc.clock.cycles, k * cyc);
+    acc.retired += k;
+    for (j, (count, p)) in acc.counts.iter_mut().zip(per).enumerate() {
+        *count += k * p;
+        if acc.counting[j] {
+            *count += acc.armed[j].semantics.dynamic(ticks, CacheEvents::default());
+        }
+    }
+    acc.advance_clock(k * cyc);
+    let _ = uc.reg_write(RegisterX86::RCX, c - k);
+}

@@ -1,0 +1,547 @@
+//! The TCG engine: runs guest code in QEMU's TCG (through unicorn) on the VM's own memory,
+//! counting it per translated block, instead of single-stepping it in KVM; and completes single
+//! instructions KVM cannot run.
+//!
+//! The engine is a fast-forward between single steps. At an instruction boundary the backend
+//! loads the vCPU's state into the engine ([`state`]), which runs until, before any block it
+//! must not run:
+//! - a block holding an instruction that must go through KVM ([`blocks::classify`]: port I/O,
+//!   MSRs, CPUID, RDPMC, RDTSC, HLT, STI/POPF, INT/SYSCALL, control and segment register loads,
+//!   TLB invalidations, AVX and what else TCG lacks);
+//! - a block that needs state the run did not load (the x87/SSE registers, the SYSCALL MSRs):
+//!   the caller runs again with it ([`Stop::Needs`]);
+//! - a block that could bring a counter to its overflow (the step that overflows it is the
+//!   single-stepper's, so the PMI keeps zero skid);
+//! - the end of its budget or its wall-clock deadline (so that KVM delivers interrupts on time).
+//!
+//! It also stops at a fault (a page fault, an access outside RAM such as the local APIC): the
+//! faulting instruction has not retired, and KVM runs it and delivers the real exception. The
+//! state goes back to the vCPU, and single-stepping resumes exactly where the engine stopped.
+//! Every count is exact: a block counts only once it has retired, and a block cut short counts
+//! the instructions before the fault.
+mod blocks;
+mod counting;
+mod private;
+mod snapshot;
+mod state;
+#[cfg(test)]
+mod tests;
+mod xsave;
+
+use super::cache::CacheModel;
+use super::events::Armed;
+pub use blocks::{classify, runs_in_engine, Class, Needs};
+use counting::{on_block, on_insn, on_stop, Acc};
+use emon_pmu::profile::{Clock, MIN_CACHE_LINE};
+use emon_x86::access;
+use emon_x86::insn;
+use emon_x86::mode::CpuMode;
+use iced_x86::{Code, Decoder, DecoderOptions, InstructionInfoFactory};
+use rustc_hash::{FxHashMap, FxHashSet};
+use snapshot::CodeSnapshot;
+pub use state::{CpuState, SysMsrs};
+use std::time::Instant;
+use unicorn_engine::unicorn_const::{uc_error, Arch, Mode, Prot};
+use unicorn_engine::{RegisterX86, UcHookId, Unicorn, X86CpuModel};
+use vm_memory::{GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion};
+
+/// Instructions one engine run retires at most before handing back to KVM (about 30 ms here).
+pub const BUDGET: u64 = 10_000_000;
+
+/// Blocks decoded at most per address space (bounded like the stepper's decode cache).
+const MAX_BLOCKS: usize = 16_384;
+
+/// Why an engine run ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stop {
+    /// Before an instruction the engine must not run.
+    Handover,
+    /// Before a block that needs state the run did not load.
+    Needs(Needs),
+    /// A counter is close to its overflow.
+    Overflow,
+    /// The instruction budget or the run's time is spent.
+    Budget,
+    /// A fault in the engine (the instruction at the stop did not retire).
+    Fault,
+    /// Before the first block at another privilege level, or with RFLAGS.TF set (after an
+    /// IRETQ).
+    ModeChange,
+    /// Right after the instruction that brought a counter to its overflow (CPL3 runs only,
+    /// where the overflowing instruction cannot be single-stepped: see [`Tcg::run`]).
+    Overflowed,
+}
+
+/// The model clock at the start of a run (for UnHalted Reference Cycles).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ModelClock {
+    /// Core cycles counted since the VM started.
+    pub cycles: u64,
+    pub reference: Clock,
+}
+
+/// What a run counts: the armed counters (each with how far it is from overflowing), the model
+/// clock, the most instructions it may retire, and when it must hand back at the latest.
+#[derive(Debug, Clone)]
+pub struct Counting<'a> {
+    pub armed: &'a [(Armed, u64)],
+    pub clock: ModelClock,
+    pub budget: u64,
+    /// The cache model, while an LLC event counts: it sees every data access of the run, and
+    /// comes back in [`Run::cache`].
+    pub cache: Option<CacheModel>,
+    pub deadline: Option<Instant>,
+}
+
+/// What one engine run retired, and the vCPU state it left.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Run {
+    pub retired: u64,
+    /// The core cycles of what it retired (the cost model), for the model clock.
+    pub cycles: u64,
+    /// Per armed counter, in the order given: its events (after the counter's filters).
+    pub counts: Vec<u64>,
+    /// The state after the run: what it started from, with what the run changed.
+    pub state: CpuState,
+    pub stop: Stop,
+    /// The privilege level at the stop.
+    pub cpl: u8,
+    /// An IRETQ retired: it may have changed the segments and ends NMI blocking.
+    pub iret: bool,
+    /// What the code that ran needed of the state the run loaded.
+    pub used: Needs,
+    /// The cache model given in [`Counting::cache`].
+    pub cache: Option<CacheModel>,
+}
+
+/// What the hooks work on: a run's counting state, or the bounds of a trampoline (see
+/// [`private`]).
+pub struct Data {
+    acc: Option<Acc>,
+    trampoline: Option<(u64, u64)>,
+    /// Where the engine has stop hooks (see [`Tcg::run`]).
+    stops: FxHashSet<u64>,
+    /// What the engine's translations were made from (README, "The TCG engine").
+    code: CodeSnapshot,
+    /// The vector of the exception that stopped the engine, if one did.
+    fault: Option<u32>,
+}
+
+/// Why the engine cannot be used, or could not do what was asked.
+#[derive(Debug, thiserror::Error)]
+pub enum TcgError {
+    #[error("the TCG engine: {what}: {err:?}")]
+    Engine { what: &'static str, err: uc_error },
+    #[error("the TCG engine: {what} did not end where it should (RIP {at:#x})")]
+    Trampoline { what: &'static str, at: u64 },
+    #[error("the TCG engine: {0}")]
+    Unsupported(&'static str),
+}
+
+impl Data {
+    fn new() -> Data {
+        Data { acc: None, trampoline: None, stops: Default::default(), code: CodeSnapshot::new(), fault: None }
+    }
+}
+
+fn uc_err(what: &'static str) -> impl Fn(uc_error) -> TcgError {
+    move |err| TcgError::Engine { what, err }
+}
+
+/// How a single instruction completed in the engine ([`Tcg::complete`]).
+#[derive(Debug, Clone, PartialEq)]
+pub enum Completed {
+    /// It retired, leaving this state.
+    Retired(CpuState),
+    /// One iteration of a REP string instruction ran; the instruction goes on from this state.
+    Iteration(CpuState),
+    /// It raised exception `vector` in the engine and did not retire.
+    Fault { vector: u32 },
+}
+
+/// Writes back to the vCPU what an engine run (or completion) that retired at least one
+/// instruction changed of the state it started from: the general registers always; the segments,
+/// the x87/SSE state and the MSRs where they differ. And KVM's interrupt shadow ends: STI's and
+/// MOV SS's cover only the instruction after them (SDM Vol. 3A 6.8.3), which has now retired
+/// outside KVM.
+pub fn write_back(vcpu: &mut dyn crate::Vcpu, before: &CpuState, after: &CpuState) -> Result<(), crate::VcpuError> {
+    vcpu.end_interrupt_shadow()?;
+    vcpu.set_regs(&after.regs)?;
+    if after.sregs != before.sregs {
+        vcpu.set_sregs(&after.sregs)?;
+    }
+    if let (Some(a), Some(b)) = (&after.fpu, &before.fpu) {
+        if !a.same_state(b) {
+            vcpu.set_fpu(a)?;
+        }
+    }
+    if let (Some(a), Some(b)) = (&after.msrs, &before.msrs) {
+        let changed: Vec<(u32, u64)> = SysMsrs::INDICES
+            .iter()
+            .zip(a.values().iter().zip(b.values()))
+            .filter(|(_, (x, y))| *x != y)
+            .map(|(i, (x, _))| (*i, *x))
+            .collect();
+        if !changed.is_empty() {
+            vcpu.set_msrs(&changed)?;
+        }
+    }
+    Ok(())
+}
+
+/// The vCPU's whole state as an engine run or completion uses it: with the x87/SSE state and
+/// the SYSCALL MSRs when `wants` says so.
+pub fn state_of(vcpu: &mut dyn crate::Vcpu, wants: Needs) -> Result<CpuState, crate::VcpuError> {
+    let mut s = CpuState::new(vcpu.regs()?, vcpu.sregs()?);
+    if wants.fpu {
+        s.fpu = Some(vcpu.fpu()?);
+    }
+    if wants.msrs {
+        let v = vcpu.get_msrs(&SysMsrs::INDICES)?;
+        s.msrs = Some(SysMsrs::from_values(v.try_into().expect("one value per MSR")));
+    }
+    Ok(s)
+}
+
+/// An engine made the first time it is needed, on the thread that uses it.
+#[derive(Default)]
+pub struct EngineCell(Option<Tcg>);
+
+// SAFETY: the engine (which holds unicorn's non-thread-safe handle) is made by `get`, on the
+// vCPU thread, and used only there; an `EngineCell` is moved to that thread before it has one.
+unsafe impl Send for EngineCell {}
+
+impl EngineCell {
+    /// The engine over `mem`, made now if it was not yet.
+    pub fn get(&mut self, mem: &GuestMemoryMmap) -> Result<&mut Tcg, TcgError> {
+        if self.0.is_none() {
+            self.0 = Some(Tcg::new(mem)?);
+        }
+        Ok(self.0.as_mut().expect("made above"))
+    }
+
+    /// Whether the engine has been made.
+    pub fn made(&self) -> bool {
+        self.0.is_some()
+    }
+}
+
+/// The engine: one unicorn instance over the VM's memory, made on the vCPU thread.
+pub struct Tcg {
+    uc: Unicorn<'static, Data>,
+    mem: GuestMemoryMmap,
+    /// The instructions the engine hands over that follow others in a block, each with the code
+    /// hook that stops the engine before it, so that the engine runs the block up to it.
+    /// (unicorn's exits would do, but unicorn drops every translation that holds one after every
+    /// run, and the code space they took is not reused until a full flush: measured, about 350
+    /// bytes a run of memory growth, and a translation per exit per run.)
+    stops: FxHashMap<u64, UcHookId>,
+}
+
+/// Stop hooks kept at most; past that they go, with every translation.
+const MAX_STOPS: usize = 4096;
+
+impl Tcg {
+    /// An engine with every region of `mem` mapped at its guest-physical address.
+    pub fn new(mem: &GuestMemoryMmap) -> Result<Tcg, TcgError> {
+        let mut uc =
+            Unicorn::new_with_data(Arch::X86, Mode::MODE_64, Data::new()).map_err(uc_err("creating the engine"))?;
+        // A CPU with what the engine runs (XSAVE, SMAP, FSGSBASE, MOVBE, ...); TCG drops from it
+        // what it does not implement (AVX and the like: see `blocks`).
+        uc.ctl_set_cpu_model(X86CpuModel::SKYLAKE_SERVER as i32).map_err(uc_err("choosing the CPU model"))?;
+        for region in mem.iter() {
+            let host = mem
+                .get_host_address(region.start_addr())
+                .map_err(|_| TcgError::Engine { what: "guest memory", err: uc_error::ARG })?;
+            // SAFETY: the mapping lives as long as `mem`, which the engine keeps a handle to.
+            unsafe { uc.mem_map_ptr(region.start_addr().0, region.len(), Prot::ALL, host.cast()) }
+                .map_err(uc_err("mapping guest memory"))?;
+        }
+        private::map(&mut uc)?;
+        uc.add_block_hook(1, 0, on_block).map_err(uc_err("adding the block hook"))?;
+        // An exception (#PF, #GP, #DE ...) stops the engine before the faulting instruction retires.
+        uc.add_intr_hook(|uc, vector| {
+            let data = uc.get_data_mut();
+            data.fault = Some(vector);
+            if let Some(acc) = data.acc.as_mut() {
+                acc.stop = Some(Stop::Fault);
+            }
+            let _ = uc.emu_stop();
+        })
+        .map_err(uc_err("adding the interrupt hook"))?;
+        Ok(Tcg { uc, mem: mem.clone(), stops: FxHashMap::default() })
+    }
+
+    /// Runs from the vCPU state `state` (at `mode`) counting for `counting` (each armed counter
+    /// with how far it is from overflowing), never across an overflow: see the module
+    /// documentation. At CPL3 the engine does not stop short of an overflow: it runs on an
+    /// instruction at a time up to the one that overflows a counter, and stops after it
+    /// ([`Stop::Overflowed`]).
+    pub fn run(&mut self, state: &CpuState, mode: CpuMode, counting: Counting) -> Result<Run, TcgError> {
+        state::load(&mut self.uc, state)?;
+        let loaded = Needs { fpu: state.fpu.is_some(), msrs: state.msrs.is_some() };
+        let data = self.uc.get_data_mut();
+        data.fault = None;
+        data.acc = Some(Acc::new(mode, self.mem.clone(), counting, loaded));
+        // The code hook costs a call per instruction: only while the cache model counts.
+        let hooked = data.acc.as_ref().is_some_and(|a| a.cache.is_some());
+        let hook = if hooked {
+            Some(self.uc.add_code_hook(1, 0, on_insn).map_err(uc_err("adding the code hook"))?)
+        } else {
+            None
+        };
+        // Page tables may have changed since the last run (KVM ran the guest), and code too: the
+        // translations stay while each page they come from holds the same bytes, checked as the
+        // run enters it (see `CodeSnapshot`).
+        if !self.uc.get_data_mut().code.begin(hooked) {
+            self.flush()?;
+        }
+        self.uc.ctl_flush_tlb().map_err(uc_err("flushing the TLB"))?;
+        let started = self.run_to_stop(state.regs.rip, &mode)?;
+        let (acc, stop, pc) = self.finish_run(started, mode)?;
+        self.uc.get_data_mut().code.end(&self.mem);
+        if let Some(h) = hook {
+            self.uc.remove_hook(h).map_err(uc_err("removing the code hook"))?;
+        }
+        let cpl = state::cpl(&self.uc)?;
+        let after = state::collect(&mut self.uc, &self.mem, state, pc, (acc.used, acc.iret))?;
+        Ok(Run {
+            retired: acc.retired,
+            cycles: acc.cycles,
+            counts: acc.counts,
+            state: after,
+            stop,
+            cpl,
+            iret: acc.iret,
+            used: acc.used,
+            cache: acc.cache,
+        })
+    }
+
+    /// Runs the one instruction at `state`'s RIP (which KVM could not run), with the x87/SSE
+    /// state and the SYSCALL MSRs loaded when `state` has them, and says how it ended.
+    pub fn complete(&mut self, state: &CpuState) -> Result<Completed, TcgError> {
+        if let Some(done) = xsave::complete(&self.mem, state)? {
+            return Ok(done);
+        }
+        state::load(&mut self.uc, state)?;
+        let data = self.uc.get_data_mut();
+        data.fault = None;
+        data.acc = None;
+        let rip = state.regs.rip;
+        let bytes = CpuMode::from_sregs(&state.sregs).fetch(&self.mem, rip);
+        let i = Decoder::with_ip(64, &bytes, rip, DecoderOptions::NONE).decode();
+        let facts = insn::of(&i);
+        let next = rip + i.len() as u64;
+        let started = if facts.flow == insn::Flow::Next {
+            // The instruction alone: a code hook right after it stops the engine there.
+            let hook = self
+                .uc
+                .add_code_hook(next, next, |uc, _, _| {
+                    let _ = uc.emu_stop();
+                })
+                .map_err(uc_err("adding a code hook"))?;
+            self.uc.ctl_remove_cache(rip, next).map_err(uc_err("dropping a translation"))?;
+            let started = self.uc.emu_start(rip, u64::MAX, 0, 0);
+            self.uc.remove_hook(hook).map_err(uc_err("removing a code hook"))?;
+            // No translation made here outlives it (its page is not in the code snapshot).
+            self.uc.ctl_remove_cache(rip, next).map_err(uc_err("dropping a translation"))?;
+            started
+        } else {
+            // A branch: one instruction counted by unicorn, whose counting hook is compiled into
+            // every translation (so none made before can serve, and these serve no counting run).
+            self.flush()?;
+            self.uc.get_data_mut().code.stale = true;
+            self.uc.emu_start(rip, u64::MAX, 0, 1)
+        };
+        let pc = self.uc.reg_read(RegisterX86::RIP).map_err(uc_err("reading RIP"))?;
+        if let Some(vector) = self.uc.get_data().fault {
+            return Ok(Completed::Fault { vector });
+        }
+        // No progress but for a branch to itself or a REP iteration: the instruction faulted.
+        let moved = pc != rip || matches!(facts.flow, insn::Flow::Direct { .. }) || facts.repeats;
+        if started.is_err() || !moved {
+            return Ok(Completed::Fault { vector: u32::from(emon_x86::arch::UD_VECTOR) });
+        }
+        let all = Needs { fpu: state.fpu.is_some(), msrs: state.msrs.is_some() };
+        let after = state::collect(&mut self.uc, &self.mem, state, pc, (all, i.code() == Code::Iretq))?;
+        Ok(if facts.retired_at(rip, pc) { Completed::Retired(after) } else { Completed::Iteration(after) })
+    }
+
+    /// Runs from `pc` until a real stop: a block that runs up to an instruction the engine hands
+    /// over gets a stop hook there and runs again (nothing of it had run); a stop at a hook whose
+    /// instruction the engine would run after all (other code at that address now) drops the hook
+    /// and goes on.
+    fn run_to_stop(&mut self, mut pc: u64, mode: &CpuMode) -> Result<Result<(), uc_error>, TcgError> {
+        loop {
+            let started = self.uc.emu_start(pc, u64::MAX, 0, 0);
+            let now = self.uc.reg_read(RegisterX86::RIP).map_err(uc_err("reading RIP"))?;
+            let acc = self.uc.get_data_mut().acc.as_mut().expect("set by run");
+            if std::mem::take(&mut acc.changed) {
+                // The block hook stopped before a block whose code changed behind the engine.
+                acc.stop = None;
+                self.flush()?;
+                self.uc.get_data_mut().code.restart();
+                pc = now;
+                continue;
+            }
+            let acc = self.uc.get_data_mut().acc.as_mut().expect("set by run");
+            if let Some((block, size, at)) = acc.cut.take() {
+                // The block hook stopped before the block: nothing of it ran.
+                acc.stop = None;
+                self.add_stop(at, block, size)?;
+                pc = now;
+                continue;
+            }
+            if acc.stop == Some(Stop::Handover) && self.stops.contains_key(&now) {
+                let bytes = mode.fetch(&self.mem, now);
+                let i = Decoder::with_ip(64, &bytes, now, DecoderOptions::NONE).decode();
+                if classify(&i, &mut InstructionInfoFactory::new()) != Class::HandedOver && !i.is_invalid() {
+                    acc.stop = None;
+                    self.drop_stop(now)?;
+                    pc = now;
+                    continue;
+                }
+            }
+            return Ok(started);
+        }
+    }
+
+    /// Stops the engine before the handed-over instruction at `at` from now on, and drops the
+    /// translation of the block at `block` (of `size` bytes) that was made without the stop.
+    fn add_stop(&mut self, at: u64, block: u64, size: u32) -> Result<(), TcgError> {
+        if self.stops.len() >= MAX_STOPS {
+            self.flush()?;
+        }
+        let hook = self.uc.add_code_hook(at, at, on_stop).map_err(uc_err("adding a stop"))?;
+        self.stops.insert(at, hook);
+        self.uc.get_data_mut().stops.insert(at);
+        self.uc.ctl_remove_cache(block, block + u64::from(size).max(1)).map_err(uc_err("dropping a translation"))
+    }
+
+    fn drop_stop(&mut self, at: u64) -> Result<(), TcgError> {
+        self.uc.get_data_mut().stops.remove(&at);
+        match self.stops.remove(&at) {
+            Some(hook) => self.uc.remove_hook(hook).map_err(uc_err("removing a stop")),
+            None => Ok(()),
+        }
+    }
+
+    /// Drops every translation, and the stops made for them.
+    fn flush(&mut self) -> Result<(), TcgError> {
+        for (_, hook) in std::mem::take(&mut self.stops) {
+            self.uc.remove_hook(hook).map_err(uc_err("removing a stop"))?;
+        }
+        self.uc.get_data_mut().stops.clear();
+        self.uc.ctl_flush_tb().map_err(uc_err("flushing translations"))
+    }
+
+    /// Where a run stopped and what it retired: the block entered last is counted when the stop
+    /// did not come from the block hook, and near an overflow at CPL3 the run goes on an
+    /// instruction at a time up to it.
+    fn finish_run(&mut self, started: Result<(), uc_error>, mode: CpuMode) -> Result<(Acc, Stop, u64), TcgError> {
+        let pc = self.uc.reg_read(RegisterX86::RIP).map_err(uc_err("reading RIP"))?;
+        let mut acc = self.uc.get_data_mut().acc.take().expect("set by run");
+        let mut stop = match (started, acc.stop) {
+            (_, Some(s)) => s,
+            // Memory outside RAM (the local APIC), or an instruction the engine cannot run.
+            (Err(_), None) => Stop::Fault,
+            (Ok(()), None) => Stop::Budget,
+        };
+        // The block hook stops before a block and has retired the one before it; otherwise the
+        // engine left the block entered last at `pc`. If `pc` is one of its instructions, that
+        // instruction faulted (unicorn reports some faults, such as a #PF on a page that is not
+        // present, only by ending the run there) and the ones before it retired; otherwise the
+        // block retired whole.
+        if let Some(addr) = acc.current.take() {
+            match acc.blocks[&addr].insns.iter().position(|(rip, _)| *rip == pc) {
+                Some(k) => {
+                    acc.retire_first(addr, k);
+                    stop = Stop::Fault;
+                }
+                None => acc.retire_block(addr, pc),
+            }
+        }
+        if stop != Stop::Overflow || mode.cpl != 3 {
+            return Ok((acc, stop, pc));
+        }
+        acc.single = true;
+        self.uc.get_data_mut().acc = Some(acc);
+        let stepped = self.step_to_overflow(pc);
+        let acc = self.uc.get_data_mut().acc.take().expect("set above");
+        // Its translations count instructions one at a time: not for the next run.
+        self.uc.get_data_mut().code.stale = true;
+        let (stop, pc) = stepped?;
+        Ok((acc, stop, pc))
+    }
+
+    /// Runs one instruction at a time from `pc` (CPL3, a counter near its overflow) until one
+    /// brings a counter to its overflow, counting each in the engine's counting state (set, with
+    /// `single`, so that the block hook stands aside); returns the stop and the new RIP.
+    fn step_to_overflow(&mut self, mut pc: u64) -> Result<(Stop, u64), TcgError> {
+        use super::events::{cycles, Derive};
+        let mut info = InstructionInfoFactory::new();
+        // unicorn counts instructions with a hook compiled into each translation: blocks made
+        // without it would run whole.
+        self.flush()?;
+        fn acc<'a>(uc: &'a mut Unicorn<'static, Data>) -> &'a mut Acc {
+            uc.get_data_mut().acc.as_mut().expect("set by run")
+        }
+        let (mode, mem, cache, loaded) = {
+            let a = acc(&mut self.uc);
+            // Accesses of a block the block hook stopped before.
+            a.accesses.clear();
+            (a.mode, a.mem.clone(), a.cache.is_some(), a.loaded)
+        };
+        loop {
+            let bytes = mode.fetch(&mem, pc);
+            let i = Decoder::with_ip(64, &bytes, pc, DecoderOptions::NONE).decode();
+            let runs = matches!(classify(&i, &mut info), Class::Runs(n) if n.met_by(loaded));
+            if i.is_invalid()
+                || i.code() == Code::Iretq
+                || !runs
+                || cache && access::max_lines(&i, MIN_CACHE_LINE).is_err()
+            {
+                return Ok((Stop::Handover, pc));
+            }
+            let facts = insn::of(&i);
+            acc(&mut self.uc).stop = None;
+            let r = self.uc.emu_start(pc, u64::MAX, 0, 1);
+            let faulted = acc(&mut self.uc).stop == Some(Stop::Fault) || r.is_err();
+            let next = self.uc.reg_read(RegisterX86::RIP).map_err(uc_err("reading RIP"))?;
+            if !faulted && !facts.retired_at(pc, next) {
+                // One iteration of a REP string instruction: it retires after its last.
+                continue;
+            }
+            // No progress but for a branch to itself: the instruction faulted (unicorn ends a run
+            // at some faults without calling the interrupt hook).
+            if faulted || next == pc && !matches!(facts.flow, insn::Flow::Direct { .. }) {
+                acc(&mut self.uc).accesses.clear();
+                return Ok((Stop::Fault, next));
+            }
+            let taken = super::stepper::taken(&facts, pc, next);
+            let a = acc(&mut self.uc);
+            a.retired += 1;
+            a.used = a.used.union(match classify(&i, &mut info) {
+                Class::Runs(n) => n,
+                Class::HandedOver => Needs::NONE,
+            });
+            let c = cycles(&facts, taken);
+            let ticks = a.clock.reference.ref_ticks_between(a.clock.cycles, c);
+            let cache = a.feed(None);
+            let mut hit = false;
+            for k in 0..a.counts.len() {
+                if a.counting[k] {
+                    let m = a.armed[k].semantics;
+                    a.counts[k] += m.increment(&facts, pc, taken) + m.dynamic(ticks, cache);
+                    hit |= a.counts[k] >= a.room[k];
+                }
+            }
+            a.advance_clock(c);
+            pc = next;
+            if hit {
+                return Ok((Stop::Overflowed, pc));
+            }
+        }
+    }
+}
