@@ -15,6 +15,7 @@ const GUESTS: &[(&str, &[&str])] = &[
     ("msr-fuzz", &[]),
     ("sse-completion", &[]),
     ("rep-string", &[]),
+    ("lbr", &[]),
     ("loops", &["calibrate=20000", "iterations=2000", "passes=3"]),
     ("pmu-idioms", &["n=200", "calibrate=2000"]),
 ];

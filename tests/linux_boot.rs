@@ -350,22 +350,11 @@ fn debians_vmlinux_boots_through_pvh_to_its_banner_and_memory_map() {
         return;
     }
     let kernel = debian_kernel_with(&["--vmlinux"]);
-    let r = emon(&[
-        "run",
-        "--memory",
-        "128",
-        "--timeout",
-        "60",
-        &kernel,
-        "--",
-        "console=ttyS0",
-        "earlyprintk=serial",
-        "noxsave",
-    ]);
+    let r = emon(&["run", "--memory", "128", "--timeout", "60", &kernel, "--", "console=ttyS0", "earlyprintk=serial"]);
     let out = &r.stdout;
     let context = format!("status {}\n{out}\n{}", r.status, r.stderr);
     assert!(out.contains("] Linux version 6."), "{context}");
-    assert!(out.contains("Command line: console=ttyS0 earlyprintk=serial noxsave"), "{context}");
+    assert!(out.contains("Command line: console=ttyS0 earlyprintk=serial"), "{context}");
     assert!(out.contains("BIOS-e820: [mem 0x0000000000000000-0x000000000009fbff] usable"), "{context}");
     assert!(out.contains("BIOS-e820: [mem 0x0000000000100000-0x0000000007ffffff] usable"), "{context}");
 }

@@ -144,12 +144,12 @@ fn linux_6_1_pmu_lines(p: &Profile) -> Vec<String> {
     lines
 }
 
-/// emon's Linux test kernel run with the options `emon_args` and `console=ttyS0 noxsave` and
+/// emon's Linux test kernel run with the options `emon_args` and `console=ttyS0` and
 /// `cmdline` on its command line, for at most 280 s.
 fn boot(emon_args: &[&str], cmdline: &[&str]) -> Run {
     let mut a = vec!["run", "--timeout", "280"];
     a.extend(emon_args);
-    a.extend(["target/emon-linux/vmlinux", "--", "console=ttyS0", "noxsave"]);
+    a.extend(["target/emon-linux/vmlinux", "--", "console=ttyS0"]);
     a.extend(cmdline);
     emon(&a)
 }

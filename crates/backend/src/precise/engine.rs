@@ -157,15 +157,16 @@ mod fast_forward {
             Ok(Some(Next::Retired))
         }
 
-        /// Whether the engine may run now. It counts but does not report branches or registers
-        /// per instruction: while the LBR stack or BTS records, or a counter is PEBS-enabled,
-        /// or one counts with CMASK, every instruction is stepped; and it runs 64-bit code only.
+        /// Whether the engine may run now. It counts, and keeps the LBR stack's records, but does
+        /// not write records to guest memory or report registers per instruction: while BTS
+        /// records, or a counter is PEBS-enabled, or one counts with CMASK, every instruction is
+        /// stepped; and it runs 64-bit code only.
         fn engine_may_run(&self, cx: &Cx, mode: &CpuMode) -> bool {
             let pebs = cx.pmu.pebs_on() && cx.pmu.pebs_enable() != 0;
             self.engine.engine() == Engine::Tcg
                 && mode.bitness == 64
                 && !self.counters.armed.iter().any(|a| a.cmask != 0)
-                && !self.branches.on()
+                && !self.branches.bts_on
                 && !pebs
         }
 
@@ -194,8 +195,14 @@ mod fast_forward {
                 let clock = tcg::ModelClock { cycles: self.clock.cycles, reference: self.clock.reference };
                 // With nothing counting, the run hands back on time for interrupts too.
                 let deadline = (!self.counting).then(|| Instant::now() + FREE_SLICE);
-                let counting =
-                    tcg::Counting { armed: &armed, clock, budget: tcg::BUDGET, cache: self.feed.lend(), deadline };
+                let counting = tcg::Counting {
+                    armed: &armed,
+                    clock,
+                    budget: tcg::BUDGET,
+                    cache: self.feed.lend(),
+                    deadline,
+                    lbr: self.branches.tail(cx.pmu),
+                };
                 let engine = self.engine.tcg.engine.get(cx.vcpu.memory()).expect("made above");
                 let run = match engine.run(&state, *mode, counting) {
                     Ok(run) => run,
@@ -260,6 +267,9 @@ mod fast_forward {
             }
             if run.used != Needs::NONE {
                 self.engine.tcg.unused_runs = 0;
+            }
+            if let Some(tail) = run.lbr {
+                self.branches.take_tail(cx.pmu, tail);
             }
             if !self.counting && run.state.regs.rflags & RFLAGS_TF != 0 {
                 // An IRETQ set the guest's own TF: KVM runs on free (its single-step would hide

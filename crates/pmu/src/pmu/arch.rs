@@ -224,8 +224,8 @@ impl PmuOps for ArchPmu {
     fn bts_interrupts(&self) -> bool {
         self.debugctl & DEBUGCTL_BTINT != 0
     }
-    fn lbr_recording(&self) -> bool {
-        self.recording()
+    fn lbr_filter(&self) -> Option<super::lbr::LbrFilter> {
+        self.filter()
     }
     fn lbr_call_stack(&self) -> bool {
         self.lbr.select & super::lbr::LBR_SELECT_EN_CALLSTACK != 0

@@ -71,7 +71,31 @@ pub struct Branch {
     pub event: bool,
 }
 
+/// Which taken branches the LBR stack records while it records: MSR_LBR_SELECT's filter, and the
+/// stack's depth (SDM 17.4.8, "Filtering of Last Branch Records"). An executor that records
+/// branches in bulk keeps the records it lets through, and gives the model the newest ones.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LbrFilter {
+    pub select: u64,
+    pub depth: u32,
+}
+
+impl LbrFilter {
+    /// Whether the stack takes `b`: a set CPL_EQ_0/CPL_NEQ_0 bit or a set branch-type bit keeps
+    /// it out.
+    pub fn records(&self, b: &Branch) -> bool {
+        let ring = if b.cpl == 0 { LBR_SELECT_CPL_EQ_0 } else { LBR_SELECT_CPL_NEQ_0 };
+        self.select & (ring | b.kind.select_bit()) == 0
+    }
+}
+
 impl ArchPmu {
+    /// What the LBR stack records now, if it records (see [`ArchPmu::recording`]).
+    pub(super) fn filter(&self) -> Option<LbrFilter> {
+        let lbr = self.layout.lbr?;
+        self.recording().then_some(LbrFilter { select: self.lbr.select, depth: u32::from(lbr.depth) })
+    }
+
     /// Is the LBR stack recording? DEBUGCTL.LBR is set and, on v4+, GLOBAL_STATUS.LBR_Frz is
     /// clear (SDM 17.4.7: v1-v3 freeze by clearing DEBUGCTL.LBR instead).
     pub(super) fn recording(&self) -> bool {
@@ -99,17 +123,12 @@ impl ArchPmu {
     /// An interrupt's or exception's delivery first copies the last branch taken before it, as
     /// addresses, into MSR_LER_FROM_LIP/TO_LIP, whatever the filter.
     pub(super) fn record(&mut self, b: &Branch) -> bool {
-        let Some(lbr) = self.layout.lbr else { return false };
-        if !self.recording() {
-            return false;
-        }
+        let (Some(lbr), Some(filter)) = (self.layout.lbr, self.filter()) else { return false };
         if b.event {
             self.lbr.ler = self.lbr.last;
         }
         self.lbr.last = (b.from, b.to);
-        let select = self.lbr.select;
-        let ring = if b.cpl == 0 { LBR_SELECT_CPL_EQ_0 } else { LBR_SELECT_CPL_NEQ_0 };
-        if select & (ring | b.kind.select_bit()) != 0 {
+        if !filter.records(b) {
             return false;
         }
         let tos = (self.lbr.tos + 1) % u64::from(lbr.depth);

@@ -571,7 +571,12 @@ impl Pmu {
     /// Is the LBR stack recording? DEBUGCTL.LBR is set and, on v4+, GLOBAL_STATUS.LBR_Frz is
     /// clear (SDM 17.4.7: v1-v3 freeze by clearing DEBUGCTL.LBR instead).
     pub fn lbr_recording(&self) -> bool {
-        self.ops().lbr_recording()
+        self.lbr_filter().is_some()
+    }
+
+    /// Which branches the LBR stack records now, if it records.
+    pub fn lbr_filter(&self) -> Option<lbr::LbrFilter> {
+        self.ops().lbr_filter()
     }
 
     /// Does MSR_LBR_SELECT ask for the call-stack mode, which emon does not model?

@@ -217,8 +217,8 @@ pub trait PmuOps {
     fn bts_interrupts(&self) -> bool {
         false
     }
-    fn lbr_recording(&self) -> bool {
-        false
+    fn lbr_filter(&self) -> Option<super::lbr::LbrFilter> {
+        None
     }
     fn lbr_call_stack(&self) -> bool {
         false

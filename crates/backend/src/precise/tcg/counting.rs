@@ -3,6 +3,7 @@
 //! that feeds the cache model, and the `loop .` fast path.
 use super::blocks::{decode_block, Block, Needs};
 use super::{Counting, Data, ModelClock, Stop, MAX_BLOCKS};
+use crate::precise::branches::{taken_branch, LbrTail};
 use crate::precise::cache::{CacheEvents, CacheModel};
 use crate::precise::events::{cycles, Armed, Derive};
 use emon_pmu::pmu::Semantics;
@@ -60,12 +61,14 @@ pub struct Acc {
     /// The block hook stopped before a block whose code changed behind the engine: every
     /// translation goes, and the run goes on from there (see `CodeSnapshot`).
     pub changed: bool,
+    /// The LBR stack's newest records, while it records.
+    pub lbr: Option<LbrTail>,
 }
 
 impl Acc {
     /// The counting state of a run at `mode` for `counting`.
     pub fn new(mode: CpuMode, mem: GuestMemoryMmap, counting: Counting, loaded: Needs) -> Acc {
-        let Counting { armed, clock, budget, cache, deadline } = counting;
+        let Counting { armed, clock, budget, cache, deadline, lbr } = counting;
         Acc {
             mode,
             mem,
@@ -93,6 +96,7 @@ impl Acc {
             blocks_run: 0,
             cut: None,
             changed: false,
+            lbr,
         }
     }
 
@@ -110,8 +114,8 @@ impl Acc {
         })
     }
 
-    /// Counts the whole block at `addr` as retired; control went on to `next`.
-    pub fn retire_block(&mut self, addr: u64, next: u64) {
+    /// Counts the whole block at `addr` as retired; control went on to `next`, at CPL `to_cpl`.
+    pub fn retire_block(&mut self, addr: u64, next: u64, to_cpl: u8) {
         let b = &self.blocks[&addr];
         self.iret |= b.ends_in_iret;
         let Some((rip, last)) = b.insns.last() else { return };
@@ -135,6 +139,13 @@ impl Acc {
             }
         }
         self.advance_clock(c);
+        if let Some(lbr) = &mut self.lbr {
+            let b = &self.blocks[&addr];
+            let (rip, last) = b.insns.last().expect("not empty");
+            if let Some(branch) = taken_branch(last, *rip, next, taken, to_cpl) {
+                lbr.take(branch, 1, self.clock.cycles, 0);
+            }
+        }
     }
 
     /// Feeds the data accesses of the instructions that have started to the cache model, all of
@@ -256,8 +267,14 @@ pub fn on_block(uc: &mut Unicorn<'_, Data>, addr: u64, size: u32) {
     if acc.single {
         return;
     }
-    if let Some(prev) = acc.current.take() {
-        acc.retire_block(prev, addr);
+    let prev = acc.current.take();
+    // The CPL the block before this one left: the run's, unless it ended in IRETQ.
+    let after_iret = prev.is_some_and(|p| acc.blocks[&p].ends_in_iret);
+    let cs = if after_iret { uc.reg_read(RegisterX86::CS).ok() } else { None };
+    let Some(acc) = uc.get_data_mut().acc.as_mut() else { return };
+    if let Some(prev) = prev {
+        let to_cpl = cs.map_or(acc.cpl, |cs| (cs & 3) as u8);
+        acc.retire_block(prev, addr, to_cpl);
     }
     if acc.iret {
         // An IRETQ may have changed the privilege level, or set RFLAGS.TF (the guest then
@@ -365,6 +382,13 @@ fn loop_ahead(uc: &mut Unicorn<'_, Data>, addr: u64) {
             *count += acc.armed[j].semantics.dynamic(ticks, CacheEvents::default());
         }
     }
+    let start = acc.clock.cycles;
     acc.advance_clock(k * cyc);
+    if let Some(lbr) = &mut acc.lbr {
+        let (rip, last) = acc.blocks[&addr].insns.last().expect("one instruction");
+        if let Some(branch) = taken_branch(last, *rip, addr, true, acc.cpl) {
+            lbr.take(branch, k, start + cyc, cyc);
+        }
+    }
     let _ = uc.reg_write(RegisterX86::RCX, c - k);
 }

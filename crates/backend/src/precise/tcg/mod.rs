@@ -28,6 +28,7 @@ mod state;
 mod tests;
 mod xsave;
 
+use super::branches::LbrTail;
 use super::cache::CacheModel;
 use super::events::Armed;
 pub use blocks::{classify, runs_in_engine, Class, Needs};
@@ -91,6 +92,9 @@ pub struct Counting<'a> {
     /// comes back in [`Run::cache`].
     pub cache: Option<CacheModel>,
     pub deadline: Option<Instant>,
+    /// The LBR stack's records while it records: the run's taken branches go to it, and it
+    /// comes back in [`Run::lbr`].
+    pub lbr: Option<LbrTail>,
 }
 
 /// What one engine run retired, and the vCPU state it left.
@@ -112,6 +116,8 @@ pub struct Run {
     pub used: Needs,
     /// The cache model given in [`Counting::cache`].
     pub cache: Option<CacheModel>,
+    /// The LBR records given in [`Counting::lbr`], with the run's.
+    pub lbr: Option<LbrTail>,
 }
 
 /// What the hooks work on: a run's counting state, or the bounds of a trampoline (see
@@ -315,6 +321,7 @@ impl Tcg {
             iret: acc.iret,
             used: acc.used,
             cache: acc.cache,
+            lbr: acc.lbr,
         })
     }
 
@@ -459,7 +466,10 @@ impl Tcg {
                     acc.retire_first(addr, k);
                     stop = Stop::Fault;
                 }
-                None => acc.retire_block(addr, pc),
+                None => {
+                    let to_cpl = state::cpl(&self.uc)?;
+                    acc.retire_block(addr, pc, to_cpl)
+                }
             }
         }
         if stop != Stop::Overflow || mode.cpl != 3 {
@@ -538,6 +548,11 @@ impl Tcg {
                 }
             }
             a.advance_clock(c);
+            if let Some(lbr) = &mut a.lbr {
+                if let Some(b) = super::branches::taken_branch(&facts, pc, next, taken, a.cpl) {
+                    lbr.take(b, 1, a.clock.cycles, 0);
+                }
+            }
             pc = next;
             if hit {
                 return Ok((Stop::Overflowed, pc));

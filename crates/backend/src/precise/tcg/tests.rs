@@ -56,7 +56,7 @@ const CLOCK: ModelClock = ModelClock { cycles: 0, reference: Clock::TSC };
 
 /// Counting `armed` from model clock 0, with the full budget and no cache model.
 fn counting(armed: &[(Armed, u64)]) -> Counting<'_> {
-    Counting { armed, clock: CLOCK, budget: BUDGET, cache: None, deadline: None }
+    Counting { armed, clock: CLOCK, budget: BUDGET, cache: None, deadline: None, lbr: None }
 }
 
 /// mov ecx, 1000; loop .; out dx, al
