@@ -7,7 +7,7 @@
 use super::debug_store::{self, DsStats};
 use super::events::{branch_kind, mispredicted};
 use crate::{BackendError, Cx};
-use emon_pmu::pmu::lbr::{Branch, BranchType, LbrFilter};
+use emon_pmu::pmu::lbr::{Branch, LbrFilter};
 use emon_pmu::pmu::Pmu;
 use emon_x86::insn::Insn;
 use emon_x86::mode::CpuMode;
@@ -178,6 +178,7 @@ impl BranchRecorder {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use emon_pmu::pmu::lbr::BranchType;
     use emon_pmu::profile::Profile;
 
     /// A stack recording with `select` under skylake (32 entries, LBR_INFO's cycle counts).
