@@ -30,6 +30,7 @@ pub fn taken_branch(i: &Insn, rip: u64, to: u64, taken: bool, cpl: u8) -> Option
 /// The taken branches of a stretch of code run all at once (an engine run), as the LBR stack
 /// would take them: every branch its filter lets through, of which only the newest can still be
 /// in the stack at the end, each with the core cycles since the one before (LBR_INFO).
+#[cfg(feature = "tcg")]
 #[derive(Debug, Clone, PartialEq)]
 pub struct LbrTail {
     filter: LbrFilter,
@@ -43,6 +44,7 @@ pub struct LbrTail {
     last_cycles: u64,
 }
 
+#[cfg(feature = "tcg")]
 impl LbrTail {
     /// A tail for the stack recording with `filter`, whose last record was at `last_cycles`.
     pub fn new(filter: LbrFilter, last_cycles: u64) -> LbrTail {
@@ -137,6 +139,7 @@ impl BranchRecorder {
     }
 
     /// The LBR stack's tail for an engine run from now, if it records.
+    #[cfg(feature = "tcg")]
     pub fn tail(&self, pmu: &Pmu) -> Option<LbrTail> {
         pmu.lbr_filter().filter(|_| self.lbr_on).map(|f| LbrTail::new(f, self.lbr_cycles))
     }
@@ -144,6 +147,7 @@ impl BranchRecorder {
     /// What an engine run recorded goes to the model: the newest records, as many as leave the
     /// stack as the whole sequence would (its depth plus the rest modulo the depth, so that
     /// MSR_LASTBRANCH_TOS ends where it would), then the last branch if the filter kept it out.
+    #[cfg(feature = "tcg")]
     pub fn take_tail(&mut self, pmu: &mut Pmu, tail: LbrTail) {
         let depth = u64::from(tail.filter.depth.max(1));
         let fed = if tail.recorded <= tail.newest.len() as u64 {
@@ -175,7 +179,7 @@ impl BranchRecorder {
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, feature = "tcg"))]
 mod tests {
     use super::*;
     use emon_pmu::pmu::lbr::BranchType;
