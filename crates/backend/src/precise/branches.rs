@@ -7,10 +7,12 @@
 use super::debug_store::{self, DsStats};
 use super::events::{branch_kind, mispredicted};
 use crate::{BackendError, Cx};
-use emon_pmu::pmu::lbr::{Branch, LbrFilter};
-use emon_pmu::pmu::Pmu;
+use emon_pmu::pmu::lbr::Branch;
+#[cfg(feature = "tcg")]
+use emon_pmu::pmu::{lbr::LbrFilter, Pmu};
 use emon_x86::insn::Insn;
 use emon_x86::mode::CpuMode;
+#[cfg(feature = "tcg")]
 use std::collections::VecDeque;
 
 /// The record of `i` at `rip` as a branch taken to `to` and ending at CPL `cpl`, if it is a
