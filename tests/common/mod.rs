@@ -22,6 +22,14 @@ pub fn kvm_available() -> bool {
     panic!("/dev/kvm is not usable on this machine: emon's integration tests need KVM. Set {OPT_OUT}=1 to skip them explicitly.");
 }
 
+/// Whether this host's KVM emulates CPL0 guest code (`emon host`'s measurement), where the TCG
+/// engine runs it instead.
+pub fn host_emulates_cpl0() -> bool {
+    let r = emon(&["host"]);
+    r.assert_status(0);
+    r.stdout.lines().any(|l| l.trim_start().starts_with("CPL0 guest code: emulated by KVM"))
+}
+
 /// The result of one emon invocation.
 pub struct Run {
     pub status: i32,

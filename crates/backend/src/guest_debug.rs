@@ -84,13 +84,18 @@ impl GuestDebug {
 
     /// The control to give KVM if it differs from the one it has, and records it as given.
     pub fn take_change(&mut self) -> Option<kvm_guest_debug> {
-        let g = self.control();
-        let key = (g.control, g.arch.debugreg[0]);
-        if self.applied == Some(key) {
+        if !self.changed() {
             return None;
         }
-        self.applied = Some(key);
+        let g = self.control();
+        self.applied = Some((g.control, g.arch.debugreg[0]));
         Some(g)
+    }
+
+    /// Whether the control differs from the one KVM has.
+    pub fn changed(&self) -> bool {
+        let g = self.control();
+        self.applied != Some((g.control, g.arch.debugreg[0]))
     }
 
     /// Whether KVM single-steps the guest now (for the backend or the catch).

@@ -158,8 +158,12 @@ impl KvmCpu {
         self.regs.set_events(&mut self.fd, e)
     }
 
-    /// Applies the guest-debug control if it changed.
+    /// Applies the guest-debug control if it changed (KVM reads RIP and RFLAGS for it: the
+    /// registers written go first).
     pub fn apply_guest_debug(&mut self) -> Result<(), VcpuError> {
+        if self.debug.changed() {
+            self.regs.flush(&mut self.fd)?;
+        }
         apply_guest_debug(&self.fd, &mut self.debug)
     }
 }

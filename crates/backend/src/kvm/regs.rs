@@ -1,9 +1,13 @@
 //! The vCPU's registers between two KVM_RUNs. Every KVM_RUN leaves them in `kvm_run` where the
 //! host has KVM_CAP_SYNC_REGS (KVM's `store_regs` at the end of the ioctl), so reading them costs
 //! no ioctl; a vCPU ioctl costs 5-10 µs on a nested host (it loads the vCPU), and the precise
-//! backend reads the registers at nearly every exit. Writes go to KVM at once (KVM_SET_REGS,
-//! KVM_SET_SREGS, KVM_SET_VCPU_EVENTS), in the order they are made, and are kept as the values to
-//! read until the next KVM_RUN.
+//! backend reads the registers at nearly every exit. A write of the general registers goes into
+//! `kvm_run` too, marked dirty, and KVM takes it at the start of the next KVM_RUN (`sync_regs`,
+//! before it enters the guest): the precise backend writes them after every TCG engine run, and
+//! KVM_SET_REGS was a seventh of a Linux boot's time. An ioctl that must see them first (the
+//! guest-debug control, which looks at RIP and RFLAGS) flushes them ([`RegCache::flush`]). The
+//! segment registers and the events go to KVM at once (KVM_SET_SREGS, KVM_SET_VCPU_EVENTS). What
+//! was written is kept as the values to read until the next KVM_RUN.
 use kvm_bindings::{kvm_regs, kvm_sregs, kvm_vcpu_events, KVM_SYNC_X86_EVENTS, KVM_SYNC_X86_REGS, KVM_SYNC_X86_SREGS};
 use kvm_ioctls::{Cap, Kvm, SyncReg, VcpuFd};
 
@@ -16,6 +20,8 @@ pub struct RegCache {
     sync: u32,
     /// The sets `kvm_run` holds as they are (as the last KVM_RUN left them, and not written since).
     fresh: u32,
+    /// The general registers were written into `kvm_run` and KVM has not taken them yet.
+    dirty: bool,
     regs: Option<kvm_regs>,
     sregs: Option<kvm_sregs>,
     events: Option<kvm_vcpu_events>,
@@ -45,6 +51,8 @@ impl RegCache {
     /// returned (an exit, or EINTR after a kick: KVM stores the sets on every return but a
     /// failure).
     pub fn ran(&mut self, synced: bool) {
+        // KVM takes the dirty registers before anything else in KVM_RUN, even one that ends at
+        // once (`immediate_exit`, a signal).
         *self = RegCache { sync: self.sync, fresh: if synced { self.sync } else { 0 }, ..Default::default() };
     }
 
@@ -67,8 +75,23 @@ impl RegCache {
     }
 
     pub fn set_regs(&mut self, fd: &mut VcpuFd, r: &kvm_regs) -> Result<(), VcpuError> {
-        fd.set_regs(r).map_err(VcpuError::op("KVM_SET_REGS"))?;
+        if self.sync & KVM_SYNC_X86_REGS != 0 {
+            fd.sync_regs_mut().regs = *r;
+            fd.set_sync_dirty_reg(SyncReg::Register);
+            self.dirty = true;
+        } else {
+            fd.set_regs(r).map_err(VcpuError::op("KVM_SET_REGS"))?;
+        }
         self.regs = Some(*r);
+        Ok(())
+    }
+
+    /// Gives KVM the general registers written into `kvm_run` now, for an ioctl that reads them.
+    pub fn flush(&mut self, fd: &mut VcpuFd) -> Result<(), VcpuError> {
+        if let (true, Some(r)) = (std::mem::take(&mut self.dirty), self.regs) {
+            fd.clear_sync_dirty_reg(SyncReg::Register);
+            fd.set_regs(&r).map_err(VcpuError::op("KVM_SET_REGS"))?;
+        }
         Ok(())
     }
 

@@ -202,6 +202,12 @@ pub struct Block {
     pub cycles_not: u64,
     /// The most cache lines its data accesses can touch (counted only with a cache model).
     pub lines: u64,
+    /// What it was decoded from and for: the guest-physical pages of its first and last byte,
+    /// and the run's cache model and loaded state (see [`decode_block`]).
+    pub from: [Option<u64>; 2],
+    pub decoded_for: (bool, Needs),
+    /// The run that last entered it (its sums are that run's).
+    pub seen: u64,
 }
 
 impl Block {
@@ -302,5 +308,8 @@ pub fn decode_block(
         cycles_taken: 0,
         cycles_not: 0,
         lines,
+        from: [None; 2],
+        decoded_for: (cache, loaded),
+        seen: 0,
     }
 }

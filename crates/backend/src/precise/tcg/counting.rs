@@ -15,6 +15,15 @@ use std::time::Instant;
 use unicorn_engine::{RegisterX86, Unicorn};
 use vm_memory::GuestMemoryMmap;
 
+/// The blocks the engine has decoded, kept from run to run as long as its translations are
+/// (the code snapshot keeps both honest: see `CodeSnapshot`): decoding each block again at each
+/// run was a quarter of a Linux boot's time.
+#[derive(Default)]
+pub struct Decoded {
+    pub blocks: Vec<Block>,
+    pub index: FxHashMap<u64, u32>,
+}
+
 /// State the block hook works on.
 pub struct Acc {
     pub mode: CpuMode,
@@ -32,9 +41,16 @@ pub struct Acc {
     pub clock: ModelClock,
     pub cycles: u64,
     pub budget: u64,
-    /// The block entered last, not yet known to have retired.
-    pub current: Option<u64>,
-    pub blocks: FxHashMap<u64, Block>,
+    /// The block entered last, not yet known to have retired (an index into `blocks`).
+    pub current: Option<u32>,
+    /// The blocks decoded, by this run or earlier ones, and where each starts (see
+    /// [`Decoded`]); and this run's number.
+    pub blocks: Vec<Block>,
+    pub index: FxHashMap<u64, u32>,
+    pub run: u64,
+    /// Something takes what the blocks do beyond the instruction count and the model clock: an
+    /// armed counter, the cache model or the LBR stack (without, retiring a block is a sum).
+    pub tracked: bool,
     pub stop: Option<Stop>,
     /// The privilege level the run counts at (the USR/OS filters), and whether an IRETQ has
     /// retired (the next block may be at another level).
@@ -66,8 +82,15 @@ pub struct Acc {
 }
 
 impl Acc {
-    /// The counting state of a run at `mode` for `counting`.
-    pub fn new(mode: CpuMode, mem: GuestMemoryMmap, counting: Counting, loaded: Needs) -> Acc {
+    /// The counting state of run number `run` at `mode` for `counting`, with the blocks decoded
+    /// before.
+    pub fn new(
+        mode: CpuMode,
+        mem: GuestMemoryMmap,
+        counting: Counting,
+        loaded: Needs,
+        (decoded, run): (Decoded, u64),
+    ) -> Acc {
         let Counting { armed, clock, budget, cache, deadline, lbr } = counting;
         Acc {
             mode,
@@ -82,7 +105,10 @@ impl Acc {
             cycles: 0,
             budget,
             current: None,
-            blocks: FxHashMap::default(),
+            blocks: decoded.blocks,
+            index: decoded.index,
+            run,
+            tracked: false,
             stop: None,
             cpl: mode.cpl,
             iret: false,
@@ -98,25 +124,59 @@ impl Acc {
             changed: false,
             lbr,
         }
+        .tracking()
     }
 
-    pub fn block(&mut self, addr: u64, size: u32) -> &Block {
-        if self.blocks.len() >= MAX_BLOCKS {
-            self.blocks.clear();
+    fn tracking(mut self) -> Acc {
+        self.tracked = !self.armed.is_empty() || self.cache.is_some() || self.lbr.is_some();
+        self
+    }
+
+    /// The block at `addr` (of `size` bytes, its pages at `from`) the first time this run
+    /// enters it (the hook runs at every execution of every block): decoded again unless an
+    /// earlier run decoded it from the same pages for the same state, and summed for this
+    /// run's counters. Its index in `blocks`.
+    pub fn enter(&mut self, found: Option<u32>, addr: u64, size: u32, from: [Option<u64>; 2]) -> u32 {
+        let wanted = (self.cache.is_some(), self.loaded);
+        let k = match found {
+            Some(k) if self.blocks[k as usize].from == from && self.blocks[k as usize].decoded_for == wanted => k,
+            _ => {
+                if self.blocks.len() >= MAX_BLOCKS {
+                    self.blocks.clear();
+                    self.index.clear();
+                }
+                let mut b = decode_block(&self.mode, &self.mem, (addr, size as usize), wanted.0, wanted.1);
+                b.from = from;
+                match found.filter(|k| (*k as usize) < self.blocks.len()) {
+                    Some(k) => {
+                        self.blocks[k as usize] = b;
+                        k
+                    }
+                    None => {
+                        self.blocks.push(b);
+                        let k = self.blocks.len() as u32 - 1;
+                        self.index.insert(addr, k);
+                        k
+                    }
+                }
+            }
+        };
+        let b = &mut self.blocks[k as usize];
+        b.seen = self.run;
+        if self.tracked {
+            b.sums(&self.armed, &self.counting);
         }
-        let (mode, mem, armed, counting) = (&self.mode, &self.mem, &self.armed, &self.counting);
-        let (cache, loaded) = (self.cache.is_some(), self.loaded);
-        self.blocks.entry(addr).or_insert_with(|| {
-            // Once per block and run (the hook runs at every execution of every block).
-            let mut b = decode_block(mode, mem, (addr, size as usize), cache, loaded);
-            b.sums(armed, counting);
-            b
-        })
+        k
     }
 
-    /// Counts the whole block at `addr` as retired; control went on to `next`, at CPL `to_cpl`.
-    pub fn retire_block(&mut self, addr: u64, next: u64, to_cpl: u8) {
-        let b = &self.blocks[&addr];
+    /// The decoded blocks, for the next run.
+    pub fn take_decoded(&mut self) -> Decoded {
+        Decoded { blocks: std::mem::take(&mut self.blocks), index: std::mem::take(&mut self.index) }
+    }
+
+    /// Counts the whole block `k` as retired; control went on to `next`, at CPL `to_cpl`.
+    pub fn retire_block(&mut self, k: u32, next: u64, to_cpl: u8) {
+        let b = &self.blocks[k as usize];
         self.iret |= b.ends_in_iret;
         let Some((rip, last)) = b.insns.last() else { return };
         if !last.retired_at(*rip, next) {
@@ -124,23 +184,26 @@ impl Acc {
             // one iteration per block execution): the instructions before it retired, it did not.
             let n = b.insns.len() - 1;
             self.iterations += 1;
-            return self.retire_first(addr, n);
+            return self.retire_first(k, n);
         }
         let taken = crate::precise::stepper::taken(last, *rip, next);
         self.retired += b.insns.len() as u64;
         let c = b.cycles_body + if taken { b.cycles_taken } else { b.cycles_not };
+        if !self.tracked {
+            return self.advance_clock(c);
+        }
         let ticks = self.clock.reference.ref_ticks_between(self.clock.cycles, c);
         let cache = self.feed(None);
-        let b = &self.blocks[&addr];
-        for (k, count) in self.counts.iter_mut().enumerate() {
-            *count += b.body[k] + if taken { b.last_taken[k] } else { b.last_not[k] };
-            if self.counting[k] {
-                *count += self.armed[k].semantics.dynamic(ticks, cache);
+        let b = &self.blocks[k as usize];
+        for (j, count) in self.counts.iter_mut().enumerate() {
+            *count += b.body[j] + if taken { b.last_taken[j] } else { b.last_not[j] };
+            if self.counting[j] {
+                *count += self.armed[j].semantics.dynamic(ticks, cache);
             }
         }
-        self.advance_clock(c);
+        self.clock.cycles += c;
+        self.cycles += c;
         if let Some(lbr) = &mut self.lbr {
-            let b = &self.blocks[&addr];
             let (rip, last) = b.insns.last().expect("not empty");
             if let Some(branch) = taken_branch(last, *rip, next, taken, to_cpl) {
                 lbr.take(branch, 1, self.clock.cycles, 0);
@@ -162,35 +225,38 @@ impl Acc {
         self.cycles += c;
     }
 
-    /// Counts the first `n` instructions of the block at `addr` (none of them a taken branch:
-    /// the block was cut short at the next one, by a fault or a REP iteration).
-    pub fn retire_first(&mut self, addr: u64, n: usize) {
-        let fault = self.blocks[&addr].insns.get(n).map(|(rip, _)| *rip);
+    /// Counts the first `n` instructions of block `k` (none of them a taken branch: the block
+    /// was cut short at the next one, by a fault or a REP iteration).
+    pub fn retire_first(&mut self, k: u32, n: usize) {
+        let fault = self.blocks[k as usize].insns.get(n).map(|(rip, _)| *rip);
         let cache = self.feed(fault);
-        let insns = &self.blocks[&addr].insns[..n];
+        let insns = &self.blocks[k as usize].insns[..n];
         self.retired += n as u64;
         let c = insns.iter().map(|(_, i)| cycles(i, false)).sum();
         let ticks = self.clock.reference.ref_ticks_between(self.clock.cycles, c);
-        for (k, (a, on)) in self.armed.iter().zip(&self.counting).enumerate() {
+        for (j, (a, on)) in self.armed.iter().zip(&self.counting).enumerate() {
             if *on {
-                self.counts[k] += insns.iter().map(|(rip, i)| a.semantics.increment(i, *rip, false)).sum::<u64>();
-                self.counts[k] += a.semantics.dynamic(ticks, cache);
+                self.counts[j] += insns.iter().map(|(rip, i)| a.semantics.increment(i, *rip, false)).sum::<u64>();
+                self.counts[j] += a.semantics.dynamic(ticks, cache);
             }
         }
         self.advance_clock(c);
     }
 
-    /// Whether the block at `addr` could bring a counter to its overflow.
-    pub fn could_overflow(&self, addr: u64) -> bool {
-        let b = &self.blocks[&addr];
+    /// Whether block `k` could bring a counter to its overflow.
+    pub fn could_overflow(&self, k: u32) -> bool {
+        if self.counts.is_empty() {
+            return false;
+        }
+        let b = &self.blocks[k as usize];
         let c = b.cycles_body + b.cycles_taken.max(b.cycles_not);
-        (0..self.counts.len()).any(|k| {
-            let dynamic = if self.counting[k] {
-                self.armed[k].semantics.dynamic_bound(c, b.lines, self.clock.reference)
+        (0..self.counts.len()).any(|j| {
+            let dynamic = if self.counting[j] {
+                self.armed[j].semantics.dynamic_bound(c, b.lines, self.clock.reference)
             } else {
                 0
             };
-            self.counts[k] + b.body[k] + b.last_taken[k].max(b.last_not[k]) + dynamic >= self.room[k]
+            self.counts[j] + b.body[j] + b.last_taken[j].max(b.last_not[j]) + dynamic >= self.room[j]
         })
     }
 }
@@ -269,7 +335,7 @@ pub fn on_block(uc: &mut Unicorn<'_, Data>, addr: u64, size: u32) {
     }
     let prev = acc.current.take();
     // The CPL the block before this one left: the run's, unless it ended in IRETQ.
-    let after_iret = prev.is_some_and(|p| acc.blocks[&p].ends_in_iret);
+    let after_iret = prev.is_some_and(|p| acc.blocks[p as usize].ends_in_iret);
     let cs = if after_iret { uc.reg_read(RegisterX86::CS).ok() } else { None };
     let Some(acc) = uc.get_data_mut().acc.as_mut() else { return };
     if let Some(prev) = prev {
@@ -291,13 +357,20 @@ pub fn on_block(uc: &mut Unicorn<'_, Data>, addr: u64, size: u32) {
     let data = uc.get_data_mut();
     let data_stops = &data.stops;
     let Some(acc) = data.acc.as_mut() else { return };
-    if !acc.blocks.contains_key(&addr) && data.code.enter(&acc.mem, &acc.mode, addr, size).is_err() {
-        acc.changed = true;
-        let _ = uc.emu_stop();
-        return;
-    }
-    let block = acc.block(addr, size);
+    let k = match acc.index.get(&addr).copied() {
+        Some(k) if acc.blocks[k as usize].seen == acc.run => k,
+        found => match data.code.enter(&acc.mem, &acc.mode, addr, size) {
+            Ok(from) => acc.enter(found, addr, size, from),
+            Err(_) => {
+                acc.changed = true;
+                let _ = uc.emu_stop();
+                return;
+            }
+        },
+    };
+    let block = &acc.blocks[k as usize];
     let (runnable, n, needs, stops_at) = (block.runnable, block.insns.len(), block.needs, block.stops_at);
+    let (insns_need, self_loop) = (block.insns_need, block.self_loop);
     acc.blocks_run += 1;
     let late = acc.blocks_run % DEADLINE_EVERY == 0 && acc.deadline.is_some_and(|d| Instant::now() >= d);
     // A block that runs up to a handed-over instruction runs only where a stop hook waits there.
@@ -312,7 +385,7 @@ pub fn on_block(uc: &mut Unicorn<'_, Data>, addr: u64, size: u32) {
         // that one and runs again.
         acc.cut = stops_at.map(|x| (addr, size, x));
         Some(Stop::Handover)
-    } else if acc.could_overflow(addr) {
+    } else if acc.could_overflow(k) {
         Some(Stop::Overflow)
     } else if acc.retired + acc.iterations + n as u64 > acc.budget || late {
         Some(Stop::Budget)
@@ -326,10 +399,10 @@ pub fn on_block(uc: &mut Unicorn<'_, Data>, addr: u64, size: u32) {
             let _ = uc.emu_stop();
         }
         None => {
-            acc.current = Some(addr);
-            acc.used = acc.used.union(acc.blocks[&addr].insns_need);
-            if acc.blocks[&addr].self_loop {
-                loop_ahead(uc, addr);
+            acc.current = Some(k);
+            acc.used = acc.used.union(insns_need);
+            if self_loop {
+                loop_ahead(uc, k, addr);
             }
         }
     }
@@ -346,10 +419,10 @@ pub fn on_stop(uc: &mut Unicorn<'_, Data>, _addr: u64, _size: u32) {
 /// `loop .` with RCX = c: c - 1 taken LOOPs, then one that falls through. The engine retires as
 /// many of the taken ones at once as the budget and every counter's room allow (each exactly as
 /// the block would, for every counter), leaves RCX as they would, and lets the block run on.
-fn loop_ahead(uc: &mut Unicorn<'_, Data>, addr: u64) {
+fn loop_ahead(uc: &mut Unicorn<'_, Data>, block: u32, addr: u64) {
     let Ok(c) = uc.reg_read(RegisterX86::RCX) else { return };
     let Some(acc) = uc.get_data_mut().acc.as_mut() else { return };
-    let b = &acc.blocks[&addr];
+    let b = &acc.blocks[block as usize];
     let reference = acc.clock.reference;
     // Each skipped iteration is one taken LOOP of `cyc` core cycles.
     let cyc = b.cycles_taken;
@@ -385,7 +458,7 @@ fn loop_ahead(uc: &mut Unicorn<'_, Data>, addr: u64) {
     let start = acc.clock.cycles;
     acc.advance_clock(k * cyc);
     if let Some(lbr) = &mut acc.lbr {
-        let (rip, last) = acc.blocks[&addr].insns.last().expect("one instruction");
+        let (rip, last) = acc.blocks[block as usize].insns.last().expect("one instruction");
         if let Some(branch) = taken_branch(last, *rip, addr, true, acc.cpl) {
             lbr.take(branch, k, start + cyc, cyc);
         }

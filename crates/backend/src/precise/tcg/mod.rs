@@ -32,7 +32,7 @@ use super::branches::LbrTail;
 use super::cache::CacheModel;
 use super::events::Armed;
 pub use blocks::{classify, runs_in_engine, Class, Needs};
-use counting::{on_block, on_insn, on_stop, Acc};
+use counting::{on_block, on_insn, on_stop, Acc, Decoded};
 use emon_pmu::profile::{Clock, MIN_CACHE_LINE};
 use emon_x86::access;
 use emon_x86::insn;
@@ -131,6 +131,9 @@ pub struct Data {
     code: CodeSnapshot,
     /// The vector of the exception that stopped the engine, if one did.
     fault: Option<u32>,
+    /// The blocks decoded (while a run goes on, its `Acc` has them), and the runs so far.
+    decoded: Decoded,
+    runs: u64,
 }
 
 /// Why the engine cannot be used, or could not do what was asked.
@@ -146,7 +149,15 @@ pub enum TcgError {
 
 impl Data {
     fn new() -> Data {
-        Data { acc: None, trampoline: None, stops: Default::default(), code: CodeSnapshot::new(), fault: None }
+        Data {
+            acc: None,
+            trampoline: None,
+            stops: Default::default(),
+            code: CodeSnapshot::new(),
+            fault: None,
+            decoded: Decoded::default(),
+            runs: 0,
+        }
     }
 }
 
@@ -288,7 +299,9 @@ impl Tcg {
         let loaded = Needs { fpu: state.fpu.is_some(), msrs: state.msrs.is_some() };
         let data = self.uc.get_data_mut();
         data.fault = None;
-        data.acc = Some(Acc::new(mode, self.mem.clone(), counting, loaded));
+        data.runs += 1;
+        let decoded = (std::mem::take(&mut data.decoded), data.runs);
+        data.acc = Some(Acc::new(mode, self.mem.clone(), counting, loaded, decoded));
         // The code hook costs a call per instruction: only while the cache model counts.
         let hooked = data.acc.as_ref().is_some_and(|a| a.cache.is_some());
         let hook = if hooked {
@@ -304,8 +317,10 @@ impl Tcg {
         }
         self.uc.ctl_flush_tlb().map_err(uc_err("flushing the TLB"))?;
         let started = self.run_to_stop(state.regs.rip, &mode)?;
-        let (acc, stop, pc) = self.finish_run(started, mode)?;
-        self.uc.get_data_mut().code.end(&self.mem);
+        let (mut acc, stop, pc) = self.finish_run(started, mode)?;
+        let data = self.uc.get_data_mut();
+        data.decoded = acc.take_decoded();
+        data.code.end(&self.mem);
         if let Some(h) = hook {
             self.uc.remove_hook(h).map_err(uc_err("removing the code hook"))?;
         }
@@ -439,7 +454,13 @@ impl Tcg {
         for (_, hook) in std::mem::take(&mut self.stops) {
             self.uc.remove_hook(hook).map_err(uc_err("removing a stop"))?;
         }
-        self.uc.get_data_mut().stops.clear();
+        let data = self.uc.get_data_mut();
+        data.stops.clear();
+        // The decoded blocks go with the translations.
+        data.decoded = Decoded::default();
+        if let Some(acc) = data.acc.as_mut() {
+            acc.take_decoded();
+        }
         self.uc.ctl_flush_tb().map_err(uc_err("flushing translations"))
     }
 
@@ -460,15 +481,15 @@ impl Tcg {
         // instruction faulted (unicorn reports some faults, such as a #PF on a page that is not
         // present, only by ending the run there) and the ones before it retired; otherwise the
         // block retired whole.
-        if let Some(addr) = acc.current.take() {
-            match acc.blocks[&addr].insns.iter().position(|(rip, _)| *rip == pc) {
+        if let Some(block) = acc.current.take() {
+            match acc.blocks[block as usize].insns.iter().position(|(rip, _)| *rip == pc) {
                 Some(k) => {
-                    acc.retire_first(addr, k);
+                    acc.retire_first(block, k);
                     stop = Stop::Fault;
                 }
                 None => {
                     let to_cpl = state::cpl(&self.uc)?;
-                    acc.retire_block(addr, pc, to_cpl)
+                    acc.retire_block(block, pc, to_cpl)
                 }
             }
         }

@@ -61,14 +61,23 @@ impl CodeSnapshot {
     }
 
     /// The run enters the block at `addr` of `size` bytes: each of its pages, the first time
-    /// the run enters it, holds what the snapshot has of it (or joins the snapshot).
-    pub fn enter(&mut self, mem: &GuestMemoryMmap, mode: &CpuMode, addr: u64, size: u32) -> Result<(), Changed> {
-        for la in [addr, addr + u64::from(size.max(1)) - 1] {
+    /// the run enters it, holds what the snapshot has of it (or joins the snapshot). Returns
+    /// the guest-physical pages of its first and last byte.
+    pub fn enter(
+        &mut self,
+        mem: &GuestMemoryMmap,
+        mode: &CpuMode,
+        addr: u64,
+        size: u32,
+    ) -> Result<[Option<u64>; 2], Changed> {
+        let mut phys = [None; 2];
+        for (k, la) in [addr, addr + u64::from(size.max(1)) - 1].into_iter().enumerate() {
             let Some(page) = mode.translate(mem, la).map(|pa| pa & !(PAGE - 1)) else {
                 // A page the engine runs but emon cannot find: trust nothing next time.
                 self.stale = true;
                 continue;
             };
+            phys[k] = Some(page);
             if !self.entered.insert(page) {
                 continue;
             }
@@ -84,7 +93,7 @@ impl CodeSnapshot {
                 }
             }
         }
-        Ok(())
+        Ok(phys)
     }
 
     /// After a run: the pages it entered hold what the engine left in them (its own writes to
