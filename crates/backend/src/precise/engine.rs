@@ -159,13 +159,14 @@ mod fast_forward {
 
         /// Whether the engine may run now. It counts, and keeps the LBR stack's records, but does
         /// not write records to guest memory or report registers per instruction: while BTS
-        /// records, or a counter is PEBS-enabled, or one counts with CMASK, every instruction is
-        /// stepped; and it runs 64-bit code only.
+        /// records, or a counter is PEBS-enabled, or one counts with an edge-detected CMASK (or
+        /// CMASK on reference ticks or the cache model, which the engine sums per block), every
+        /// instruction is stepped; and it runs 64-bit code only.
         fn engine_may_run(&self, cx: &Cx, mode: &CpuMode) -> bool {
             let pebs = cx.pmu.pebs_on() && cx.pmu.pebs_enable() != 0;
             self.engine.engine() == Engine::Tcg
                 && mode.bitness == 64
-                && !self.counters.armed.iter().any(|a| a.cmask != 0)
+                && self.counters.armed.iter().all(|a| a.sums_per_instruction())
                 && !self.branches.bts_on
                 && !pebs
         }

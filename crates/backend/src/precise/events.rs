@@ -127,10 +127,32 @@ impl Armed {
         if self.cmask == 0 {
             return n;
         }
-        let cond = (n >= u64::from(self.cmask)) != self.inv;
+        let cond = self.condition(n);
         let rising = cond && !*last;
         *last = cond;
         u64::from(if self.edge { rising } else { cond })
+    }
+
+    /// The CMASK condition for an instruction with event count `n` (INV inverts it).
+    fn condition(&self, n: u64) -> bool {
+        (n >= u64::from(self.cmask)) != self.inv
+    }
+
+    /// What the counter adds for an instruction with event count `n`, where that depends on the
+    /// instruction alone: `n`, or with CMASK (and no edge detect) 1 when the condition holds.
+    pub fn per_instruction(&self, n: u64) -> u64 {
+        if self.cmask == 0 {
+            n
+        } else {
+            u64::from(self.condition(n))
+        }
+    }
+
+    /// Whether a stretch of instructions adds the sum of [`Armed::per_instruction`] over them,
+    /// whatever ran before: no edge detect, and with CMASK, nothing counted beyond the
+    /// instruction itself (reference ticks, the cache model), which only comes per stretch.
+    pub fn sums_per_instruction(&self) -> bool {
+        self.cmask == 0 || !self.edge && self.semantics.dynamic_bound(1, 1, Clock::default()) == 0
     }
 }
 

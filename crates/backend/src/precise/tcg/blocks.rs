@@ -217,7 +217,7 @@ impl Block {
         let n = self.insns.len();
         let per = |a: &Armed, on: bool, (rip, i): &(u64, Insn), taken: bool| {
             if on {
-                a.semantics.increment(i, *rip, taken)
+                a.per_instruction(a.semantics.increment(i, *rip, taken))
             } else {
                 0
             }

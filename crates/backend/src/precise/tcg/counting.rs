@@ -236,7 +236,8 @@ impl Acc {
         let ticks = self.clock.reference.ref_ticks_between(self.clock.cycles, c);
         for (j, (a, on)) in self.armed.iter().zip(&self.counting).enumerate() {
             if *on {
-                self.counts[j] += insns.iter().map(|(rip, i)| a.semantics.increment(i, *rip, false)).sum::<u64>();
+                self.counts[j] +=
+                    insns.iter().map(|(rip, i)| a.per_instruction(a.semantics.increment(i, *rip, false))).sum::<u64>();
                 self.counts[j] += a.semantics.dynamic(ticks, cache);
             }
         }

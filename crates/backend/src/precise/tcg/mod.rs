@@ -564,7 +564,7 @@ impl Tcg {
             for k in 0..a.counts.len() {
                 if a.counting[k] {
                     let m = a.armed[k].semantics;
-                    a.counts[k] += m.increment(&facts, pc, taken) + m.dynamic(ticks, cache);
+                    a.counts[k] += a.armed[k].per_instruction(m.increment(&facts, pc, taken) + m.dynamic(ticks, cache));
                     hit |= a.counts[k] >= a.room[k];
                 }
             }

@@ -74,6 +74,31 @@ fn runs_a_loop_exactly_and_hands_port_io_to_kvm() {
     assert_eq!((r.retired, r.counts.clone()), (1001, vec![1001, 1000]), "{r:?}");
 }
 
+/// CMASK compares each instruction's count (emon's per-cycle unit) with the threshold, INV
+/// inverts it: the engine counts it per instruction as the stepper does (`Armed::advance`),
+/// the `loop .` fast path included.
+#[test]
+fn cmask_and_inv_count_per_instruction() {
+    let (mem, regs, sregs, mode) = machine(LOOP);
+    let mut tcg = Tcg::new(&mem).unwrap();
+    let with = |semantics, cmask, inv| (Armed { cmask, inv, ..armed(semantics) }, u64::MAX);
+    let counters = [
+        with(Semantics::Instructions, 1, false),
+        with(Semantics::Instructions, 2, false),
+        with(Semantics::Instructions, 2, true),
+        // MOV 1 cycle, 999 taken LOOPs of 2, the last LOOP 1.
+        with(Semantics::CoreCycles, 2, false),
+        with(Semantics::Branches(BranchFilter::ALL), 1, false),
+    ];
+    assert!(counters.iter().all(|(a, _)| a.sums_per_instruction()));
+    let r = tcg.run(&CpuState::new(regs, sregs), mode, counting(&counters)).unwrap();
+    assert_eq!((r.retired, r.counts.clone()), (1001, vec![1001, 0, 1001, 999, 1000]), "{r:?}");
+    let mut last = false;
+    let stepped: u64 =
+        (0..1001).map(|k| counters[3].0.advance(if k == 0 || k == 1000 { 1 } else { 2 }, 0, &mut last)).sum();
+    assert_eq!(stepped, 999, "the stepper's count");
+}
+
 /// Translations outlive a run only while their code is unchanged: code written behind the
 /// engine (as KVM or the VMM may write it between runs) is translated again.
 #[test]
