@@ -409,7 +409,8 @@ fn show_cpuid(args: &ProfileArgs) -> Result<ExitCode, CliError> {
     let profile = load_profile(args)?;
     let kvm = vmm::host::open()?;
     // As the precise backend presents it: the perf backend presents no Debug Store (PEBS, BTS).
-    let cpuid = vmm::guest_cpuid(&kvm, &profile, profile.pmu.version >= 1)?;
+    let tsc = vmm::tsc_rate::TscRate::of_host(&kvm)?;
+    let cpuid = vmm::guest_cpuid(&kvm, &profile, profile.pmu.version >= 1, tsc)?;
     println!("CPUID presented under profile {} ({}), precise backend:", profile.name, profile.description);
     println!("{:>10} {:>6}  {:>10} {:>10} {:>10} {:>10}", "leaf", "index", "eax", "ebx", "ecx", "edx");
     for e in cpuid.as_slice() {
@@ -417,6 +418,9 @@ fn show_cpuid(args: &ProfileArgs) -> Result<ExitCode, CliError> {
             "{:>#10x} {:>6}  {:>#010x} {:>#010x} {:>#010x} {:>#010x}",
             e.function, e.index, e.eax, e.ebx, e.ecx, e.edx
         );
+    }
+    if let Some(note) = tsc.note(&profile.clock) {
+        println!("{note}");
     }
     println!();
     let overrides = vmm::cpuid_probe::probe(&kvm, &cpuid)?;

@@ -178,6 +178,7 @@ impl KvmReport {
         let guest_tsc = crate::backend::kvm::guest_tsc_settable(&kvm).map_err(|e| e.to_string());
         let cpl0 = vmm::exec_probe::cpl0().map_err(|e| e.to_string());
         let step_survives_set_regs = vmm::exec_probe::step_survives_set_regs().map_err(|e| e.to_string());
+        let tsc = vmm::tsc_rate::TscRate::of_host(&kvm).map_err(|e| e.to_string());
         let cpuid = crate::profile::Profile::builtin_names()
             .into_iter()
             .map(|name| {
@@ -185,7 +186,10 @@ impl KvmReport {
                     .map_err(|e| e.to_string())
                     // The table as the precise backend presents it (with the Debug Store, for BTS
                     // and PEBS, wherever the profile has architectural perfmon).
-                    .and_then(|p| vmm::guest_cpuid(&kvm, &p, p.pmu.version >= 1).map_err(|e| e.to_string()))
+                    .and_then(|p| {
+                        let tsc = tsc.clone()?;
+                        vmm::guest_cpuid(&kvm, &p, p.pmu.version >= 1, tsc).map_err(|e| e.to_string())
+                    })
                     .and_then(|table| vmm::cpuid_probe::probe(&kvm, &table).map_err(|e| e.to_string()));
                 (name, probed)
             })
