@@ -131,8 +131,6 @@ fn msr_semantics_passes_under_unusual_pmus() {
     }
 }
 
-/// INT3, POPCNT, CLAC and STAC at CPL0 behave as the SDM says: on kvm_pvm, whose emulator lacks
-/// them, emon completes them (INT3 as the #BP it raises); elsewhere the CPU runs them.
 /// CPUID leaf 15H gives the rate the guest's TSC really runs at (README, "Guest time"): timed
 /// against the PIT, under every profile that enumerates a crystal; the others skip.
 #[test]
@@ -154,6 +152,8 @@ fn the_tsc_runs_at_the_rate_leaf_15h_gives() {
     }
 }
 
+/// INT3, POPCNT, CLAC and STAC at CPL0 behave as the SDM says: on kvm_pvm, whose emulator lacks
+/// them, emon completes them (INT3 as the #BP it raises); elsewhere the CPU runs them.
 #[test]
 fn cpl0_instructions_the_host_kvm_cannot_run_are_completed_by_emon() {
     if !kvm_available() {

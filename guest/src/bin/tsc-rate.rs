@@ -5,10 +5,14 @@
 //! of the guest's time run fast or slow. emon gives the crystal that makes the leaf say the rate
 //! the guest's TSC really has (README, "Guest time").
 //!
-//! Each window reads PIT channel 2 (mode 0, counting down from 0xFFFF at 1.193182 MHz) at its
-//! start and end, each read between two RDTSCs; a window whose reads took long (the vCPU was
-//! descheduled in between) is tried again. OUT2, read back from the PIT, says whether the count
-//! ran out (wrapped) during the window.
+//! Each window reads PIT channel 2 (mode 0, counting down at 1.193182 MHz and on from 0xFFFF
+//! after it reaches 0) at its start and end, each read between two RDTSCs, and in between as
+//! often as it can, so that it sees every wrap of the 16-bit count (one every 54.9 ms) and the
+//! window can be longer than one. A window whose first or last read took long, or whose reads
+//! were far apart (the vCPU was descheduled), is tried again. A window is 250 ms, so that a read
+//! may take 0.5 ms: with the precise backend running CPL0 code in its TCG engine (README, "CPL0
+//! code in the TCG engine"), every RDTSC and port access is handed to KVM, and a read takes about
+//! 150 us here.
 #![no_std]
 #![no_main]
 
@@ -28,10 +32,6 @@ const PIT_CONTROL: u16 = 0x43;
 const COUNTER2_MODE0: u8 = 0b10_11_000_0;
 /// Control word: counter 2, counter latch command.
 const COUNTER2_LATCH: u8 = 0b10_00_000_0;
-/// Control word: read-back command, counter 2's status only (COUNT bit 5 set: no count latched).
-const COUNTER2_READ_STATUS: u8 = 0b11_10_100_0;
-/// The status byte's bit 7: the counter's OUT pin.
-const STATUS_OUT: u8 = 1 << 7;
 /// Port 61h (system control port B): bit 0 gates counter 2, bit 1 drives the speaker from it.
 const PORT_B: u16 = 0x61;
 const PORT_B_GATE2: u8 = 1 << 0;
@@ -59,58 +59,58 @@ fn read_counter2() -> (u64, u16, u64) {
     (before, u16::from_le_bytes([lo, hi]), rdtsc())
 }
 
-/// Why a window measured nothing.
-#[derive(Debug, Clone, Copy)]
-enum Bad {
-    /// A read took longer than the slack: the vCPU was descheduled in the middle of it.
-    Descheduled,
-    /// The count ran out before the TSC had ticked the window's length.
-    RanOut,
-}
-
-/// One window of `wait` TSC ticks: the TSC ticks per second it measured.
-fn window(wait: u64, slack: u64) -> Result<u64, Bad> {
+/// One window of at least `wait` TSC ticks: the TSC ticks per second it measured, or `None` where
+/// the vCPU was descheduled: the first or last read took longer than `slack`, or two reads were
+/// more than `gap` apart (less than a wrap of the count).
+fn window(wait: u64, slack: u64, gap: u64) -> Option<u64> {
     // The speaker stays off; the gate enables counting (8254 mode 0).
     outb(PORT_B, (inb(PORT_B) & !PORT_B_SPEAKER) | PORT_B_GATE2);
     outb(PIT_CONTROL, COUNTER2_MODE0);
     outb(PIT_COUNTER2, 0xFF);
     outb(PIT_COUNTER2, 0xFF);
     let (a0, start, b0) = read_counter2();
-    while rdtsc().wrapping_sub(b0) < wait {}
-    let (a1, end, b1) = read_counter2();
-    outb(PIT_CONTROL, COUNTER2_READ_STATUS);
-    if inb(PIT_COUNTER2) & STATUS_OUT != 0 || end >= start {
-        return Err(Bad::RanOut);
-    }
-    if b0 - a0 > slack || b1 - a1 > slack {
-        return Err(Bad::Descheduled);
-    }
-    let ticks = u128::from(b1 + a1 - b0 - a0) / 2;
-    Ok((ticks * u128::from(PIT_HZ) / u128::from(start - end)) as u64)
-}
-
-/// The TSC's rate against the PIT: the median of [`WINDOWS`] good windows.
-fn measure(nominal_hz: u64) -> Result<u64, Bad> {
-    // 40 ms at the nominal rate (the count runs out after 54.9 ms); reads within 0.2% of it.
-    let wait = nominal_hz / 25;
-    let slack = wait / 500;
-    let mut rates = [0u64; WINDOWS];
-    let mut good = 0;
-    let mut last = Bad::Descheduled;
-    for _ in 0..TRIES {
-        match window(wait, slack) {
-            Ok(hz) => {
-                rates[good] = hz;
-                good += 1;
-                if good == WINDOWS {
-                    rates.sort_unstable();
-                    return Ok(rates[WINDOWS / 2]);
-                }
+    // PIT ticks since the first read, counted across the count's wraps.
+    let mut pit_ticks = 0u64;
+    let (mut count, mut last) = (start, b0);
+    loop {
+        let (a, now, b) = read_counter2();
+        if a - last > gap {
+            return None;
+        }
+        // The count runs down and wraps from 0 to 0xFFFF: the ticks since the last read.
+        pit_ticks += u64::from(count.wrapping_sub(now));
+        (count, last) = (now, b);
+        if b.wrapping_sub(b0) >= wait {
+            if b0 - a0 > slack || b - a > slack {
+                return None;
             }
-            Err(why) => last = why,
+            let ticks = u128::from(b + a - b0 - a0) / 2;
+            return Some((ticks * u128::from(PIT_HZ) / u128::from(pit_ticks)) as u64);
         }
     }
-    Err(last)
+}
+
+/// The TSC's rate against the PIT: the median of [`WINDOWS`] good windows, if [`TRIES`] give as
+/// many.
+fn measure(nominal_hz: u64) -> Option<u64> {
+    // 250 ms at the nominal rate; the first and last reads within 0.2% of it; reads at most 25 ms
+    // apart (the count wraps every 54.9 ms).
+    let wait = nominal_hz / 4;
+    let slack = wait / 500;
+    let gap = nominal_hz / 40;
+    let mut rates = [0u64; WINDOWS];
+    let mut good = 0;
+    for _ in 0..TRIES {
+        if let Some(hz) = window(wait, slack, gap) {
+            rates[good] = hz;
+            good += 1;
+            if good == WINDOWS {
+                rates.sort_unstable();
+                return Some(rates[WINDOWS / 2]);
+            }
+        }
+    }
+    None
 }
 
 fn main(_boot: &emon_guest::BootInfo) -> i32 {
@@ -126,19 +126,9 @@ fn main(_boot: &emon_guest::BootInfo) -> i32 {
     };
     let nominal = u64::from(l.ecx) * u64::from(l.ebx) / u64::from(l.eax);
     println!("tsc-rate: CPUID.15H: crystal {} Hz x {} / {} = TSC {} Hz", l.ecx, l.ebx, l.eax, nominal);
-    let measured = match measure(nominal) {
-        Ok(hz) => hz,
-        Err(Bad::RanOut) => {
-            check!(
-                false,
-                "the TSC runs at the rate CPUID.15H gives ({nominal} Hz): the PIT ran out (54.9 ms) before 40 ms of it"
-            );
-            return emon_guest::summary();
-        }
-        Err(Bad::Descheduled) => {
-            check!(false, "{WINDOWS} PIT windows of {TRIES} read without the vCPU descheduled mid-read");
-            return emon_guest::summary();
-        }
+    let Some(measured) = measure(nominal) else {
+        check!(false, "{WINDOWS} PIT windows of {TRIES} read without the vCPU descheduled mid-read");
+        return emon_guest::summary();
     };
     let ppm = measured.abs_diff(nominal) * 1_000_000 / nominal;
     println!("tsc-rate: against the PIT the TSC runs at {measured} Hz: {ppm} ppm from leaf 15H");
