@@ -19,6 +19,8 @@
 //! - a PMI is pending exactly when an overflow of a counter with INT/PMI set has not been
 //!   delivered yet;
 //! - `counter()`/`counting()` agree with the registers (EN, GLOBAL_CTRL, CTR_Frz);
+//! - `pebs_adaptive()` names exactly the counters whose Adaptive_Record bit (PERFEVTSELx[34],
+//!   FIXED_CTR_CTRL[32 + 4i]) is set, bits that exist exactly with PEBS_BASELINE;
 //! - a change of how a counter counts marks that counter for reprogramming (`take_reprogram`),
 //!   and a guest write of a counter's value marks it as written.
 //!
@@ -155,12 +157,14 @@ enum Value {
     Bit(u8),
     /// The MSR's current value (0 if it faults) with one bit flipped.
     Flip(u8),
-    /// A PERFEVTSEL-shaped value: event, umask, flag byte (bits 23:16), CMASK.
+    /// A PERFEVTSEL-shaped value: event, umask, flag byte (bits 23:16), CMASK, and
+    /// Adaptive_Record (bit 34).
     EvtSel {
         event: u8,
         umask: u8,
         flags: u8,
         cmask: u8,
+        adaptive: bool,
     },
     /// GLOBAL_*-shaped: GP bits 7:0, fixed bits 35:32, bits 63:48.
     Global {
@@ -195,8 +199,12 @@ impl Value {
             Value::Ones => u64::MAX,
             Value::Bit(b) => 1u64 << (b % 64),
             Value::Flip(b) => pmu.rdmsr(msr).unwrap_or(0) ^ (1u64 << (b % 64)),
-            Value::EvtSel { event, umask, flags, cmask } => {
-                u64::from(event) | u64::from(umask) << 8 | u64::from(flags) << 16 | u64::from(cmask) << 24
+            Value::EvtSel { event, umask, flags, cmask, adaptive } => {
+                u64::from(event)
+                    | u64::from(umask) << 8
+                    | u64::from(flags) << 16
+                    | u64::from(cmask) << 24
+                    | u64::from(adaptive) << 34
             }
             Value::Global { gp, fixed, high } => u64::from(gp) | u64::from(fixed & 0xF) << 32 | u64::from(high) << 48,
             Value::Bits(bits) => bits.iter().fold(0, |v, b| v | 1u64 << (b % 64)),
@@ -636,6 +644,11 @@ impl Shape {
         }
     }
 
+    /// PERF_CAPABILITIES.PEBS_BASELINE (bit 14): adaptive PEBS, under architectural perfmon.
+    fn baseline(&self) -> bool {
+        self.version >= 1 && self.perf_capabilities & 1 << 14 != 0
+    }
+
     /// Must WRMSR(`msr`, `value`) succeed (`Some(true)`) or #GP (`Some(false)`) by the SDM?
     /// `None` where emon's choice is a policy beyond the SDM (DEBUGCTL, MISC_ENABLE,
     /// PEBS_ENABLE and DS_AREA bits), checked by read-back only.
@@ -664,12 +677,18 @@ impl Shape {
             // Legacy writes take EAX sign-extended: any value; fixed counters drop high bits.
             Reg::Pmc(_) | Reg::FixedCtr(_) => Some(true),
             Reg::APmc(_) => fits(width_mask(self.gp_width)),
-            // Bits 63:32 reserved; ANY (bit 21) only from v3.
-            Reg::EvtSel(_) => fits(if v >= 3 { 0xFFFF_FFFF } else { 0xFFFF_FFFF & !(1 << 21) }),
+            // Bits 63:32 reserved but Adaptive_Record (bit 34) with PEBS_BASELINE (SDM 18.9.2.2);
+            // ANY (bit 21) only from v3.
+            Reg::EvtSel(_) => {
+                let any = if v >= 3 { 0xFFFF_FFFF } else { 0xFFFF_FFFF & !(1 << 21) };
+                fits(any | if self.baseline() { 1 << 34 } else { 0 })
+            }
             Reg::PerfCap | Reg::Status | Reg::Inuse => Some(false),
+            // Each counter's field, and its Adaptive_Record bit (32 + 4i) with PEBS_BASELINE.
             Reg::FixedCtrCtrl => {
                 let field = if v >= 3 { 0xF } else { 0xB };
-                fits((0..4).filter(|&i| self.fixed[i]).fold(0, |m, i| m | field << (4 * i)))
+                let adaptive = if self.baseline() { 1 << 32 } else { 0 };
+                fits((0..4).filter(|&i| self.fixed[i]).fold(0, |m, i| m | (field | adaptive) << (4 * i)))
             }
             Reg::Ctrl => fits(counters),
             // SDM Figures 18-5 / 18-11: OvfBuffer, CondChgd; OvfUncore (v3+); ToPA, LBR_Frz,
@@ -1416,6 +1435,7 @@ fn check(pmu: &Pmu, shape: &Shape, model: &Model, ctx: &Ctx) {
     let global_ctrl = if v >= 2 { rd(pmu, 0x38F, ctx) } else { 0 };
     let fixed_ctrl = if v >= 2 { rd(pmu, 0x38D, ctx) } else { 0 };
     let mut inuse = 0u64;
+    let mut adaptive = 0u64;
     let mut pmi_in_use = v >= 1 && rd(pmu, 0x3F1, ctx) & shape.gp_bits() != 0;
     for &id in &ids {
         let s = pmu.counter(id);
@@ -1442,17 +1462,20 @@ fn check(pmu: &Pmu, shape: &Shape, model: &Model, ctx: &Ctx) {
             }
         }
         assert!(pmu.distance_to_overflow(id) >= 1, "{ctx}: {id} distance 0");
-        let (enabled, int, in_use) = match id {
+        let (enabled, int, in_use, adaptive_record) = match id {
             CounterId::Gp(i) => {
                 let sel = rd(pmu, 0x186 + u32::from(i), ctx);
-                (sel & 1 << 22 != 0, sel & 1 << 20 != 0, sel & 0xFF != 0)
+                (sel & 1 << 22 != 0, sel & 1 << 20 != 0, sel & 0xFF != 0, sel & 1 << 34 != 0)
             }
             CounterId::Fixed(i) => {
                 let field = fixed_ctrl >> (4 * u32::from(i)) & 0xF;
-                (field & 3 != 0, field & 8 != 0, field & 3 != 0)
+                (field & 3 != 0, field & 8 != 0, field & 3 != 0, fixed_ctrl >> (32 + 4 * u32::from(i)) & 1 != 0)
             }
             CounterId::NetBurst(_) => unreachable!("NetBurst counters are checked above"),
         };
+        if adaptive_record {
+            adaptive |= 1 << id.status_bit();
+        }
         assert_eq!((s.enabled, s.int), (enabled, int), "{ctx}: {id} enable/int");
         let global = v == 1 || global_ctrl & 1 << id.status_bit() != 0;
         assert_eq!(s.counting, enabled && global && !frozen, "{ctx}: {id} counting");
@@ -1461,6 +1484,8 @@ fn check(pmu: &Pmu, shape: &Shape, model: &Model, ctx: &Ctx) {
         }
         pmi_in_use |= int;
     }
+    // Adaptive PEBS: the counters whose records take MSR_PEBS_DATA_CFG's groups.
+    assert_eq!(pmu.pebs_adaptive(), adaptive, "{ctx}: pebs_adaptive()");
     let counting: Vec<CounterId> = pmu.counting().iter().map(|s| s.id).collect();
     let want: Vec<CounterId> = ids.iter().copied().filter(|&id| pmu.counter(id).counting).collect();
     assert_eq!(counting, want, "{ctx}: counting()");

@@ -50,6 +50,8 @@ const EVTSEL_USR: u64 = 1 << 16;
 const EVTSEL_OS: u64 = 1 << 17;
 const EVTSEL_INT: u64 = 1 << 20;
 const EVTSEL_ANY: u64 = 1 << 21;
+/// IA32_PERFEVTSELx.Adaptive_Record (bit 34, adaptive PEBS; SDM 18.9.2.2).
+const EVTSEL_ADAPTIVE: u64 = 1 << 34;
 const EVTSEL_EN: u64 = 1 << 22;
 /// Event 0xC0 (instructions retired), umask 0.
 const EVENT_INST_RETIRED: u64 = 0xC0;
@@ -243,10 +245,34 @@ impl Pmu {
         }
     }
 
-    /// Writable bits of IA32_FIXED_CTR_CTRL: EN | PMI (| ANY) in each supported counter's field.
+    /// Writable bits of IA32_FIXED_CTR_CTRL: EN | PMI (| ANY) in each supported counter's field,
+    /// and with adaptive PEBS its FCi_Adaptive_Record bit (32 + 4i).
     fn fixed_ctr_ctrl_valid(&self) -> u64 {
         let field = FIXED_EN_ALL | FIXED_PMI | if self.any_allowed() { FIXED_ANY } else { 0 };
-        self.fixed_indices().fold(0, |m, i| m | fixed_field(i, field))
+        self.fixed_indices().fold(0, |m, i| m | fixed_field(i, field) | self.fixed_adaptive(i))
+    }
+
+    /// PERF_CAPABILITIES.PEBS_BASELINE (bit 14): adaptive PEBS (SDM 18.9.2.2).
+    fn pebs_baseline(&self) -> bool {
+        self.perf_capabilities & (1 << 14) != 0
+    }
+
+    /// IA32_PERFEVTSELx.Adaptive_Record (bit 34), where adaptive PEBS exists.
+    fn perfevtsel_adaptive(&self) -> u64 {
+        if self.pebs_baseline() {
+            EVTSEL_ADAPTIVE
+        } else {
+            0
+        }
+    }
+
+    /// IA32_FIXED_CTR_CTRL.FCi_Adaptive_Record (bit 32 + 4i), where adaptive PEBS exists.
+    fn fixed_adaptive(&self, i: u8) -> u64 {
+        if self.pebs_baseline() {
+            1 << (32 + 4 * u32::from(i))
+        } else {
+            0
+        }
     }
 
     /// Bits IA32_PERF_GLOBAL_OVF_CTRL / STATUS_RESET may clear (SDM Figures 18-5, 18-11).
@@ -637,13 +663,27 @@ fn check_perfevtsel(p: &Pmu) {
     for i in 0..p.gp {
         let msr = IA32_PERFEVTSEL0 + u32::from(i);
         write_reads(format_args!("IA32_PERFEVTSEL{} = 0x4300c0 reads back", i), msr, base, base);
+        let adaptive = p.perfevtsel_adaptive();
         expect_reserved_bits(
-            format_args!("IA32_PERFEVTSEL{} bits 63:32 each #GP, state unchanged", i),
+            format_args!(
+                "IA32_PERFEVTSEL{} bits 63:32 each #GP (but Adaptive_Record with PEBS_BASELINE), state unchanged",
+                i
+            ),
             msr,
             base,
-            0xFFFF_FFFF_0000_0000,
+            0xFFFF_FFFF_0000_0000 & !adaptive,
             msr,
         );
+        if adaptive != 0 {
+            let v = base | adaptive;
+            write_reads(
+                format_args!("IA32_PERFEVTSEL{}.Adaptive_Record (bit 34) accepted (PEBS_BASELINE)", i),
+                msr,
+                v,
+                v,
+            );
+            wr(msr, base);
+        }
         if p.any_allowed() {
             write_reads(
                 format_args!("IA32_PERFEVTSEL{}.ANY (bit 21) accepted (v3+)", i),
@@ -716,11 +756,25 @@ fn check_fixed_ctr_ctrl(p: &Pmu) {
             );
         }
     }
+    let adaptive = p.fixed_indices().fold(0, |m, i| m | p.fixed_adaptive(i));
+    for i in p.fixed_indices().filter(|&i| p.fixed_adaptive(i) != 0) {
+        let v = base | p.fixed_adaptive(i);
+        write_reads(
+            format_args!("IA32_FIXED_CTR_CTRL.FC{}_Adaptive_Record (bit {}) accepted (PEBS_BASELINE)", i, 32 + 4 * i),
+            msr,
+            v,
+            v,
+        );
+        wr(msr, base);
+    }
     expect_reserved_bits(
-        format_args!("IA32_FIXED_CTR_CTRL bits 63:16 each #GP, state unchanged"),
+        format_args!(
+            "IA32_FIXED_CTR_CTRL bits 63:16 each #GP (but the supported counters' Adaptive_Record bits {:#x}), state unchanged",
+            adaptive
+        ),
         msr,
         base,
-        !0xFFFF,
+        !0xFFFF & !adaptive,
         msr,
     );
     reset(p);

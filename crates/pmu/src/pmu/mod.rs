@@ -536,6 +536,13 @@ impl Pmu {
         self.ops().pebs_data_cfg()
     }
 
+    /// The counters whose PEBS records take MSR_PEBS_DATA_CFG's groups: those whose
+    /// Adaptive_Record bit (PERFEVTSELx bit 34, FIXED_CTR_CTRL bit 32 + 4i) is set. The others'
+    /// records hold the basic group only (SDM 18.9.2.2).
+    pub fn pebs_adaptive(&self) -> u64 {
+        self.ops().pebs_adaptive()
+    }
+
     /// PEBS-enabled counters whose assist is due: they overflowed and have counted an event
     /// since. The backend writes the record and calls [`Pmu::pebs_assisted`].
     pub fn pebs_due(&self) -> u64 {

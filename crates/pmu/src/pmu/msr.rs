@@ -92,6 +92,9 @@ pub const PERFEVTSEL_INV: u64 = 1 << 23;
 pub const PERFEVTSEL_CMASK_SHIFT: u32 = 24;
 /// PERFEVTSEL\[63:32\]: reserved in architectural perfmon.
 pub const PERFEVTSEL_RESERVED_HIGH: u64 = 0xFFFF_FFFF_0000_0000;
+/// PERFEVTSEL.Adaptive_Record (bit 34; with PERF_CAPABILITIES.PEBS_BASELINE): the counter's PEBS
+/// records take the groups MSR_PEBS_DATA_CFG selects; clear, the basic group only (SDM 18.9.2.2).
+pub const PERFEVTSEL_ADAPTIVE: u64 = 1 << 34;
 
 // ---- IA32_FIXED_CTR_CTRL fields (SDM Figure 18-2 / 18-7): 4 bits per fixed counter ----
 /// Width in bits of one FIXED_CTR_CTRL field.
@@ -106,6 +109,9 @@ pub const FIXED_CTR_CTRL_EN_USR: u64 = 0b0010;
 pub const FIXED_CTR_CTRL_ANY: u64 = 0b0100;
 /// Field bit 3: PMI on overflow.
 pub const FIXED_CTR_CTRL_PMI: u64 = 0b1000;
+/// FIXED_CTR_CTRL bit 32 + 4i, FCi_Adaptive_Record (with PERF_CAPABILITIES.PEBS_BASELINE): as
+/// PERFEVTSEL.Adaptive_Record, for fixed counter i (SDM 18.9.2.2).
+pub const FIXED_CTR_CTRL_ADAPTIVE0: u64 = 1 << 32;
 
 // ---- IA32_PERF_GLOBAL_STATUS bits beyond the per-counter overflow bits ----
 /// Bit of fixed counter 0 in GLOBAL_CTRL / GLOBAL_STATUS / OVF_CTRL / INUSE.

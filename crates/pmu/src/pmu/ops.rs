@@ -207,6 +207,11 @@ pub trait PmuOps {
     fn pebs_data_cfg(&self) -> u64 {
         0
     }
+    /// The counters whose PEBS records use MSR_PEBS_DATA_CFG's groups (their Adaptive_Record
+    /// bit is set; [`super::Pmu::pebs_adaptive`]).
+    fn pebs_adaptive(&self) -> u64 {
+        0
+    }
     fn pebs_due(&self) -> u64 {
         0
     }
