@@ -106,6 +106,24 @@ const MISC_WRITABLE: [(u32, &str); 7] = [
     (23, "xTPR Message Disable"),
     (34, "XD Bit Disable"),
 ];
+/// Core 2's prefetcher disable bits (SDM Vol. 4, the Core 2 table), writable there only: later
+/// CPUs move them to MSR_MISC_FEATURE_CONTROL and #GP on them (measured on Sandy Bridge and
+/// Skylake). emon's cache model obeys them (README, "The cache model").
+const MISC_PREFETCH: [(u32, &str); 4] = [
+    (9, "Hardware Prefetcher Disable"),
+    (19, "Adjacent Cache Line Prefetch Disable"),
+    (37, "DCU Prefetcher Disable"),
+    (39, "IP Prefetcher Disable"),
+];
+
+/// Is this a Core 2 (family 6, models 0FH, 16H, 17H, 1DH; SDM Vol. 4)?
+fn core_2() -> bool {
+    let eax = cpuid(1, 0).eax;
+    let family = (eax >> 8) & 0xF;
+    let model = ((eax >> 4) & 0xF) | ((eax >> 12) & 0xF0);
+    family == 6 && matches!(model, 0x0F | 0x16 | 0x17 | 0x1D)
+}
+
 /// Read-only bits: (bit, SDM name).
 const MISC_READ_ONLY: [(u32, &str); 3] =
     [(7, "Performance Monitoring Available"), (11, "Branch Trace Storage Unavailable"), (12, "PEBS Unavailable")];
@@ -1083,7 +1101,8 @@ fn check_debugctl(p: &Pmu) {
 fn check_misc_enable(p: &Pmu) {
     let msr = IA32_MISC_ENABLE;
     let cur = p.misc_enable_power_on();
-    for (b, name) in MISC_WRITABLE {
+    let prefetch: &[(u32, &str)] = if core_2() { &MISC_PREFETCH } else { &[] };
+    for (b, name) in MISC_WRITABLE.iter().chain(prefetch) {
         let v = cur ^ 1u64 << b;
         write_reads(format_args!("IA32_MISC_ENABLE bit {} ({}) is writable", b, name), msr, v, v);
         wr(msr, cur);
@@ -1105,7 +1124,7 @@ fn check_misc_enable(p: &Pmu) {
         cur ^ tcc,
     );
     wr(msr, cur);
-    let known = MISC_WRITABLE.iter().chain(MISC_READ_ONLY.iter()).fold(0u64, |m, b| m | 1u64 << b.0);
+    let known = MISC_WRITABLE.iter().chain(MISC_READ_ONLY.iter()).chain(prefetch).fold(0u64, |m, b| m | 1u64 << b.0);
     expect_reserved_bits(
         format_args!("IA32_MISC_ENABLE reserved bits each #GP, state unchanged"),
         msr,

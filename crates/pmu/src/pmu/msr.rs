@@ -7,6 +7,11 @@ pub const IA32_PMC0: u32 = 0xC1;
 pub const IA32_PERFEVTSEL0: u32 = 0x186;
 /// IA32_MISC_ENABLE.
 pub const IA32_MISC_ENABLE: u32 = 0x1A0;
+/// MSR_MISC_FEATURE_CONTROL: bit 0 L2 hardware prefetcher disable, 1 L2 adjacent cache line
+/// prefetcher disable, 2 DCU prefetcher disable, 3 DCU IP prefetcher disable (Intel's "Disclosure
+/// of H/W prefetcher control on some Intel processors"; Nehalem on). Not a PMU register: the PMU
+/// keeps it for the cache model (`prefetch.rs`).
+pub const MSR_MISC_FEATURE_CONTROL: u32 = 0x1A4;
 /// IA32_DEBUGCTL.
 pub const IA32_DEBUGCTL: u32 = 0x1D9;
 /// IA32_FIXED_CTR0 (instructions retired). FIXED_CTRi = 0x309 + i.
@@ -200,6 +205,7 @@ pub fn msr_name(msr: u32) -> Option<String> {
     };
     let fixed = match msr {
         IA32_MISC_ENABLE => Some("IA32_MISC_ENABLE"),
+        MSR_MISC_FEATURE_CONTROL => Some("MSR_MISC_FEATURE_CONTROL"),
         IA32_DEBUGCTL => Some("IA32_DEBUGCTL"),
         IA32_PERF_CAPABILITIES => Some("IA32_PERF_CAPABILITIES"),
         IA32_FIXED_CTR_CTRL => Some("IA32_FIXED_CTR_CTRL"),
@@ -259,6 +265,7 @@ mod tests {
         assert_eq!(msr_name(0x6DF).as_deref(), Some("MSR_LASTBRANCH_31_TO_IP"));
         assert_eq!(msr_name(0xDC1).as_deref(), Some("MSR_LBR_INFO_1"));
         assert_eq!(msr_name(0x3F7).as_deref(), Some("MSR_PEBS_FRONTEND"));
+        assert_eq!(msr_name(0x1A4).as_deref(), Some("MSR_MISC_FEATURE_CONTROL"));
         assert_eq!(msr_name(0x48), None);
         assert_eq!(msr_name(0), None);
         assert_eq!(msr_name(u32::MAX), None);
