@@ -530,8 +530,18 @@ fn list_events(args: &ProfileArgs) -> Result<ExitCode, CliError> {
     if uses(|s| s.uses_cache()) {
         let level = |l: crate::profile::CacheLevel| format!("{} KiB {}-way", l.kib, l.ways);
         let k = &p.cache;
+        let f = &k.prefetchers;
+        let prefetchers = match f.present().names() {
+            n if n.is_empty() => "no prefetchers".to_string(),
+            n => format!("prefetchers {}", n.join(", ")),
+        };
+        let control = match (f.misc_feature_control, f.misc_enable) {
+            (Some(bits), _) => format!(" (MSR_MISC_FEATURE_CONTROL, writable bits {bits:#x})"),
+            (None, true) => " (IA32_MISC_ENABLE's disable bits)".to_string(),
+            (None, false) => String::new(),
+        };
         println!(
-            "Cache model (LLC events): L1d {}, L2 {}, LLC {}, {}-byte lines, LRU, inclusive; it starts empty each time an LLC event starts counting (README, \"The cache model\").",
+            "Cache model (LLC events): L1d {}, L2 {}, LLC {}, {}-byte lines, LRU, inclusive, {prefetchers}{control}; it starts empty each time an LLC event starts counting (README, \"The cache model\").",
             level(k.l1d),
             k.l2.map_or("none".into(), level),
             level(k.llc),

@@ -17,6 +17,7 @@ pub mod msr;
 pub mod netburst;
 pub mod pio;
 pub mod pmu;
+pub mod prefetch;
 pub mod report;
 pub mod serial;
 mod start;

@@ -49,7 +49,7 @@ pub fn build(config: VmConfig) -> Result<BuiltVm, VmmError> {
     let format = load_kernel(&fd, &mem, ram, &config)?;
     let bus = create_bus(&vm, ram, &config)?;
     let tracer = config.trace.as_deref().map(create_tracer).transpose()?;
-    let mut pmu = Pmu::new(&config.profile.pmu);
+    let mut pmu = Pmu::new(&config.profile.pmu).with_prefetchers(config.profile.cache.prefetchers);
     pmu.set_pebs(pebs);
     pmu.set_bts(bts);
     let catch = GpCatch::new(&kvm, &pmu);

@@ -96,6 +96,11 @@ pub trait Backend: Send {
     fn records_branches(&self) -> bool {
         false
     }
+    /// Does this backend count the LLC events from emon's cache model, whose prefetchers obey the
+    /// guest's MSR_MISC_FEATURE_CONTROL and IA32_MISC_ENABLE (README, "The cache model")?
+    fn models_caches(&self) -> bool {
+        false
+    }
     /// Does this backend write PEBS records into the guest's DS area (formats 0-4)?
     fn writes_pebs(&self) -> bool {
         false

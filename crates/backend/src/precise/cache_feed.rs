@@ -1,9 +1,9 @@
 //! What the cache model (README, "The cache model") sees while an LLC event counts: the data
 //! accesses of every retired instruction, computed from the registers before it ran and
 //! translated through the guest's page tables. (The model itself is [`super::cache`].)
-use super::cache::{CacheEvents, CacheModel};
+use super::cache::{CacheEvents, CacheModel, Touch};
 use crate::{BackendError, Cx};
-use emon_pmu::profile::{Cache, MIN_CACHE_LINE};
+use emon_pmu::profile::{Cache, PrefetcherSet, MIN_CACHE_LINE};
 use emon_x86::access::{self, Access, AccessKind};
 use emon_x86::mode::CpuMode;
 
@@ -14,6 +14,8 @@ pub struct CacheFeed {
     /// profile's geometry it is made from.
     model: Option<CacheModel>,
     geometry: Cache,
+    /// The prefetchers the guest has left on (its MSR_MISC_FEATURE_CONTROL or IA32_MISC_ENABLE).
+    prefetchers: PrefetcherSet,
     /// An LLC event counts: the model sees every data access.
     pub on: bool,
     /// What the accesses of the instruction about to retire did at the LLC.
@@ -24,23 +26,38 @@ pub struct CacheFeed {
 }
 
 impl CacheFeed {
-    /// A feed for a model of `geometry` (the profile's `[cache]`).
+    /// A feed for a model of `geometry` (the profile's `[cache]`, prefetchers all on).
     pub fn new(geometry: &Cache) -> CacheFeed {
-        CacheFeed { geometry: *geometry, ..CacheFeed::default() }
+        CacheFeed { geometry: *geometry, prefetchers: geometry.prefetchers.present(), ..CacheFeed::default() }
     }
 
     /// The model, made (empty) when first needed.
     fn model(&mut self) -> &mut CacheModel {
-        self.model.get_or_insert_with(|| CacheModel::new(&self.geometry))
+        let (geometry, on) = (&self.geometry, self.prefetchers);
+        self.model.get_or_insert_with(|| {
+            let mut m = CacheModel::new(geometry);
+            m.set_prefetchers(on);
+            m
+        })
     }
 
     /// An LLC event starts or stops counting. emon sees no access made while none counts, so the
-    /// caches start empty each time one starts to.
+    /// caches start empty, and the prefetchers untrained, each time one starts to.
     pub fn set_on(&mut self, on: bool) {
         if on && !self.on {
-            self.model().flush_all();
+            self.model().reset();
         }
         self.on = on;
+    }
+
+    /// The guest's control register leaves `on` of the prefetchers on.
+    pub fn set_prefetchers(&mut self, on: PrefetcherSet) {
+        if on != self.prefetchers {
+            self.prefetchers = on;
+            if let Some(m) = &mut self.model {
+                m.set_prefetchers(on);
+            }
+        }
     }
 
     /// Lends the model to a TCG engine run while it counts.
@@ -79,11 +96,11 @@ impl CacheFeed {
         Ok(access::data_accesses(i, |r| access::gpr(&regs, r), fs, gs).ok())
     }
 
-    /// An instruction retires with the accesses `accesses` (known from before it ran): they go
-    /// to the model, for the LLC events it counts.
-    pub fn retire(&mut self, cx: &Cx, mode: &CpuMode, accesses: &[Access]) {
+    /// The instruction at `rip` retires with the accesses `accesses` (known from before it ran):
+    /// they go to the model, for the LLC events it counts.
+    pub fn retire(&mut self, cx: &Cx, mode: &CpuMode, rip: u64, accesses: &[Access]) {
         if self.on {
-            self.retiring = feed(self.model(), mode, cx.vcpu.memory(), accesses);
+            self.retiring = feed(self.model(), mode, cx.vcpu.memory(), accesses.iter().map(|a| (rip, *a)));
         }
     }
 
@@ -112,32 +129,25 @@ fn touches_memory(i: &iced_x86::Instruction) -> bool {
     access::max_lines(i, MIN_CACHE_LINE) != Ok(0)
 }
 
-/// Feeds an instruction's data accesses to the cache model, translating each through the guest's
-/// page tables (an access that crosses a page is one per page); what it did at the LLC.
+/// Feeds data accesses, each with the RIP of its instruction, to the cache model, translating
+/// them through the guest's page tables; what they did at the LLC.
 pub(crate) fn feed(
     cache: &mut CacheModel,
     mode: &CpuMode,
     mem: &vm_memory::GuestMemoryMmap,
-    accesses: &[Access],
+    accesses: impl IntoIterator<Item = (u64, Access)>,
 ) -> CacheEvents {
-    const PAGE: u64 = 4096;
     let mut events = CacheEvents::default();
-    for a in accesses {
+    for (rip, a) in accesses {
         if a.kind == AccessKind::Flush {
             if let Some(pa) = mode.translate(mem, a.linear) {
                 cache.flush(pa);
             }
             continue;
         }
-        let (mut la, end) = (a.linear, a.linear.saturating_add(u64::from(a.size)));
-        while la < end {
-            let piece = (PAGE - la % PAGE).min(end - la);
-            // An access through no mapping faults, and its instruction does not retire.
-            if let Some(pa) = mode.translate(mem, la) {
-                events += cache.access(pa, piece as u32);
-            }
-            la += piece;
-        }
+        // An access through no mapping faults, and its instruction does not retire.
+        let touch = Touch { rip, linear: a.linear, size: a.size, load: a.kind == AccessKind::Read };
+        events += cache.access(touch, |la| mode.translate(mem, la));
     }
     events
 }

@@ -51,7 +51,7 @@ impl Derive for Semantics {
     fn dynamic_bound(self, cycles: u64, lines: u64, clock: Clock) -> u64 {
         match self {
             Semantics::RefXclk => clock.ref_ticks_at(cycles) + 1,
-            Semantics::LlcReference | Semantics::LlcMisses => lines,
+            Semantics::LlcReference | Semantics::LlcMisses => lines * super::cache::MAX_LLC_REQUESTS_PER_LINE,
             _ => 0,
         }
     }
@@ -175,7 +175,8 @@ mod tests {
         assert_eq!(Semantics::RefXclk.dynamic(7, cache), 7);
         assert_eq!(Semantics::LlcReference.dynamic(7, cache), 3);
         assert_eq!(Semantics::LlcMisses.dynamic(7, cache), 2);
-        assert_eq!(Semantics::LlcMisses.dynamic_bound(100, 9, c), 9);
+        // A line's own request and one from each L1 prefetcher.
+        assert_eq!(Semantics::LlcMisses.dynamic_bound(100, 9, c), 27);
         assert_eq!(Semantics::CoreCycles.dynamic(7, cache), 0);
     }
 

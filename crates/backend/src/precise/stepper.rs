@@ -363,7 +363,7 @@ impl Precise {
     /// cache model, for the LLC events it counts.
     fn feed_pending(&mut self, cx: &mut Cx, mode: &CpuMode, p: &Pending) {
         match &p.accesses {
-            Some(a) => self.feed.retire(cx, mode, a),
+            Some(a) => self.feed.retire(cx, mode, p.rip, a),
             None => self.feed_unseen(cx, mode, p.rip),
         }
     }

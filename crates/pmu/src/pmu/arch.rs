@@ -210,6 +210,9 @@ impl PmuOps for ArchPmu {
     fn pebs_data_cfg(&self) -> u64 {
         self.pebs_data_cfg
     }
+    fn pebs_adaptive(&self) -> u64 {
+        self.adaptive_record()
+    }
     fn pebs_due(&self) -> u64 {
         self.pebs.due
     }

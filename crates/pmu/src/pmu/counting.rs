@@ -5,7 +5,7 @@ use super::arch::ArchPmu;
 use super::counter::{self, width_mask};
 use super::msr::*;
 use super::ops::Shared;
-use super::regs::{FixedCtrField, PerfEvtSel};
+use super::regs::{fixed_adaptive_bit, FixedCtrField, PerfEvtSel};
 use super::semantics::{BranchFilter, Semantics};
 use super::{CounterId, CounterState};
 use crate::profile::{ArchEvent, Event};
@@ -92,6 +92,24 @@ impl ArchPmu {
             }
         }
         overflowed
+    }
+
+    /// The counters whose Adaptive_Record bit is set (PERFEVTSELx bit 34, FIXED_CTR_CTRL bit
+    /// 32 + 4i), in the GLOBAL_STATUS layout: their PEBS records take MSR_PEBS_DATA_CFG's groups
+    /// (SDM 18.9.2.2). The bits exist only with PERF_CAPABILITIES.PEBS_BASELINE.
+    pub(super) fn adaptive_record(&self) -> u64 {
+        self.ids().into_iter().fold(0, |m, id| {
+            let on = match id {
+                CounterId::Gp(i) => PerfEvtSel(self.perfevtsel[usize::from(i)]).adaptive(),
+                CounterId::Fixed(i) => self.fixed_ctr_ctrl & fixed_adaptive_bit(i) != 0,
+                CounterId::NetBurst(_) => false,
+            };
+            if on {
+                m | id.status_mask()
+            } else {
+                m
+            }
+        })
     }
 
     /// The backend performed the PEBS assist for `counters` (see [`super::Pmu::pebs_assisted`]).

@@ -5,6 +5,7 @@
 //! - `pmu.rs`: [`PmuProfile`], leaf 0x0A encoding and fixed-counter enumeration.
 //! - `arch_event.rs`: [`ARCH_EVENTS`], SDM Table 18-1.
 //! - `cache.rs`: [`Cache`], the modelled data-cache hierarchy and its CPUID leaf 04H.
+//! - `prefetch.rs`: [`Prefetchers`], the hardware prefetchers that fill it, and their control.
 //! - `clock.rs`: [`Clock`], the reference clock and CPUID leaf 15H.
 //! - `model_msrs.rs`: [`Lbr`] and [`ModelMsrs`], the model-specific PMU MSRs.
 //! - `cpu.rs`: [`Profile`], CPUID leaf 0 / leaf 1 encoding.
@@ -26,6 +27,7 @@ mod file;
 mod model_msrs;
 mod overrides;
 mod pmu;
+mod prefetch;
 mod validate;
 
 #[cfg(test)]
@@ -44,7 +46,8 @@ pub use model_msrs::{
 };
 pub use overrides::{parse_u64, NumberError, KEYS as OVERRIDE_KEYS};
 pub use pmu::{PmuKind, PmuProfile, PreciseOnly};
+pub use prefetch::{ControlBit, PrefetcherSet, Prefetchers, Streamer, CONTROL_BITS};
 pub use validate::{
-    MAX_CACHE_KIB, MAX_CACHE_LINE, MAX_CACHE_WAYS, MAX_EBX_LENGTH, MAX_FIXED, MAX_GP, MAX_VERSION, MIN_CACHE_LINE,
-    PERF_CAPABILITIES_ACCEPTED,
+    MAX_CACHE_KIB, MAX_CACHE_LINE, MAX_CACHE_WAYS, MAX_EBX_LENGTH, MAX_FIXED, MAX_GP, MAX_STREAMER_PAGES, MAX_VERSION,
+    MIN_CACHE_LINE, PERF_CAPABILITIES_ACCEPTED,
 };

@@ -153,8 +153,8 @@ impl Acc {
     pub fn feed(&mut self, fault: Option<u64>) -> CacheEvents {
         let accesses = std::mem::take(&mut self.accesses);
         let Some(cache) = &mut self.cache else { return CacheEvents::default() };
-        let retired = accesses.iter().take_while(|(rip, _)| Some(*rip) != fault).map(|(_, a)| *a).collect::<Vec<_>>();
-        crate::precise::cache_feed::feed(cache, &self.mode, &self.mem, &retired)
+        let retired = accesses.iter().take_while(|(rip, _)| Some(*rip) != fault).copied();
+        crate::precise::cache_feed::feed(cache, &self.mode, &self.mem, retired)
     }
 
     pub fn advance_clock(&mut self, c: u64) {
