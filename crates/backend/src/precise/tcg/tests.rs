@@ -3,6 +3,7 @@
 use super::*;
 use crate::precise::cache::CacheModel;
 use emon_pmu::pmu::{BranchFilter, CounterId, Semantics};
+use emon_pmu::profile::{Cache, Prefetchers};
 use emon_x86::fpu::Fpu;
 use kvm_bindings::{kvm_dtable, kvm_regs, kvm_segment, kvm_sregs};
 use vm_memory::{Bytes, GuestAddress};
@@ -130,12 +131,18 @@ fn the_cache_model_sees_the_engines_data_accesses() {
     let mut tcg = Tcg::new(&mem).unwrap();
     let misses = Armed { id: CounterId::Gp(1), ..armed(Semantics::LlcMisses) };
     let counters = [(armed(Semantics::LlcReference), u64::MAX), (misses, u64::MAX)];
-    let cache = Some(CacheModel::new(&emon_pmu::profile::Cache::default()));
+    let bare = Cache { prefetchers: Prefetchers::default(), ..Cache::SKYLAKE_CLIENT };
+    let cache = Some(CacheModel::new(&bare));
     let r = tcg.run(&CpuState::new(regs, sregs), mode, Counting { cache, ..counting(&counters) }).unwrap();
     assert_eq!((r.stop, r.state.regs.rip), (Stop::Handover, CODE + 24), "{:?}", r.state.regs);
-    // 100 cold lines, then the last one again after its CLFLUSH.
+    // Without prefetchers: 100 cold lines, then the last one again after its CLFLUSH.
     assert_eq!(r.counts, vec![101, 101]);
     assert!(r.cache.is_some(), "the model comes back");
+    // With Skylake's prefetchers, which see each access's RIP (the IP-based stride prefetcher):
+    // one miss per 4 KiB page of the 100 lines (two pages), then the flushed line again.
+    let cache = Some(CacheModel::new(&Cache::SKYLAKE_CLIENT));
+    let r = tcg.run(&CpuState::new(regs, sregs), mode, Counting { cache, ..counting(&counters) }).unwrap();
+    assert_eq!(r.counts, vec![3, 3]);
     // Without the model the engine counts no LLC event.
     let r = tcg.run(&CpuState::new(regs, sregs), mode, counting(&counters)).unwrap();
     assert_eq!(r.counts, vec![0, 0]);
