@@ -13,9 +13,13 @@ use iced_x86::{Instruction, InstructionInfoFactory, Mnemonic, OpAccess, Register
 pub enum AccessKind {
     /// A load (including one a mask or condition may suppress, such as CMOVcc's).
     Read,
-    /// A store, or a read-modify-write of the same bytes (ADD [m], r; XCHG; CMPXCHG), which is one
-    /// access: the line is fetched once, for ownership.
+    /// A store.
     Write,
+    /// A read-modify-write of the same bytes (ADD [m], r; CMPXCHG): one access, whose line is
+    /// fetched once, for ownership.
+    Update,
+    /// A locked read-modify-write (a LOCK prefix, or XCHG with memory, SDM Vol. 3A 9.1.2.2).
+    Locked,
     /// CLFLUSH or CLFLUSHOPT: the line that holds the byte leaves every cache.
     Flush,
 }
@@ -68,7 +72,8 @@ thread_local! {
 ///
 /// Memory operands that access nothing (LEA, NOP with a memory operand, PREFETCHh, CLDEMOTE)
 /// give no access, and neither does CLWB (it writes a line back and may keep it; the cache model
-/// has no dirty state). A read-modify-write operand is one [`AccessKind::Write`].
+/// has no dirty state). A read-modify-write operand is one [`AccessKind::Update`] (or
+/// [`AccessKind::Locked`]).
 pub fn data_accesses(
     i: &Instruction,
     reg: impl Fn(Register) -> u64,
@@ -81,6 +86,7 @@ pub fn data_accesses(
         return Ok(Vec::new());
     }
     let flush = matches!(m, Mnemonic::Clflush | Mnemonic::Clflushopt);
+    let locked = i.has_lock_prefix() || m == Mnemonic::Xchg;
     // A register's value as an address component: segment bases, and general-purpose registers
     // of any width read from their 64-bit register. Nothing else (RIP-relative operands come
     // resolved from iced-x86).
@@ -113,6 +119,8 @@ pub fn data_accesses(
             let kind = match mem.access() {
                 _ if flush => AccessKind::Flush,
                 OpAccess::Read | OpAccess::CondRead => AccessKind::Read,
+                OpAccess::ReadWrite | OpAccess::ReadCondWrite if locked => AccessKind::Locked,
+                OpAccess::ReadWrite | OpAccess::ReadCondWrite => AccessKind::Update,
                 _ => AccessKind::Write,
             };
             let size = if flush { 1 } else { u32::try_from(size).unwrap_or(u32::MAX) };
@@ -124,6 +132,31 @@ pub fn data_accesses(
             accesses.reverse();
         }
         Ok(accesses)
+    })
+}
+
+/// How many loads and stores `i` makes, as iced-x86 lists its memory operands (explicit and
+/// implicit): a read-modify-write operand is one of each, an operand that accesses nothing
+/// (LEA, a hinted NOP, PREFETCHh) neither, and CLFLUSH, CLFLUSHOPT and CLWB neither (no data
+/// moves). Whatever the registers: a REP string instruction's operands count once.
+pub fn loads_and_stores(i: &Instruction) -> (u8, u8) {
+    if matches!(i.mnemonic(), Mnemonic::Clflush | Mnemonic::Clflushopt | Mnemonic::Clwb) {
+        return (0, 0);
+    }
+    INFO.with(|factory| {
+        let mut factory = factory.borrow_mut();
+        let (mut loads, mut stores) = (0u8, 0u8);
+        for mem in factory.info(i).used_memory() {
+            let (load, store) = match mem.access() {
+                OpAccess::Read | OpAccess::CondRead => (true, false),
+                OpAccess::Write | OpAccess::CondWrite => (false, true),
+                OpAccess::ReadWrite | OpAccess::ReadCondWrite => (true, true),
+                _ => (false, false),
+            };
+            loads = loads.saturating_add(u8::from(load));
+            stores = stores.saturating_add(u8::from(store));
+        }
+        (loads, stores)
     })
 }
 
@@ -166,7 +199,7 @@ fn is_movs(m: Mnemonic) -> bool {
 mod tests {
     use super::*;
     use iced_x86::{Decoder, DecoderOptions};
-    use AccessKind::{Flush, Read, Write};
+    use AccessKind::{Flush, Locked, Read, Update, Write};
 
     const RIP: u64 = 0x40_1000;
     const FS_BASE: u64 = 0x7F00_0000_0000;
@@ -221,10 +254,10 @@ mod tests {
 
     #[test]
     fn read_modify_write_is_one_access() {
-        assert_eq!(acc64(&[0x48, 0x83, 0x00, 0x01]), Ok(one(RAX, 8, Write))); // add qword [rax], 1
-        assert_eq!(acc64(&[0xF0, 0x01, 0x08]), Ok(one(RAX, 4, Write))); // lock add [rax], ecx
-        assert_eq!(acc64(&[0x48, 0x87, 0x08]), Ok(one(RAX, 8, Write))); // xchg [rax], rcx
-        assert_eq!(acc64(&[0x48, 0x0F, 0xB1, 0x08]), Ok(one(RAX, 8, Write))); // cmpxchg [rax], rcx
+        assert_eq!(acc64(&[0x48, 0x83, 0x00, 0x01]), Ok(one(RAX, 8, Update))); // add qword [rax], 1
+        assert_eq!(acc64(&[0xF0, 0x01, 0x08]), Ok(one(RAX, 4, Locked))); // lock add [rax], ecx
+        assert_eq!(acc64(&[0x48, 0x87, 0x08]), Ok(one(RAX, 8, Locked))); // xchg [rax], rcx: locked
+        assert_eq!(acc64(&[0x48, 0x0F, 0xB1, 0x08]), Ok(one(RAX, 8, Update))); // cmpxchg [rax], rcx
     }
 
     #[test]

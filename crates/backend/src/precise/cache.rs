@@ -1,5 +1,6 @@
 //! A deterministic model of the guest's data caches, for the architectural events LLC Reference
-//! (0x2E/0x4F) and LLC Misses (0x2E/0x41).
+//! (0x2E/0x4F) and LLC Misses (0x2E/0x41) and the model-specific events that count lines by the
+//! level that held them (README, "The cache model", "Model-specific events").
 //!
 //! The hierarchy is a profile's [`Cache`]: L1d, an optional L2 and the last-level cache (LLC).
 //! Every level is set-associative with LRU replacement and is indexed by the physical line
@@ -14,15 +15,77 @@
 
 use std::ops::{Add, AddAssign};
 
+use emon_pmu::pmu;
 use emon_pmu::profile::{Cache, CacheLevel};
 
-/// What accesses did at the last-level cache.
+/// What accesses did in the cache model.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct CacheEvents {
     /// Lookups in the LLC: accesses that missed every inner level (LLC Reference, 0x2E/0x4F).
     pub llc_references: u64,
     /// Lookups in the LLC that missed it too (LLC Misses, 0x2E/0x41).
     pub llc_misses: u64,
+    /// What [`super::cache_feed`] counts of the accesses, knowing each one's kind and instruction
+    /// (the model leaves it empty).
+    pub data: DataEvents,
+}
+
+/// The levels of [`CacheModel::access_by_level`], in [`pmu::Level`] order: L1d, L2, LLC, memory.
+pub const LEVELS: usize = pmu::Level::ALL.len();
+
+impl CacheEvents {
+    /// The LLC's counts for lines held at `levels` ([`CacheModel::access_by_level`]): a line
+    /// that missed the inner levels is an LLC reference, and one that missed the LLC a miss.
+    pub fn at_llc(levels: [u64; LEVELS]) -> CacheEvents {
+        let misses = levels[pmu::Level::Memory as usize];
+        CacheEvents {
+            llc_references: levels[pmu::Level::Llc as usize] + misses,
+            llc_misses: misses,
+            ..CacheEvents::default()
+        }
+    }
+}
+
+/// The lines of data accesses by kind, and the retired instructions by their accesses (README,
+/// "Model-specific events"), as the feed counts them from [`CacheModel::access_by_level`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct DataEvents {
+    /// Lines of loads, and of stores (read-modify-writes included: fetched for ownership), by
+    /// the level that held each.
+    pub load_lines: [u64; LEVELS],
+    pub store_lines: [u64; LEVELS],
+    /// Instructions with a load that is not locked, by the farthest level that held one of their
+    /// load lines (a read-modify-write's line is its load's).
+    pub load_insns: [u64; LEVELS],
+    /// Locked instructions, by the same rule.
+    pub locked_insns: [u64; LEVELS],
+    /// Load accesses and store accesses that crossed a line boundary.
+    pub split_loads: u64,
+    pub split_stores: u64,
+    /// Instructions with such a load, and with such a store.
+    pub split_load_insns: u64,
+    pub split_store_insns: u64,
+}
+
+fn add4(a: [u64; LEVELS], b: [u64; LEVELS]) -> [u64; LEVELS] {
+    std::array::from_fn(|i| a[i] + b[i])
+}
+
+impl Add for DataEvents {
+    type Output = DataEvents;
+
+    fn add(self, o: DataEvents) -> DataEvents {
+        DataEvents {
+            load_lines: add4(self.load_lines, o.load_lines),
+            store_lines: add4(self.store_lines, o.store_lines),
+            load_insns: add4(self.load_insns, o.load_insns),
+            locked_insns: add4(self.locked_insns, o.locked_insns),
+            split_loads: self.split_loads + o.split_loads,
+            split_stores: self.split_stores + o.split_stores,
+            split_load_insns: self.split_load_insns + o.split_load_insns,
+            split_store_insns: self.split_store_insns + o.split_store_insns,
+        }
+    }
 }
 
 impl Add for CacheEvents {
@@ -32,7 +95,14 @@ impl Add for CacheEvents {
         CacheEvents {
             llc_references: self.llc_references + other.llc_references,
             llc_misses: self.llc_misses + other.llc_misses,
+            data: self.data + other.data,
         }
+    }
+}
+
+impl AddAssign for DataEvents {
+    fn add_assign(&mut self, other: DataEvents) {
+        *self = *self + other;
     }
 }
 
@@ -148,16 +218,22 @@ impl CacheModel {
     /// The bytes must be physically contiguous: a caller translating a linear access that
     /// crosses a page boundary makes one call per page.
     pub fn access(&mut self, paddr: u64, size: u32) -> CacheEvents {
-        let mut events = CacheEvents::default();
+        CacheEvents::at_llc(self.access_by_level(paddr, size))
+    }
+
+    /// [`CacheModel::access`], counting the lines it touched by the level that held each
+    /// ([`LEVELS`]: L1d, L2, LLC, memory).
+    pub fn access_by_level(&mut self, paddr: u64, size: u32) -> [u64; LEVELS] {
+        let mut levels = [0; LEVELS];
         let Some(last_byte) = u64::from(size).checked_sub(1) else {
-            return events;
+            return levels;
         };
         let first = paddr >> self.line_shift;
         let last = paddr.saturating_add(last_byte) >> self.line_shift;
         for line in first..=last {
-            events += self.access_line(line);
+            levels[self.access_line(line) as usize] += 1;
         }
-        events
+        levels
     }
 
     /// CLFLUSH or CLFLUSHOPT of the line that holds `paddr`: the line leaves every level. It
@@ -180,20 +256,20 @@ impl CacheModel {
         self.llc.clear();
     }
 
-    /// One line's lookup through the hierarchy.
-    fn access_line(&mut self, line: u64) -> CacheEvents {
+    /// One line's lookup through the hierarchy: the level that held it.
+    fn access_line(&mut self, line: u64) -> pmu::Level {
         if self.l1d.lookup(line) {
-            return CacheEvents::default();
+            return pmu::Level::L1;
         }
         if let Some(l2) = &mut self.l2 {
             if l2.lookup(line) {
                 self.l1d.fill(line);
-                return CacheEvents::default();
+                return pmu::Level::L2;
             }
         }
-        let mut events = CacheEvents { llc_references: 1, llc_misses: 0 };
+        let mut level = pmu::Level::Llc;
         if !self.llc.lookup(line) {
-            events.llc_misses = 1;
+            level = pmu::Level::Memory;
             if let Some(victim) = self.llc.fill(line) {
                 // Inclusive LLC: what it evicts leaves the inner levels too.
                 self.l1d.invalidate(victim);
@@ -206,7 +282,7 @@ impl CacheModel {
             l2.fill(line);
         }
         self.l1d.fill(line);
-        events
+        level
     }
 
     /// Which levels hold the line of `paddr`: (L1d, L2, LLC); L2 is false without one.
@@ -235,7 +311,7 @@ mod tests {
     }
 
     fn events(llc_references: u64, llc_misses: u64) -> CacheEvents {
-        CacheEvents { llc_references, llc_misses }
+        CacheEvents { llc_references, llc_misses, ..CacheEvents::default() }
     }
 
     /// A small xorshift, so that "random" accesses are the same on every run.

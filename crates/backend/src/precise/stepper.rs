@@ -84,6 +84,7 @@ pub const UNKNOWN: Insn = Insn {
     special: Special::None,
     changes_mode: true,
     transfer: None,
+    class: emon_x86::insn::Class { loads: 0, stores: 0, flags: 0, fp: 0, fp_count: 0 },
 };
 
 /// The whole instruction at `rip`, as iced-x86 decodes it (for its data accesses).

@@ -244,8 +244,8 @@ impl Acc {
     fn feed(&mut self, fault: Option<u64>) -> CacheEvents {
         let accesses = std::mem::take(&mut self.accesses);
         let Some(cache) = &mut self.cache else { return CacheEvents::default() };
-        let retired = accesses.iter().take_while(|(rip, _)| Some(*rip) != fault).map(|(_, a)| *a).collect::<Vec<_>>();
-        super::cache_feed::feed(cache, &self.mode, &self.mem, &retired)
+        let retired = accesses.iter().take_while(|(rip, _)| Some(*rip) != fault).count();
+        super::cache_feed::feed_each(cache, &self.mode, &self.mem, &accesses[..retired])
     }
 
     fn advance_clock(&mut self, c: u64) {
