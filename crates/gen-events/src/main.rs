@@ -453,7 +453,7 @@ fn pmu_index(lists: &[List]) -> String {
         let _ = writeln!(s, "mod {m};");
     }
     let _ = writeln!(s, "\n/// How many lists there are.\npub const COUNT: usize = {};", lists.len());
-    s += "\n/// Every list, in the order of the CPUs' generations.\npub static LISTS: [&super::EventList; COUNT] = [\n";
+    s += "\n/// Every list, in the order of the CPUs' generations.\n#[rustfmt::skip]\npub static LISTS: [&super::EventList; COUNT] = [\n";
     for l in lists {
         let _ = writeln!(s, "    &{}::LIST,", l.module);
     }

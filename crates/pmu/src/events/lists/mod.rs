@@ -9,5 +9,11 @@ mod skylake;
 pub const COUNT: usize = 5;
 
 /// Every list, in the order of the CPUs' generations.
-pub static LISTS: [&super::EventList; COUNT] =
-    [&core2::LIST, &nehalem::LIST, &sandybridge::LIST, &skylake::LIST, &icelake::LIST];
+#[rustfmt::skip]
+pub static LISTS: [&super::EventList; COUNT] = [
+    &core2::LIST,
+    &nehalem::LIST,
+    &sandybridge::LIST,
+    &skylake::LIST,
+    &icelake::LIST,
+];
