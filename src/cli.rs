@@ -462,6 +462,30 @@ fn bench(args: &BenchArgs) -> Result<ExitCode, CliError> {
             s.ratio()
         );
     }
+    let (shape, n) = crate::bench::EVENTS_SHAPE;
+    println!("  events on {shape} ({n} iterations), TCG engine, 4 GP counters each (counted instructions/s):");
+    match crate::bench::measure_events(&profile).map_err(CliError::Bench)? {
+        Ok(rows) => {
+            for r in &rows {
+                println!("    {:<36} {:>12.0}/s ({})", r.label, r.rate() * hz, r.names.join(", "));
+            }
+            let rate = |label: &str| rows.iter().find(|r| r.label == label).map_or(f64::NAN, |r| r.rate());
+            let ratio = |a: &str, b: &str| rate(a) / rate(b);
+            println!(
+                "    model-specific / architectural events rate: {:.3}x",
+                ratio("model-specific", "architectural")
+            );
+            println!(
+                "    model-specific with the cache model / architectural events rate: {:.3}x",
+                ratio("model-specific with the cache model", "architectural")
+            );
+            println!(
+                "    model-specific with the cache model / architectural with the cache model rate: {:.3}x",
+                ratio("model-specific with the cache model", "architectural with the cache model")
+            );
+        }
+        Err(why) => println!("    not measured: {why}"),
+    }
     Ok(ExitCode::SUCCESS)
 }
 
