@@ -296,8 +296,9 @@ impl Vcpu {
         }
         // Only SSE instructions need the XMM registers: the others skip the XSAVE round trip.
         if !emulator::uses_xmm(bytes) {
-            let mut scratch = emulator::Xmm16::default();
-            let mut m = emulator::VcpuMachine { regs: &mut regs, xmm: &mut scratch, mem: &self.mem, mode };
+            let (mut scratch, mut mxcsr) = (emulator::Xmm16::default(), 0);
+            let mut m =
+                emulator::VcpuMachine { regs: &mut regs, xmm: &mut scratch, mxcsr: &mut mxcsr, mem: &self.mem, mode };
             let next = emulator::emulate(bytes, rip, &mut m).map_err(|e| Some(e.to_string()))?;
             regs.rip = next;
             self.fd.set_regs(&regs).map_err(|e| Some(format!("KVM_SET_REGS: {e}")))?;
@@ -307,17 +308,25 @@ impl Vcpu {
             // The XSAVE image, never KVM_GET_FPU/KVM_SET_FPU, where KVM has one: see `xsave`.
             Some(abi) => {
                 let mut state = SseState::get(&self.fd, abi).map_err(|e| Some(format!("KVM_GET_XSAVE: {e}")))?;
-                let mut xmm = state.xmm();
-                let mut m = emulator::VcpuMachine { regs: &mut regs, xmm: &mut xmm, mem: &self.mem, mode };
+                let (mut xmm, mut mxcsr) = (state.xmm(), state.mxcsr());
+                let mut m =
+                    emulator::VcpuMachine { regs: &mut regs, xmm: &mut xmm, mxcsr: &mut mxcsr, mem: &self.mem, mode };
                 let next = emulator::emulate(bytes, rip, &mut m).map_err(|e| Some(e.to_string()))?;
                 state.set_xmm(&xmm);
+                state.set_mxcsr(mxcsr);
                 state.set(&self.fd).map_err(|e| Some(format!("KVM_SET_XSAVE: {e}")))?;
                 next
             }
             // Without XSAVE there is no XSTATE_BV: the FXSAVE image is the whole state.
             None => {
                 let mut fpu = self.fd.get_fpu().map_err(|e| Some(format!("KVM_GET_FPU: {e}")))?;
-                let mut m = emulator::VcpuMachine { regs: &mut regs, xmm: &mut fpu.xmm, mem: &self.mem, mode };
+                let mut m = emulator::VcpuMachine {
+                    regs: &mut regs,
+                    xmm: &mut fpu.xmm,
+                    mxcsr: &mut fpu.mxcsr,
+                    mem: &self.mem,
+                    mode,
+                };
                 let next = emulator::emulate(bytes, rip, &mut m).map_err(|e| Some(e.to_string()))?;
                 self.fd.set_fpu(&fpu).map_err(|e| Some(format!("KVM_SET_FPU: {e}")))?;
                 next

@@ -16,6 +16,9 @@ use kvm_ioctls::{Cap, VcpuFd, VmFd};
 /// XMM0-15 in the standard-format XSAVE image: bytes 160-415 of the legacy region (SDM Vol. 1,
 /// Table 13-1 / 10-2), in 32-bit words.
 const XMM_WORD: usize = 160 / 4;
+/// MXCSR, bytes 24-27 of the legacy region (SDM Vol. 1, Table 10-2): saved and restored with the
+/// SSE or AVX component, whatever XSTATE_BV says of the XMM registers (SDM Vol. 1, 13.7, 13.8).
+const MXCSR_WORD: usize = 24 / 4;
 /// XSTATE_BV, bytes 512-519: the XSAVE header's first field (SDM Vol. 1, 13.4.2).
 const XSTATE_BV_WORD: usize = 512 / 4;
 /// XSTATE_BV bit 1: state component 1, SSE (XMM registers and MXCSR).
@@ -105,6 +108,16 @@ impl SseState {
     pub fn set_xmm(&mut self, xmm: &Xmm) {
         put_xmm(self.region_mut(), xmm);
     }
+
+    pub fn mxcsr(&self) -> u32 {
+        self.region()[MXCSR_WORD]
+    }
+
+    /// Sets MXCSR; the SSE component is marked in use by [`SseState::set_xmm`], which the
+    /// emulator's callers always write back with it.
+    pub fn set_mxcsr(&mut self, mxcsr: u32) {
+        self.region_mut()[MXCSR_WORD] = mxcsr;
+    }
 }
 
 /// XMM0-15 of a standard-format XSAVE image. Where XSTATE_BV[1] is 0 the registers are in their
@@ -163,12 +176,12 @@ mod tests {
     fn writing_xmm_marks_the_sse_component_in_use_and_keeps_the_rest() {
         let mut region = [0u32; 1024];
         region[XSTATE_BV_WORD] = 0b101; // x87 and AVX in use, SSE initial
-        region[6] = 0x1F80; // MXCSR
+        region[MXCSR_WORD] = 0x1F80;
         region[XSTATE_BV_WORD + 1] = 0xAA; // XSTATE_BV[63:32]
         put_xmm(&mut region, &pattern());
         assert_eq!(region[XSTATE_BV_WORD], 0b111);
         assert_eq!(region[XSTATE_BV_WORD + 1], 0xAA);
-        assert_eq!(region[6], 0x1F80);
+        assert_eq!(region[MXCSR_WORD], 0x1F80);
         assert_eq!(xmm_of(&region), pattern());
         // XMM0's bytes 0-3 are at byte offset 160, little-endian.
         assert_eq!(region[XMM_WORD], 0x0302_0100);

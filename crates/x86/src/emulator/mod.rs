@@ -2,6 +2,8 @@
 //! sends every instruction of CPL0 guest code there), one file per family:
 //! - `sse.rs`: SSE2 integer instructions (that emulator knows only plain moves). The precompiled
 //!   `core` of emon's Rust guests uses some of them in its formatting code.
+//! - `fp.rs`: SSE/SSE2 floating-point arithmetic (ADD, SUB, MUL, DIV, MIN, MAX, SQRT), run by the
+//!   host under the guest's MXCSR.
 //! - `general.rs`: POPCNT, CLAC and STAC, which Linux uses once CPUID shows POPCNT and SMAP (on
 //!   this host the guest sees them whatever the VMM's CPUID table says).
 //!
@@ -20,12 +22,15 @@
 //! - No exception is injected: an unmapped memory operand gives [`EmuError::Memory`], and the
 //!   caller stops the guest. Nothing is written to the machine when emulation fails.
 //! - The SSE instructions do not change RFLAGS; POPCNT sets its flags, CLAC/STAC set RFLAGS.AC.
+//! - FP arithmetic sets MXCSR's exception flags; one the guest leaves unmasked gives
+//!   [`EmuError::SimdException`] (#XM is not emulated).
 use crate::mode::CpuMode;
 use iced_x86::{Decoder, DecoderOptions, Formatter, Instruction, IntelFormatter, OpKind, Register};
 use kvm_bindings::kvm_regs;
 use thiserror::Error;
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
+mod fp;
 mod general;
 mod sse;
 
@@ -38,6 +43,9 @@ pub trait Machine {
     fn set_gpr(&mut self, reg: Register, value: u64);
     fn xmm(&self, n: usize) -> [u8; 16];
     fn set_xmm(&mut self, n: usize, v: [u8; 16]);
+    /// MXCSR (SDM Vol. 1 10.2.3).
+    fn mxcsr(&self) -> u32;
+    fn set_mxcsr(&mut self, value: u32);
     fn read_mem(&mut self, linear: u64, buf: &mut [u8]) -> Result<(), EmuError>;
     fn write_mem(&mut self, linear: u64, buf: &[u8]) -> Result<(), EmuError>;
     fn rflags(&self) -> u64;
@@ -63,6 +71,10 @@ pub enum EmuError {
     /// CMPXCHG16B's operand at this linear address is not 16-byte aligned: #GP on hardware.
     #[error("its 16-byte operand at {0:#x} is misaligned (#GP), which is not emulated")]
     Misaligned(u64),
+    /// FP arithmetic raised these MXCSR exception flags (bits 5:0), which MXCSR does not mask:
+    /// #XM on hardware.
+    #[error("it raises SIMD floating-point exceptions {0:#x} that MXCSR leaves unmasked (#XM), which is not emulated")]
+    SimdException(u32),
 }
 
 type Xmm = [u8; 16];
@@ -84,6 +96,7 @@ pub type Xmm16 = [[u8; 16]; 16];
 /// - shuffles: `pshufd`, `pshuflw`, `pshufhw`, `punpckl/hbw/wd/dq/qdq`, `packsswb`, `packssdw`,
 ///   `packuswb`;
 /// - `pinsrw`, `pextrw` (including the SSE4.1 memory form), `pmovmskb`;
+/// - floating point: `addss/sd/ps/pd`, `sub..`, `mul..`, `div..`, `min..`, `max..`, `sqrt..`;
 /// - general: `popcnt` (16, 32 and 64 bits), `(lock) cmpxchg16b`, and at CPL0 `clac` and `stac`.
 pub fn emulate(bytes: &[u8], rip: u64, m: &mut impl Machine) -> Result<u64, EmuError> {
     let mut decoder = Decoder::with_ip(64, bytes, rip, DecoderOptions::NONE);
@@ -104,6 +117,8 @@ pub fn emulate(bytes: &[u8], rip: u64, m: &mut impl Machine) -> Result<u64, EmuE
     let mut cpu = Cpu { insn: &insn, m };
     if let Some(op) = sse::Op::for_code(insn.code()) {
         cpu.execute_sse(op)?;
+    } else if let Some(op) = fp::Op::for_code(insn.code()) {
+        cpu.execute_fp(op)?;
     } else if let Some(op) = general::Op::for_code(insn.code()) {
         cpu.execute_general(op)?;
     } else {
@@ -112,11 +127,11 @@ pub fn emulate(bytes: &[u8], rip: u64, m: &mut impl Machine) -> Result<u64, EmuE
     Ok(insn.next_ip())
 }
 
-/// Whether the instruction in `bytes` (64-bit) is one of the SSE family, the only ones that
-/// read or write the XMM registers: a caller can skip fetching them for the others.
+/// Whether the instruction in `bytes` (64-bit) is one of the SSE families, the only ones that
+/// read or write the XMM registers and MXCSR: a caller can skip fetching them for the others.
 pub fn uses_xmm(bytes: &[u8]) -> bool {
     let insn = Decoder::new(64, bytes, DecoderOptions::NONE).decode();
-    sse::Op::for_code(insn.code()).is_some()
+    sse::Op::for_code(insn.code()).is_some() || fp::Op::for_code(insn.code()).is_some()
 }
 
 /// An instruction being executed on a machine.
@@ -196,6 +211,7 @@ impl<M: Machine> Cpu<'_, M> {
 pub struct VcpuMachine<'a> {
     pub regs: &'a mut kvm_regs,
     pub xmm: &'a mut Xmm16,
+    pub mxcsr: &'a mut u32,
     pub mem: &'a GuestMemoryMmap,
     pub mode: CpuMode,
 }
@@ -256,6 +272,12 @@ impl Machine for VcpuMachine<'_> {
     fn set_xmm(&mut self, n: usize, v: [u8; 16]) {
         self.xmm[n] = v;
     }
+    fn mxcsr(&self) -> u32 {
+        *self.mxcsr
+    }
+    fn set_mxcsr(&mut self, value: u32) {
+        *self.mxcsr = value;
+    }
     fn read_mem(&mut self, linear: u64, buf: &mut [u8]) -> Result<(), EmuError> {
         for (pa, range) in self.pieces(linear, buf.len())? {
             let start = range.start;
@@ -296,6 +318,7 @@ mod tests {
         mem: Vec<u8>,
         rflags: u64,
         cpl: u8,
+        mxcsr: u32,
     }
 
     impl TestMachine {
@@ -307,6 +330,7 @@ mod tests {
                 mem: vec![0xEE; MEM],
                 rflags: 0x2,
                 cpl: 0,
+                mxcsr: 0x1F80,
             }
         }
         fn mem(&self, at: usize, n: usize) -> &[u8] {
@@ -331,6 +355,12 @@ mod tests {
         }
         fn set_xmm(&mut self, n: usize, v: Xmm) {
             self.xmms[n] = v;
+        }
+        fn mxcsr(&self) -> u32 {
+            self.mxcsr
+        }
+        fn set_mxcsr(&mut self, value: u32) {
+            self.mxcsr = value;
         }
         fn read_mem(&mut self, linear: u64, buf: &mut [u8]) -> Result<(), EmuError> {
             let at = usize::try_from(linear).ok().filter(|a| a + buf.len() <= MEM).ok_or(EmuError::Memory(linear))?;
@@ -929,7 +959,10 @@ mod tests {
     fn unsupported_instructions_are_named() {
         let mut m = TestMachine::new();
         let before = (m.gprs, m.xmms);
-        assert_eq!(emulate(&[0x0F, 0x58, 0xC1], RIP, &mut m), Err(EmuError::Unsupported("addps xmm0,xmm1".into())));
+        assert_eq!(
+            emulate(&[0xF2, 0x0F, 0x7C, 0xC1], RIP, &mut m),
+            Err(EmuError::Unsupported("haddps xmm0,xmm1".into()))
+        );
         // MMX forms are not emulated.
         assert_eq!(emulate(&[0x0F, 0x6E, 0xC1], RIP, &mut m), Err(EmuError::Unsupported("movd mm0,ecx".into())));
         // Nor VEX forms.
@@ -943,8 +976,8 @@ mod tests {
             "FS/GS overrides"
         );
         assert_eq!((m.gprs, m.xmms), before);
-        let msg = EmuError::Unsupported("addps xmm0,xmm1".into()).to_string();
-        assert!(msg.contains("`addps xmm0,xmm1`"), "{msg}");
+        let msg = EmuError::Unsupported("haddps xmm0,xmm1".into()).to_string();
+        assert!(msg.contains("`haddps xmm0,xmm1`"), "{msg}");
     }
 
     #[test]
@@ -997,7 +1030,7 @@ mod tests {
         xmm[3] = seq(0x30);
         mem.write_slice(&seq(0x70)[..8], GuestAddress(0x20_0FF8)).unwrap();
         mem.write_slice(&seq(0x70)[8..], GuestAddress(0x10_0000)).unwrap();
-        let mut m = VcpuMachine { regs: &mut regs, xmm: &mut xmm, mem: &mem, mode };
+        let mut m = VcpuMachine { regs: &mut regs, xmm: &mut xmm, mxcsr: &mut 0x1F80, mem: &mem, mode };
         // movdqu xmm9,[rbx]: a load across the page boundary.
         assert_eq!(emulate(&[0xF3, 0x44, 0x0F, 0x6F, 0x0B], 0, &mut m), Ok(5));
         assert_eq!(m.xmm[9], seq(0x70));
@@ -1008,7 +1041,7 @@ mod tests {
         mem.read_slice(&mut back[8..], GuestAddress(0x10_0000)).unwrap();
         assert_eq!(back, seq(0x30));
         // movq r14,xmm9 and movd xmm0,r14d.
-        let mut m = VcpuMachine { regs: &mut regs, xmm: &mut xmm, mem: &mem, mode };
+        let mut m = VcpuMachine { regs: &mut regs, xmm: &mut xmm, mxcsr: &mut 0x1F80, mem: &mem, mode };
         assert_eq!(emulate(&[0x66, 0x4D, 0x0F, 0x7E, 0xCE], 0, &mut m), Ok(5));
         assert_eq!(m.regs.r14, 0x7776_7574_7372_7170);
         assert_eq!(emulate(&[0x66, 0x41, 0x0F, 0x6E, 0xC6], 0, &mut m), Ok(5));
@@ -1226,5 +1259,74 @@ mod tests {
                 assert_eq!((m.gprs[0], m.gprs[3], m.xmms[1]), (mask, word, from_m128(x)), "{a:02x?} {r:#x}");
             }
         }
+    }
+
+    fn f64s(a: f64, b: f64) -> Xmm {
+        x64([a.to_bits(), b.to_bits()])
+    }
+    fn f32s(v: [f32; 4]) -> Xmm {
+        x32(v.map(f32::to_bits))
+    }
+
+    #[test]
+    fn fp_arithmetic_is_the_processors() {
+        let mut m = TestMachine::new();
+        m.xmms[0] = f64s(1.5, 7.0);
+        m.xmms[1] = f64s(2.25, -1.0);
+        exec(&mut m, &[0xF2, 0x0F, 0x58, 0xC1], "addsd xmm0,xmm1");
+        assert_eq!(m.xmms[0], f64s(3.75, 7.0), "scalar: the upper lane is kept");
+        exec(&mut m, &[0x66, 0x0F, 0x59, 0xC1], "mulpd xmm0,xmm1");
+        assert_eq!(m.xmms[0], f64s(3.75 * 2.25, -7.0));
+        m.xmms[2] = f32s([4.0, 9.0, 2.0, 0.25]);
+        assert_eq!(m.mxcsr, 0x1F80, "exact results raise nothing");
+        exec(&mut m, &[0x0F, 0x51, 0xDA], "sqrtps xmm3,xmm2");
+        assert_eq!(m.xmms[3], f32s([2.0, 3.0, 2.0f32.sqrt(), 0.5]));
+        assert_eq!(m.mxcsr, 0x1F80 | 0x20, "the square root of 2 is inexact: PE");
+        m.mxcsr = 0x1F80;
+        m.xmms[4] = f32s([1.0, 5.0, -3.0, 8.0]);
+        exec(&mut m, &[0x0F, 0x5D, 0xE2], "minps xmm4,xmm2");
+        assert_eq!(m.xmms[4], f32s([1.0, 5.0, -3.0, 0.25]));
+        // A memory operand: 8 bytes for a scalar double.
+        m.gprs[0] = 0x2000;
+        m.poke(0x2000, &0.5f64.to_bits().to_le_bytes());
+        m.xmms[5] = f64s(10.0, 1.0);
+        exec(&mut m, &[0xF2, 0x0F, 0x5E, 0x28], "divsd xmm5,[rax]");
+        assert_eq!(m.xmms[5], f64s(20.0, 1.0));
+        assert_eq!(m.mxcsr, 0x1F80, "exact results raise nothing");
+    }
+
+    #[test]
+    fn fp_arithmetic_follows_mxcsr() {
+        let third = |mxcsr: u32| {
+            let mut m = TestMachine::new();
+            m.mxcsr = mxcsr;
+            m.xmms[0] = f32s([1.0, 0.0, 0.0, 0.0]);
+            m.xmms[1] = f32s([3.0, 0.0, 0.0, 0.0]);
+            exec(&mut m, &[0xF3, 0x0F, 0x5E, 0xC1], "divss xmm0,xmm1");
+            (f32::from_bits(x32_lanes(m.xmms[0])[0]), m.mxcsr)
+        };
+        let (nearest, flags) = third(0x1F80);
+        assert_eq!((nearest, flags), (1.0f32 / 3.0, 0x1F80 | 0x20), "round to nearest, PE set");
+        let (down, _) = third(0x1F80 | 1 << 13);
+        assert!(down < nearest, "RC = toward negative infinity");
+        // Division by zero with ZM clear: #XM, which emon does not emulate; nothing changes.
+        let mut m = TestMachine::new();
+        m.mxcsr = 0x1F80 & !(1 << 9);
+        m.xmms[0] = f64s(1.0, 0.0);
+        m.xmms[1] = f64s(0.0, 0.0);
+        assert_eq!(emulate(&[0xF2, 0x0F, 0x5E, 0xC1], RIP, &mut m), Err(EmuError::SimdException(0x4)));
+        assert_eq!((m.xmms[0], m.mxcsr), (f64s(1.0, 0.0), 0x1F80 & !(1 << 9)));
+        // Masked, it gives infinity and sets ZE (sticky).
+        m.mxcsr = 0x1F80;
+        emulate(&[0xF2, 0x0F, 0x5E, 0xC1], RIP, &mut m).unwrap();
+        assert_eq!((f64::from_bits(x64_lanes(m.xmms[0])[0]), m.mxcsr), (f64::INFINITY, 0x1F84));
+        assert!(uses_xmm(&[0xF2, 0x0F, 0x5E, 0xC1]), "the caller must fetch XMM and MXCSR");
+    }
+
+    fn x32_lanes(v: Xmm) -> [u32; 4] {
+        std::array::from_fn(|i| u32::from_le_bytes([v[4 * i], v[4 * i + 1], v[4 * i + 2], v[4 * i + 3]]))
+    }
+    fn x64_lanes(v: Xmm) -> [u64; 2] {
+        std::array::from_fn(|i| u64::from_le_bytes(v[8 * i..8 * i + 8].try_into().unwrap()))
     }
 }
