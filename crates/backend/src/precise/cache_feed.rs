@@ -187,7 +187,8 @@ fn feed_one(
 }
 
 /// [`feed`] for the accesses of several instructions in the order they ran, each with its
-/// instruction's address (the accesses of one instruction are consecutive).
+/// instruction's address (the accesses of one instruction are consecutive): the TCG engine's.
+#[cfg(feature = "tcg")]
 pub(crate) fn feed_each(
     cache: &mut CacheModel,
     mode: &CpuMode,
