@@ -19,6 +19,7 @@ const GUESTS: &[(&str, &[&str])] = &[
     ("loops", &["calibrate=20000", "iterations=2000", "passes=3"]),
     ("pmu-idioms", &["n=200", "calibrate=2000"]),
     ("prefetchers", &[]),
+    ("model-events", &[]),
 ];
 
 /// The trace's instant events (every PMU MSR access with its value, every PMI) without their

@@ -24,6 +24,10 @@
 //! - `prefetchers_on()` is the profile's prefetchers less those MSR_MISC_FEATURE_CONTROL bits 3:0
 //!   or (Core 2, NetBurst) IA32_MISC_ENABLE bits 9, 19, 37, 39 turn off; 0x1A4 exists with the
 //!   profile's writable bits, the MISC_ENABLE bits are writable exactly for present prefetchers;
+//! - what a general-purpose counter counts (`CounterState::semantics`) is what the harness makes
+//!   of its PERFEVTSEL: an architectural event on any counter, else the event of the profile's
+//!   model-specific list its encoding names, on the counters the list gives it (else
+//!   `WrongCounter`), else `Unsupported` (README, "Model-specific events");
 //! - a change of how a counter counts marks that counter for reprogramming (`take_reprogram`),
 //!   and a guest write of a counter's value marks it as written.
 //!
@@ -43,10 +47,11 @@ use std::fmt;
 use std::sync::OnceLock;
 
 use arbitrary::Arbitrary;
+use emon_pmu::events::{meaning, EventList, ModelEvent, LISTS};
 use emon_pmu::pmu::counter::width_mask;
-use emon_pmu::pmu::regs::{MISC_ENABLE_READ_ONLY, MISC_ENABLE_WRITABLE};
 use emon_pmu::pmu::lbr::{Branch, BranchType};
-use emon_pmu::pmu::{CounterId, CounterState, GpFault, Pmu};
+use emon_pmu::pmu::regs::{MISC_ENABLE_READ_ONLY, MISC_ENABLE_WRITABLE};
+use emon_pmu::pmu::{CounterId, CounterState, GpFault, Pmu, Semantics};
 use emon_pmu::profile::{
     describe_leaf_0a, Cache, Clock, Lbr, ModelMsrs, MsrBits, PmuKind, PmuProfile, PrefetcherSet, Prefetchers, Profile,
     Streamer,
@@ -112,6 +117,8 @@ struct RawProfile {
     msr_ignored: [u64; 4],
     /// `pmu.kind = "netburst"` (validation must reject it outside family 0FH).
     netburst: bool,
+    /// Which model-specific event list (none, or one of `LISTS`), whatever the counters.
+    events: u8,
 }
 
 #[derive(Debug, Arbitrary)]
@@ -206,6 +213,14 @@ enum Value {
     },
     /// A few chosen bits (DEBUGCTL freeze bits, CTR_Frz, INT | EN...).
     Bits([u8; 3]),
+    /// The encoding of event `event` (modulo their number) of the profile's model-specific list,
+    /// with its CMASK/INV/EDGE/ANY, `flags` (bits 23:16: USR, OS, E, PC, INT, ANY, EN, INV)
+    /// ORed in, and `umask` for an event that names no umask (0 without a list).
+    Listed {
+        event: u16,
+        flags: u8,
+        umask: u8,
+    },
     /// A NetBurst CCCR: ESCR select, active thread, and `flags` bits 0-6 for ENABLE, CASCADE,
     /// FORCE_OVF, OVF_PMI_T0, OVF, COMPARE and OVF_PMI_T1.
     Cccr {
@@ -240,6 +255,9 @@ impl Value {
             }
             Value::Global { gp, fixed, high } => u64::from(gp) | u64::from(fixed & 0xF) << 32 | u64::from(high) << 48,
             Value::Bits(bits) => bits.iter().fold(0, |v, b| v | 1u64 << (b % 64)),
+            Value::Listed { event, flags, umask } => {
+                listed(pmu.profile().events, event).map_or(0, |e| encoding(e, umask) | u64::from(flags) << 16)
+            }
             Value::Cccr { select, thread, flags } => {
                 let f = |b: u8, at: u32| u64::from(flags >> b & 1) << at;
                 u64::from(select & 7) << 13
@@ -317,6 +335,16 @@ enum Op {
         event: u8,
         int: bool,
     },
+    /// Make a general-purpose counter count event `event` (modulo their number) of the profile's
+    /// model-specific list, as a guest programs it (its encoding with USR, OS, EN, INT if `int`,
+    /// `umask` for an event that names none), then its GLOBAL_CTRL bit: on the counters the list
+    /// gives it or on any other.
+    ArmListed {
+        ctr: u8,
+        event: u16,
+        umask: u8,
+        int: bool,
+    },
     /// WRMSR IA32_DEBUGCTL with FREEZE_LBRS_ON_PMI / FREEZE_PERFMON_ON_PMI / LBR from `bits`.
     Freeze(u8),
     /// A taken branch the backend hands the LBR stack (addresses made canonical, `kind` modulo
@@ -376,7 +404,13 @@ impl RawProfile {
             lbr: self.stack(self.perf_capabilities & 0x3F == 5),
             msrs: self.model_msrs(|bits, ignored| MsrBits { bits, ignored }),
             kind: if self.netburst { PmuKind::NetBurst } else { PmuKind::Architectural },
+            events: self.events(),
         }
+    }
+
+    /// The event list `events` picks: none, or one of the shipped lists.
+    fn events(&self) -> Option<&'static EventList> {
+        usize::from(self.events).checked_rem(LISTS.len() + 1).and_then(|i| i.checked_sub(1)).map(|i| LISTS[i])
     }
 
     /// The LBR stack `lbr` picks, with LBR_INFO if `info`.
@@ -440,6 +474,7 @@ impl RawProfile {
             p.lbr = self.stack(format == 5).map(|l| Lbr { select: l.select & 0x3FF, ..l });
         }
         p.msrs = self.model_msrs(|bits, ignored| MsrBits { bits, ignored: ignored & !bits });
+        p.events = self.events();
         p
     }
 }
@@ -512,6 +547,65 @@ struct Shape {
     msrs: ModelMsrs,
     /// The NetBurst PMU (then `version` is 0 and none of the architectural counters exist).
     netburst: bool,
+    /// The CPU's model-specific event list.
+    events: Option<&'static EventList>,
+}
+
+/// Event `event` (modulo their number) of `list`.
+fn listed(list: Option<&'static EventList>, event: u16) -> Option<&'static ModelEvent> {
+    let l = list?;
+    l.events.get(usize::from(event) % l.events.len().max(1))
+}
+
+/// PERFEVTSEL's encoding of `e` (event, umask or `umask` where it names none, E, ANY, INV,
+/// CMASK).
+fn encoding(e: &ModelEvent, umask: u8) -> u64 {
+    u64::from(e.select)
+        | u64::from(e.umask.unwrap_or(umask)) << 8
+        | u64::from(e.edge) << 18
+        | u64::from(e.any) << 21
+        | u64::from(e.inv) << 23
+        | u64::from(e.cmask) << 24
+}
+
+/// What general-purpose counter `i` counts with PERFEVTSEL `sel` under `list`, as README "Model-
+/// specific events" says it, restated from the list's rows: an architectural event (SDM Table
+/// 18-1) counts on any counter; an encoding of the list counts its plain event's meaning on the
+/// counters of its rows defined with the same CMASK/INV/EDGE (else of its plain rows, else of any
+/// of them), and on those the list's whole-select rows allow, and is `WrongCounter` elsewhere; any
+/// other encoding is `Unsupported`.
+fn expected_semantics(list: Option<&'static EventList>, i: u8, sel: u64) -> Semantics {
+    let (select, umask) = (sel as u8, (sel >> 8) as u8);
+    let (edge, inv, cmask) = (sel >> 18 & 1 == 1, sel >> 23 & 1 == 1, (sel >> 24) as u8);
+    let arch = emon_pmu::pmu::arch_semantics(CounterId::Gp(i), select, umask);
+    if arch != Semantics::Unsupported {
+        return arch;
+    }
+    let Some(list) = list else { return Semantics::Unsupported };
+    let gp = |r: &&ModelEvent| r.counters & 0xFF != 0;
+    let on = |r: &&ModelEvent| r.counters >> i & 1 == 1;
+    let whole: Vec<&ModelEvent> =
+        list.events.iter().filter(gp).filter(|r| r.select == select && r.umask.is_none()).collect();
+    let select_allows = whole.is_empty() || whole.iter().any(on);
+    let rows: Vec<&ModelEvent> =
+        list.events.iter().filter(gp).filter(|r| r.select == select && r.umask == Some(umask)).collect();
+    let plain = |r: &&&ModelEvent| r.cmask == 0 && !r.inv && !r.edge && !r.any;
+    if rows.is_empty() {
+        return if whole.is_empty() || select_allows { Semantics::Unsupported } else { Semantics::WrongCounter };
+    }
+    let same: Vec<&&ModelEvent> = rows.iter().filter(|r| (r.cmask, r.inv, r.edge) == (cmask, inv, edge)).collect();
+    let plains: Vec<&&ModelEvent> = rows.iter().filter(plain).collect();
+    let chosen = if !same.is_empty() {
+        same
+    } else if !plains.is_empty() {
+        plains.clone()
+    } else {
+        rows.iter().collect()
+    };
+    if !(chosen.iter().any(|r| on(r)) && select_allows) {
+        return Semantics::WrongCounter;
+    }
+    plains.iter().find_map(|r| meaning(list.name, r.name)).unwrap_or(Semantics::Unsupported)
 }
 
 /// What an MSR index names.
@@ -537,8 +631,14 @@ enum Reg {
     /// MSR_PEBS_DATA_CFG (adaptive PEBS).
     PebsDataCfg,
     /// MSR_LASTBRANCH_i_FROM_IP / TO_IP of the bank at `base`; MSR_LBR_INFO_i.
-    LbrFrom { base: u32, i: u8 },
-    LbrTo { base: u32, i: u8 },
+    LbrFrom {
+        base: u32,
+        i: u8,
+    },
+    LbrTo {
+        base: u32,
+        i: u8,
+    },
     LbrInfo(u8),
     LbrSelect,
     LbrTos,
@@ -650,6 +750,7 @@ impl Shape {
             lbr: p.lbr,
             msrs: p.msrs,
             netburst: p.kind == PmuKind::NetBurst,
+            events: p.events,
         }
     }
 
@@ -808,7 +909,6 @@ impl Shape {
         }
     }
 }
-
 
 // ---------------------------------------------------------------------------------------------
 // NetBurst (SDM 18.15-18.16), restated independently of emon's netburst module
@@ -1379,6 +1479,14 @@ fn apply(pmu: &mut Pmu, shape: &Shape, model: &mut Model, op: &Op, ctx: &Ctx) {
             let ctrl = pmu.rdmsr(0x38F).unwrap_or(0);
             wrmsr(pmu, shape, model, 0x38F, ctrl | 1u64.checked_shl(id.status_bit()).unwrap_or(0), ctx);
         }
+        Op::ArmListed { ctr, event, umask, int } => {
+            let Some(e) = listed(shape.events, event) else { return };
+            let i = ctr % 10;
+            let sel = encoding(e, umask) | 1 << 16 | 1 << 17 | 1 << 22 | if int { 1 << 20 } else { 0 };
+            wrmsr(pmu, shape, model, 0x186 + u32::from(i), sel, ctx);
+            let ctrl = pmu.rdmsr(0x38F).unwrap_or(0);
+            wrmsr(pmu, shape, model, 0x38F, ctrl | 1 << i, ctx);
+        }
         Op::Freeze(bits) => {
             let value = u64::from(bits & 1) | u64::from(bits >> 1 & 3) << 11;
             wrmsr(pmu, shape, model, 0x1D9, value, ctx);
@@ -1499,7 +1607,11 @@ fn wrmsr(pmu: &mut Pmu, shape: &Shape, model: &mut Model, msr: u32, value: u64, 
     same_except(&snap, &snapshot(pmu), &except, ctx);
     if let Reg::Pmc(i) | Reg::APmc(i) | Reg::FixedCtr(i) = reg {
         let id = if matches!(reg, Reg::FixedCtr(_)) { CounterId::Fixed(i) } else { CounterId::Gp(i) };
-        assert_ne!(pmu.reprogram_pending().written & id.status_mask(), 0, "{ctx}: a counter write must mark it written");
+        assert_ne!(
+            pmu.reprogram_pending().written & id.status_mask(),
+            0,
+            "{ctx}: a counter write must mark it written"
+        );
     }
 }
 
@@ -1551,6 +1663,8 @@ fn check(pmu: &Pmu, shape: &Shape, model: &Model, ctx: &Ctx) {
         let (enabled, int, in_use, adaptive_record) = match id {
             CounterId::Gp(i) => {
                 let sel = rd(pmu, 0x186 + u32::from(i), ctx);
+                let want = expected_semantics(shape.events, i, sel);
+                assert_eq!(s.semantics, want, "{ctx}: {id} counts PERFEVTSEL {sel:#x} as");
                 (sel & 1 << 22 != 0, sel & 1 << 20 != 0, sel & 0xFF != 0, sel & 1 << 34 != 0)
             }
             CounterId::Fixed(i) => {

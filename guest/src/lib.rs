@@ -8,6 +8,7 @@
 pub mod apic;
 pub mod catch;
 pub mod cpu;
+pub mod events;
 pub mod exit;
 pub mod fmt;
 pub mod idt;

@@ -135,7 +135,12 @@ pub fn select(
 ) -> (Box<dyn Backend>, String) {
     let caps = perf::host_caps(allow_raw);
     let perf = |caps| -> Box<dyn Backend> {
-        Box::new(perf::counting::Perf::new(caps, &profile.vendor, profile.pmu.nominal_mhz, kick_signal))
+        let guest = perf::mapping::GuestCpu {
+            vendor: profile.vendor.clone(),
+            events: profile.pmu.events,
+            mhz: profile.pmu.nominal_mhz,
+        };
+        Box::new(perf::counting::Perf::new(caps, guest, kick_signal))
     };
     let precise = || -> Box<dyn Backend> {
         Box::new(

@@ -1,5 +1,7 @@
 //! A deterministic model of the guest's data caches and their hardware prefetchers, for the
-//! architectural events LLC Reference (0x2E/0x4F) and LLC Misses (0x2E/0x41).
+//! architectural events LLC Reference (0x2E/0x4F) and LLC Misses (0x2E/0x41) and the
+//! model-specific events that count lines by the level that held them (README, "The cache
+//! model", "Model-specific events").
 //!
 //! The hierarchy is a profile's [`Cache`]: L1d, an optional L2 and the last-level cache (LLC).
 //! Every level is set-associative with LRU replacement and is indexed by the physical line
@@ -27,15 +29,64 @@
 use std::ops::{Add, AddAssign};
 
 use super::prefetch::{Dcu, IpStride, Streamer, PAGE};
+use emon_pmu::pmu;
 use emon_pmu::profile::{Cache, CacheLevel, PrefetcherSet};
 
-/// What accesses did at the last-level cache.
+/// What accesses did in the cache model.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct CacheEvents {
     /// Lookups in the LLC: requests from L1 that missed L2 (LLC Reference, 0x2E/0x4F).
     pub llc_references: u64,
     /// Lookups in the LLC that missed it too (LLC Misses, 0x2E/0x41).
     pub llc_misses: u64,
+    /// What [`super::cache_feed`] counts of the accesses, knowing each one's kind and instruction
+    /// (the model leaves it empty).
+    pub data: DataEvents,
+}
+
+/// The levels of [`CacheModel::access_by_level`], in [`pmu::Level`] order: L1d, L2, LLC, memory.
+pub const LEVELS: usize = pmu::Level::ALL.len();
+
+/// The lines of data accesses by kind, and the retired instructions by their accesses (README,
+/// "Model-specific events"), as the feed counts them from [`CacheModel::access_by_level`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct DataEvents {
+    /// Lines of loads, and of stores (read-modify-writes included: fetched for ownership), by
+    /// the level that held each.
+    pub load_lines: [u64; LEVELS],
+    pub store_lines: [u64; LEVELS],
+    /// Instructions with a load that is not locked, by the farthest level that held one of their
+    /// load lines (a read-modify-write's line is its load's).
+    pub load_insns: [u64; LEVELS],
+    /// Locked instructions, by the same rule.
+    pub locked_insns: [u64; LEVELS],
+    /// Load accesses and store accesses that crossed a line boundary.
+    pub split_loads: u64,
+    pub split_stores: u64,
+    /// Instructions with such a load, and with such a store.
+    pub split_load_insns: u64,
+    pub split_store_insns: u64,
+}
+
+fn add4(a: [u64; LEVELS], b: [u64; LEVELS]) -> [u64; LEVELS] {
+    std::array::from_fn(|i| a[i] + b[i])
+}
+
+impl Add for DataEvents {
+    type Output = DataEvents;
+
+    fn add(self, o: DataEvents) -> DataEvents {
+        DataEvents {
+            load_lines: add4(self.load_lines, o.load_lines),
+            store_lines: add4(self.store_lines, o.store_lines),
+            load_insns: add4(self.load_insns, o.load_insns),
+            locked_insns: add4(self.locked_insns, o.locked_insns),
+            split_loads: self.split_loads + o.split_loads,
+            split_stores: self.split_stores + o.split_stores,
+            split_load_insns: self.split_load_insns + o.split_load_insns,
+            split_store_insns: self.split_store_insns + o.split_store_insns,
+        }
+    }
 }
 
 impl Add for CacheEvents {
@@ -45,7 +96,14 @@ impl Add for CacheEvents {
         CacheEvents {
             llc_references: self.llc_references + other.llc_references,
             llc_misses: self.llc_misses + other.llc_misses,
+            data: self.data + other.data,
         }
+    }
+}
+
+impl AddAssign for DataEvents {
+    fn add_assign(&mut self, other: DataEvents) {
+        *self = *self + other;
     }
 }
 
@@ -205,7 +263,19 @@ impl CacheModel {
     /// prefetchers ask for their lines. `translate` gives the physical address of a linear one
     /// (`None`: not mapped, and nothing is looked up there). `size` 0 touches nothing.
     pub fn access(&mut self, t: Touch, translate: impl Fn(u64) -> Option<u64>) -> CacheEvents {
+        self.access_by_level(t, translate).0
+    }
+
+    /// [`CacheModel::access`], with the access's own lines counted by the level that held each
+    /// ([`LEVELS`]: L1d, L2, LLC, memory; a line a prefetcher fetched before is held where it
+    /// put it, and the lines the prefetchers fetch now are not the access's).
+    pub fn access_by_level(
+        &mut self,
+        t: Touch,
+        translate: impl Fn(u64) -> Option<u64>,
+    ) -> (CacheEvents, [u64; LEVELS]) {
         let mut events = CacheEvents::default();
+        let mut levels = [0; LEVELS];
         let end = t.linear.saturating_add(u64::from(t.size));
         let mut la = t.linear;
         let mut first = None;
@@ -216,7 +286,9 @@ impl CacheModel {
                 first = first.or((la == t.linear).then_some(pa));
                 let (from, to) = (pa >> self.line_shift, pa.saturating_add(piece - 1) >> self.line_shift);
                 for line in from..=to {
-                    events += self.demand(line);
+                    let (level, e) = self.demand(line);
+                    levels[level as usize] += 1;
+                    events += e;
                 }
             }
             la += piece;
@@ -224,7 +296,7 @@ impl CacheModel {
         if let (true, Some(pa)) = (t.load, first) {
             events += self.l1_prefetchers(t, pa);
         }
-        events
+        (events, levels)
     }
 
     /// CLFLUSH or CLFLUSHOPT of the line that holds `paddr`: the line leaves every level. It
@@ -258,10 +330,10 @@ impl CacheModel {
         }
     }
 
-    /// One line of a demand access.
-    fn demand(&mut self, line: u64) -> CacheEvents {
+    /// One line of a demand access: the level that held it, and what it did at the LLC.
+    fn demand(&mut self, line: u64) -> (pmu::Level, CacheEvents) {
         if self.l1d.lookup(line) {
-            return CacheEvents::default();
+            return (pmu::Level::L1, CacheEvents::default());
         }
         self.l1_request(line)
     }
@@ -279,23 +351,27 @@ impl CacheModel {
             let line = target >> self.line_shift;
             // A line L1d holds needs no fetch (and its LRU order stays).
             if !self.l1d.holds(line) {
-                events += self.l1_request(line);
+                events += self.l1_request(line).1;
             }
         }
         events
     }
 
     /// A request from L1 for `line` (a demand miss or an L1 prefetch): looked up in L2 and the
-    /// LLC, filled into every level, counted at the LLC; then the L2 prefetchers act on it.
-    fn l1_request(&mut self, line: u64) -> CacheEvents {
+    /// LLC, filled into every level, counted at the LLC; then the L2 prefetchers act on it. The
+    /// level that held the line: L2, the LLC, or memory.
+    fn l1_request(&mut self, line: u64) -> (pmu::Level, CacheEvents) {
         let l2_hit = self.l2.as_mut().is_some_and(|l2| l2.lookup(line));
         let mut events = CacheEvents::default();
+        let mut level = pmu::Level::L2;
         // The level the L2 prefetchers serve missed: L2, or the LLC where it is the second level.
         let mut missed = false;
         if !l2_hit {
             events.llc_references = 1;
+            level = pmu::Level::Llc;
             if !self.llc.lookup(line) {
                 events.llc_misses = 1;
+                level = pmu::Level::Memory;
                 self.fill_llc(line);
             }
             if let Some(l2) = &mut self.l2 {
@@ -307,7 +383,7 @@ impl CacheModel {
         }
         self.l1d.fill(line);
         self.l2_prefetchers(line, missed);
-        events
+        (level, events)
     }
 
     /// The spatial prefetcher (after a miss) and the streamer, on a request from L1 for `line`.
@@ -410,7 +486,7 @@ mod tests {
     }
 
     fn events(llc_references: u64, llc_misses: u64) -> CacheEvents {
-        CacheEvents { llc_references, llc_misses }
+        CacheEvents { llc_references, llc_misses, ..CacheEvents::default() }
     }
 
     /// A small xorshift, so that "random" accesses are the same on every run.
@@ -700,6 +776,32 @@ mod tests {
         let mut m = only(PrefetcherSet::ALL);
         let back = (0..lines).map(|i| read(&mut m, BASE + (lines - 1 - i) * LINE)).fold(events(0, 0), |a, b| a + b);
         assert_eq!(back, events(PAGES, PAGES));
+    }
+
+    #[test]
+    fn by_level_the_access_lines_are_where_they_were_held() {
+        let level = |m: &mut CacheModel, paddr: u64, size: u32| {
+            m.access_by_level(Touch { rip: 0x400, linear: paddr, size, load: true }, Some)
+        };
+        let at = |l1, l2, llc, mem| [l1, l2, llc, mem];
+        // Without prefetchers: a cold line from memory, again from L1d; a line split over a cold
+        // and a held line; the LLC events are those of the lines that missed L2.
+        let mut m = skylake();
+        assert_eq!(level(&mut m, BASE, 8), (events(1, 1), at(0, 0, 0, 1)));
+        assert_eq!(level(&mut m, BASE, 8), (events(0, 0), at(1, 0, 0, 0)));
+        assert_eq!(level(&mut m, BASE + 60, 8), (events(1, 1), at(1, 0, 0, 1)));
+        // With every prefetcher, over a page read line by line: its first line from memory, every
+        // other one where a prefetcher put it first, never the LLC; the prefetchers' own fetches
+        // are not the access's lines. The second and third come from L2 (the adjacent line, the
+        // streamer); from the fourth on the IP prefetcher, its stride seen twice, has each in L1d.
+        let mut m = only(PrefetcherSet::ALL);
+        let mut total = (events(0, 0), at(0, 0, 0, 0));
+        for i in 0..64 {
+            let (e, l) = level(&mut m, BASE + i * LINE, 8);
+            total = (total.0 + e, std::array::from_fn(|k| total.1[k] + l[k]));
+        }
+        assert_eq!(total.0, events(1, 1));
+        assert_eq!(total.1, at(61, 2, 0, 1));
     }
 
     #[test]

@@ -52,12 +52,28 @@ impl ArchPmu {
             }
             CounterId::NetBurst(_) => return s,
         }
-        s.semantics = semantics(id, s.event_select, s.umask);
+        s.semantics = match id {
+            CounterId::Gp(i) => self.gp_semantics(i, &s),
+            _ => semantics(id, s.event_select, s.umask),
+        };
         // SDM 18.2.2 / 18.2.4.1: EN AND GLOBAL_CTRL enable AND NOT CTR_Frz (v1: EN alone).
         let global = self.layout.version == 1 || self.global_ctrl & id.status_mask() != 0;
         let frozen = self.layout.version >= 4 && self.global_status & GLOBAL_STATUS_CTR_FRZ != 0;
         s.counting = s.enabled && global && !frozen;
         s
+    }
+
+    /// What general-purpose counter `i` counts: an architectural event (SDM Table 18-1, on any
+    /// counter), else the event of the CPU's list its encoding names, on the counters the list
+    /// gives it (README, "Model-specific events"), else nothing emon derives.
+    fn gp_semantics(&self, i: u8, s: &CounterState) -> Semantics {
+        let arch = semantics(s.id, s.event_select, s.umask);
+        if arch != Semantics::Unsupported {
+            return arch;
+        }
+        self.events
+            .and_then(|l| l.lookup(i, s.event_select, s.umask, s.cmask, s.inv, s.edge))
+            .map_or(Semantics::Unsupported, |l| l.semantics)
     }
 
     /// Add `n` events to declared counter `id` (see [`super::Pmu::add_events`]): on a wrap past

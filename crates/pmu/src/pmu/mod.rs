@@ -44,7 +44,9 @@ pub use ops::Unmodelled;
 use ops::{PmuOps, Shared};
 use prefetch::PrefetchControl;
 use regs::{MISC_ENABLE_READ_ONLY, MISC_ENABLE_WRITABLE};
-pub use semantics::{BranchFilter, Semantics};
+pub use semantics::{
+    BranchFilter, Fidelity, FpKinds, InsnClass, Level, LineFilter, Semantics, SourceFilter, SplitFilter,
+};
 
 /// A WRMSR/RDMSR that must raise #GP(0) in the guest. The PMU state is unchanged.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]

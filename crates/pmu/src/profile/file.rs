@@ -263,6 +263,7 @@ impl From<PmuFile> for PmuProfile {
             lbr: f.lbr.map(Lbr::from),
             msrs: f.msrs.map(ModelMsrs::from).unwrap_or_default(),
             kind,
+            events: None,
         }
     }
 }
@@ -294,7 +295,7 @@ impl Profile {
     /// source in errors; its file stem becomes [`Profile::name`].
     pub fn from_toml(source_name: &str, text: &str) -> Result<Profile, ProfileError> {
         let file: ProfileFile = toml::from_str(text).map_err(|e| toml_error(source_name, text, &e))?;
-        let profile = Profile {
+        let mut profile = Profile {
             name: profile_name(source_name),
             description: file.description,
             vendor: file.vendor,
@@ -306,6 +307,7 @@ impl Profile {
             cache: file.cache.map_or_else(Cache::default, Cache::from),
             clock: file.clock.map_or_else(Clock::default, Clock::from),
         };
+        profile.resolve_events();
         profile.validate_as(source_name)?;
         Ok(profile)
     }

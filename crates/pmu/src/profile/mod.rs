@@ -14,6 +14,7 @@
 //! - `validate.rs`: the rules, [`Profile::validate`].
 //! - `overrides.rs`: [`Profile::apply_overrides`].
 //! - `describe.rs`: [`describe_leaf_0a`].
+//! - `listing.rs`: [`event_listing`], what `emon events` lists.
 //! - `error.rs`: [`ProfileError`].
 
 mod arch_event;
@@ -24,6 +25,7 @@ mod cpu;
 mod describe;
 mod error;
 mod file;
+mod listing;
 mod model_msrs;
 mod overrides;
 mod pmu;
@@ -37,9 +39,10 @@ pub use arch_event::{ArchEvent, Event, ARCH_EVENTS};
 pub use cache::{Cache, CacheLevel};
 pub use clock::Clock;
 pub use cpu::Profile;
-pub use describe::{describe_leaf_0a, event_listing, EventListing};
+pub use describe::describe_leaf_0a;
 pub use error::ProfileError;
 pub use file::DEFAULT_NOMINAL_MHZ;
+pub use listing::{event_listing, EventListing, Listed};
 pub use model_msrs::{
     Lbr, ModelMsrs, MsrBits, LBR_CORE_FROM, LBR_CORE_MAX_DEPTH, LBR_CORE_TO, LBR_FORMATS, LBR_FORMAT_INFO, LBR_INFO_0,
     LBR_MAX_DEPTH, LBR_NHM_FROM, LBR_NHM_TO, LBR_SELECT_BITS,
