@@ -23,7 +23,10 @@
 //! The access pattern ([`run_pattern`]) reads W + 1 cold lines that share an L1d set (W: the L1d's
 //! ways, from CPUID leaf 4), reads the first again (evicted from L1d: an L2 hit, or an LLC hit
 //! where the LLC is the second level) and the last again (an L1d hit), stores to two cold lines,
-//! adds to one of them (an L1d hit), and reads 8 bytes across two cold lines.
+//! adds to one of them (an L1d hit), and reads 8 bytes across two cold lines. It runs with the
+//! hardware prefetchers turned off (MSR_MISC_FEATURE_CONTROL, or Core 2's IA32_MISC_ENABLE bits):
+//! its values are those of the lines it asks for, which the prefetchers would fetch before it
+//! does (README, "The cache model").
 //!
 //! Arguments: `misplaced=1` programs an event on a counter its list does not give it, and
 //! `uncounted=1` an event emon does not count: each must read 0 (the run summary says NOT EXACT,
@@ -35,6 +38,7 @@ use core::arch::asm;
 use emon_guest::cpu::{cpuid, rdmsr, wrmsr};
 use emon_guest::events::{Event, List, LISTS};
 use emon_guest::pmu::*;
+use emon_guest::prefetch::{Control, ALL};
 use emon_guest::{check, dec, println, skip};
 
 emon_guest::entry!(main);
@@ -208,16 +212,17 @@ fn fp_expected(name: &str) -> Option<u64> {
 }
 
 /// The L1d's ways and sets and whether an L2 lies between it and the LLC, from CPUID leaf 4
-/// (emon presents the profile's cache model there).
+/// (emon presents the profile's cache model there), and how the prefetchers are turned off.
 #[derive(Clone, Copy)]
 struct Geometry {
     ways: u64,
     sets: u64,
     l2: bool,
+    prefetch: Control,
 }
 
 fn geometry() -> Geometry {
-    let (mut g, mut top) = (Geometry { ways: 8, sets: 64, l2: false }, 0);
+    let (mut g, mut top) = (Geometry { ways: 8, sets: 64, l2: false, prefetch: Control::probe() }, 0);
     for sub in 0..8 {
         let l = cpuid(4, sub);
         let (kind, level) = (l.eax & 0x1F, (l.eax >> 5) & 7);
@@ -232,6 +237,15 @@ fn geometry() -> Geometry {
     }
     g.l2 = top >= 3;
     g
+}
+
+/// Counts the access pattern on IA32_PMCi programmed with `sel`, with the prefetchers off (and
+/// on again after it).
+fn count_pattern(i: u8, sel: u64, g: Geometry) -> u64 {
+    g.prefetch.set(0);
+    let n = count(i, sel, |s| run_pattern(s, g));
+    g.prefetch.set(ALL);
+    n
 }
 
 /// The access pattern (see the module documentation).
@@ -441,7 +455,7 @@ fn main(boot: &emon_guest::BootInfo) -> i32 {
         if let Some(want) = mix_expected(list.name, e.name) {
             check_event(e, pmu.gp, want, 0, |i| count(i, evtsel(e), run_mix));
         } else if let Some(want) = pattern_expected(list.name, e.name, g) {
-            check_event(e, pmu.gp, want, 0, |i| count(i, evtsel(e), |s| run_pattern(s, g)));
+            check_event(e, pmu.gp, want, 0, |i| count_pattern(i, evtsel(e), g));
         } else if let Some((arch, tolerance)) = like_architectural(e.name) {
             for i in counters(e, pmu.gp) {
                 let want = count(i, PERFEVTSEL_EN | PERFEVTSEL_OS | PERFEVTSEL_USR | arch, run_mix);
@@ -476,7 +490,7 @@ fn misplaced(list: &List, gp: u8) {
     let got = if mix_expected(list.name, e.name).is_some() {
         count(i, evtsel(e), run_mix)
     } else {
-        count(i, evtsel(e), |s| run_pattern(s, g))
+        count_pattern(i, evtsel(e), g)
     };
     check!(got == 0, "{} on IA32_PMC{} (not its counter) counted {}", e.name, i, dec(got));
 }
