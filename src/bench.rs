@@ -2,7 +2,7 @@
 //! the cost of a trapped PMU MSR exit against a plain port-I/O exit, measured in one invocation.
 use crate::backend::precise::{Engine, Precise};
 use crate::backend::{stepper::BareStep, Backend};
-use crate::profile::Profile;
+use crate::profile::{Event, Profile};
 use crate::vmm::{self, loader::Kernel, SerialOut, VcpuStop, VmConfig};
 use std::time::Duration;
 
@@ -236,6 +236,155 @@ pub fn measure_shapes(profile: &Profile) -> Result<Vec<Shape>, String> {
         }
     }
     Ok(out)
+}
+
+/// An event one GP counter counts in the events rows: an architectural event (SDM Table 18-1),
+/// or the first of several model-specific ones the profile's list names.
+#[derive(Debug, Clone, Copy)]
+pub enum Counted {
+    Arch(Event),
+    Model(&'static [&'static str]),
+}
+
+/// The event sets `emon bench` counts a loop with, four GP counters each (README,
+/// "Model-specific events"): architectural events without and with the cache model, and
+/// model-specific events, exact and modelled, without and with it. A model-specific slot takes
+/// the first of its candidates the profile's list names.
+pub const EVENT_SETS: [(&str, [Counted; 4]); 4] = [
+    (
+        "architectural",
+        [
+            Counted::Arch(Event::Instructions),
+            Counted::Arch(Event::Branches),
+            Counted::Arch(Event::BranchMisses),
+            Counted::Arch(Event::CoreCycles),
+        ],
+    ),
+    (
+        "model-specific",
+        [
+            Counted::Model(&["BR_INST_RETIRED.CONDITIONAL", "BR_INST_RETIRED.COND"]),
+            Counted::Model(&["MEM_INST_RETIRED.ALL_LOADS", "MEM_INST_RETIRED.LOADS", "MEM_UOPS_RETIRED.ALL_LOADS"]),
+            Counted::Model(&["BR_MISP_RETIRED.CONDITIONAL", "BR_MISP_RETIRED.COND", "BR_MISP_RETIRED.ALL_BRANCHES"]),
+            Counted::Model(&[
+                "CPU_CLK_UNHALTED.ONE_THREAD_ACTIVE",
+                "CPU_CLK_UNHALTED.REF_P",
+                "CPU_CLK_UNHALTED.REF_XCLK",
+            ]),
+        ],
+    ),
+    (
+        "architectural with the cache model",
+        [
+            Counted::Arch(Event::Instructions),
+            Counted::Arch(Event::Branches),
+            Counted::Arch(Event::LlcReference),
+            Counted::Arch(Event::LlcMisses),
+        ],
+    ),
+    (
+        "model-specific with the cache model",
+        [
+            Counted::Model(&["BR_INST_RETIRED.CONDITIONAL", "BR_INST_RETIRED.COND"]),
+            Counted::Model(&["MEM_INST_RETIRED.ALL_LOADS", "MEM_INST_RETIRED.LOADS", "MEM_UOPS_RETIRED.ALL_LOADS"]),
+            Counted::Model(&[
+                "MEM_LOAD_RETIRED.L1_MISS",
+                "L2_RQSTS.ALL_DEMAND_DATA_RD",
+                "L2_RQSTS.LOADS",
+                "L1D_CACHE_LD.I_STATE",
+            ]),
+            Counted::Model(&["L1D.REPLACEMENT", "L1D.REPL", "L1D_CACHE_LD.MESI"]),
+        ],
+    ),
+];
+
+/// The code shape the events rows count: KVM's PMU test loop (a load, 7 NOPs and a LOOP per
+/// iteration, a new cache line each time), and its iterations.
+pub const EVENTS_SHAPE: (&str, u64) = ("loop10", 500_000);
+
+/// One event set of [`EVENT_SETS`] as measured: its events' names, and the instructions counted
+/// and TSC ticks taken, the best of [`ROUNDS`].
+#[derive(Debug, Clone)]
+pub struct EventsRow {
+    pub label: &'static str,
+    pub names: Vec<&'static str>,
+    pub run: (u64, u64),
+}
+
+impl EventsRow {
+    /// Counted instructions per TSC tick.
+    pub fn rate(&self) -> f64 {
+        self.run.0 as f64 / self.run.1 as f64
+    }
+}
+
+/// PERFEVTSELx of `select`/`umask`, enabled at every privilege level.
+fn evtsel(select: u8, umask: u8) -> u64 {
+    0x43_0000 | u64::from(umask) << 8 | u64::from(select)
+}
+
+/// The PERFEVTSEL values and names of `set` under `profile`, or why it cannot be counted.
+fn resolve(profile: &Profile, set: &[Counted; 4]) -> Result<(Vec<u64>, Vec<&'static str>), String> {
+    let mut out = (Vec::new(), Vec::new());
+    for (i, c) in set.iter().enumerate() {
+        let (sel, name) = match c {
+            Counted::Arch(e) => {
+                let a = emon_pmu::profile::ArchEvent::get(*e);
+                (evtsel(a.event_select, a.umask), a.name)
+            }
+            Counted::Model(candidates) => {
+                let list = profile
+                    .pmu
+                    .events
+                    .ok_or_else(|| format!("profile {} has no model-specific event list", profile.name))?;
+                candidates
+                    .iter()
+                    .find_map(|name| {
+                        let e = list.events.iter().find(|e| e.name == *name && e.on_gp(i as u8) && e.plain())?;
+                        Some((evtsel(e.select, e.umask?), *name))
+                    })
+                    .ok_or_else(|| format!("{}'s list names none of {candidates:?} on IA32_PMC{i}", list.cpu))?
+            }
+        };
+        out.0.push(sel);
+        out.1.push(name);
+    }
+    Ok(out)
+}
+
+/// Measures every set of [`EVENT_SETS`] on [`EVENTS_SHAPE`] with the TCG engine, or says why it
+/// cannot under `profile`.
+pub fn measure_events(profile: &Profile) -> Result<Result<Vec<EventsRow>, String>, String> {
+    if profile.pmu.gp < 4 || !profile.pmu.fixed_supported(0) {
+        return Ok(Err(format!("profile {} has fewer than 4 GP counters or no IA32_FIXED_CTR0", profile.name)));
+    }
+    let mut sets = Vec::new();
+    for (label, set) in &EVENT_SETS {
+        match resolve(profile, set) {
+            Ok(resolved) => sets.push((*label, resolved)),
+            Err(why) => return Ok(Err(why)),
+        }
+    }
+    let (shape, n) = EVENTS_SHAPE;
+    let mut rows: Vec<EventsRow> =
+        sets.iter().map(|(label, (_, names))| EventsRow { label, names: names.clone(), run: (0, u64::MAX) }).collect();
+    for _ in 0..ROUNDS {
+        for ((_, (sels, _)), row) in sets.iter().zip(&mut rows) {
+            let hex = sels.iter().map(|s| format!("{s:x}")).collect::<Vec<_>>().join(",");
+            let args = format!("mode=events shape={shape} n={n} sels={hex}");
+            let kv = run_with_memory(profile, precise_backend(Engine::Tcg), &args, 128)?;
+            let (counted, tsc) = (get(&kv, "counted")?, get(&kv, "tsc")?);
+            // The loop retires 10 instructions an iteration; the counted stretch also has the
+            // guest's dispatch to the shape around it.
+            if !(10 * n..10 * n + 64).contains(&counted) {
+                return Err(format!("{}: {counted} instructions counted over {n} iterations of {shape}", row.label));
+            }
+            if tsc < row.run.1 {
+                row.run = (counted, tsc);
+            }
+        }
+    }
+    Ok(Ok(rows))
 }
 
 /// The host's TSC rate (the guest's TSC runs at the same rate under KVM), measured over 100 ms.

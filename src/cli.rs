@@ -409,7 +409,8 @@ fn show_cpuid(args: &ProfileArgs) -> Result<ExitCode, CliError> {
     let profile = load_profile(args)?;
     let kvm = vmm::host::open()?;
     // As the precise backend presents it: the perf backend presents no Debug Store (PEBS, BTS).
-    let cpuid = vmm::guest_cpuid(&kvm, &profile, profile.pmu.version >= 1)?;
+    let tsc = vmm::tsc_rate::TscRate::of_host(&kvm)?;
+    let cpuid = vmm::guest_cpuid(&kvm, &profile, profile.pmu.version >= 1, tsc)?;
     println!("CPUID presented under profile {} ({}), precise backend:", profile.name, profile.description);
     println!("{:>10} {:>6}  {:>10} {:>10} {:>10} {:>10}", "leaf", "index", "eax", "ebx", "ecx", "edx");
     for e in cpuid.as_slice() {
@@ -417,6 +418,9 @@ fn show_cpuid(args: &ProfileArgs) -> Result<ExitCode, CliError> {
             "{:>#10x} {:>6}  {:>#010x} {:>#010x} {:>#010x} {:>#010x}",
             e.function, e.index, e.eax, e.ebx, e.ecx, e.edx
         );
+    }
+    if let Some(note) = tsc.note(&profile.clock) {
+        println!("{note}");
     }
     println!();
     let overrides = vmm::cpuid_probe::probe(&kvm, &cpuid)?;
@@ -499,21 +503,66 @@ fn bench(args: &BenchArgs) -> Result<ExitCode, CliError> {
             f.ratio()
         );
     }
+    let (shape, n) = crate::bench::EVENTS_SHAPE;
+    println!("  events on {shape} ({n} iterations), TCG engine, 4 GP counters each (counted instructions/s):");
+    match crate::bench::measure_events(&profile).map_err(CliError::Bench)? {
+        Ok(rows) => {
+            for r in &rows {
+                println!("    {:<36} {:>12.0}/s ({})", r.label, r.rate() * hz, r.names.join(", "));
+            }
+            let rate = |label: &str| rows.iter().find(|r| r.label == label).map_or(f64::NAN, |r| r.rate());
+            let ratio = |a: &str, b: &str| rate(a) / rate(b);
+            println!(
+                "    model-specific / architectural events rate: {:.3}x",
+                ratio("model-specific", "architectural")
+            );
+            println!(
+                "    model-specific with the cache model / architectural events rate: {:.3}x",
+                ratio("model-specific with the cache model", "architectural")
+            );
+            println!(
+                "    model-specific with the cache model / architectural with the cache model rate: {:.3}x",
+                ratio("model-specific with the cache model", "architectural with the cache model")
+            );
+        }
+        Err(why) => println!("    not measured: {why}"),
+    }
     Ok(ExitCode::SUCCESS)
 }
 
 fn list_events(args: &ProfileArgs) -> Result<ExitCode, CliError> {
     let p = load_profile(args)?;
-    let listing = crate::profile::event_listing(&p);
-    println!("{}", listing.title);
-    println!("{} precise backend", listing.columns);
-    for (text, semantics) in &listing.rows {
-        println!("{text} {}", crate::backend::precise::events::support(*semantics));
+    let sections = crate::profile::event_listing(&p);
+    let mut classes = std::collections::BTreeMap::new();
+    for listing in &sections {
+        println!("{}", listing.title);
+        if !listing.rows.is_empty() {
+            println!("{} {:<11} precise backend", listing.columns, "class");
+        }
+        for row in &listing.rows {
+            let fidelity = row.fidelity();
+            *classes.entry(fidelity).or_insert(0) += 1;
+            let filter = if row.filtered { ", its CMASK/INV/EDGE per retired instruction" } else { "" };
+            println!(
+                "{} {:<11} {}{filter}",
+                row.text,
+                fidelity.as_str(),
+                crate::backend::precise::events::support(row.semantics)
+            );
+        }
+        for note in &listing.notes {
+            println!("{note}");
+        }
     }
-    for note in &listing.notes {
-        println!("{note}");
-    }
-    let uses = |f: fn(&crate::pmu::Semantics) -> bool| listing.rows.iter().any(|(_, s)| f(s));
+    let counts: Vec<String> = classes.iter().map(|(c, n)| format!("{n} {}", c.as_str())).collect();
+    println!("Events listed: {}.", counts.join(", "));
+    let listing = crate::profile::EventListing {
+        title: String::new(),
+        columns: String::new(),
+        rows: sections.into_iter().flat_map(|s| s.rows).collect(),
+        notes: Vec::new(),
+    };
+    let uses = |f: fn(&crate::pmu::Semantics) -> bool| listing.rows.iter().any(|r| f(&r.semantics));
     if uses(|s| *s == crate::pmu::Semantics::RefXclk) {
         let c = &p.clock;
         println!(
@@ -526,8 +575,18 @@ fn list_events(args: &ProfileArgs) -> Result<ExitCode, CliError> {
     if uses(|s| s.uses_cache()) {
         let level = |l: crate::profile::CacheLevel| format!("{} KiB {}-way", l.kib, l.ways);
         let k = &p.cache;
+        let f = &k.prefetchers;
+        let prefetchers = match f.present().names() {
+            n if n.is_empty() => "no prefetchers".to_string(),
+            n => format!("prefetchers {}", n.join(", ")),
+        };
+        let control = match (f.misc_feature_control, f.misc_enable) {
+            (Some(bits), _) => format!(" (MSR_MISC_FEATURE_CONTROL, writable bits {bits:#x})"),
+            (None, true) => " (IA32_MISC_ENABLE's disable bits)".to_string(),
+            (None, false) => String::new(),
+        };
         println!(
-            "Cache model (LLC events): L1d {}, L2 {}, LLC {}, {}-byte lines, LRU, inclusive; it starts empty each time an LLC event starts counting (README, \"The cache model\").",
+            "Cache model (LLC events and the cache-model events): L1d {}, L2 {}, LLC {}, {}-byte lines, LRU, inclusive, {prefetchers}{control}; it starts empty each time an event that reads it starts counting (README, \"The cache model\").",
             level(k.l1d),
             k.l2.map_or("none".into(), level),
             level(k.llc),

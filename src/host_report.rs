@@ -121,6 +121,10 @@ pub struct CpuidReport {
     pub hypervisor: bool,
     /// `[eax, ebx, ecx, edx]` of leaf 0x0A, None when the max leaf is below 0x0A.
     pub leaf_0a: Option<[u32; 4]>,
+    /// The host CPU's model-specific event list (README, "Model-specific events"), if emon
+    /// ships one: the perf backend passes a profile's model-specific events to the host only
+    /// when the lists are the same.
+    pub events: Option<&'static str>,
 }
 
 impl HostReport {
@@ -178,6 +182,7 @@ impl KvmReport {
         let guest_tsc = crate::backend::kvm::guest_tsc_settable(&kvm).map_err(|e| e.to_string());
         let cpl0 = vmm::exec_probe::cpl0().map_err(|e| e.to_string());
         let step_survives_set_regs = vmm::exec_probe::step_survives_set_regs().map_err(|e| e.to_string());
+        let tsc = vmm::tsc_rate::TscRate::of_host(&kvm).map_err(|e| e.to_string());
         let cpuid = crate::profile::Profile::builtin_names()
             .into_iter()
             .map(|name| {
@@ -185,7 +190,10 @@ impl KvmReport {
                     .map_err(|e| e.to_string())
                     // The table as the precise backend presents it (with the Debug Store, for BTS
                     // and PEBS, wherever the profile has architectural perfmon).
-                    .and_then(|p| vmm::guest_cpuid(&kvm, &p, p.pmu.version >= 1).map_err(|e| e.to_string()))
+                    .and_then(|p| {
+                        let tsc = tsc.clone()?;
+                        vmm::guest_cpuid(&kvm, &p, p.pmu.version >= 1, tsc).map_err(|e| e.to_string())
+                    })
                     .and_then(|table| vmm::cpuid_probe::probe(&kvm, &table).map_err(|e| e.to_string()));
                 (name, probed)
             })
@@ -250,6 +258,7 @@ impl CpuidReport {
             max_leaf,
             hypervisor: max_leaf >= 1 && cpuid(1, 0)[2] & (1 << 31) != 0,
             leaf_0a: (max_leaf >= 0xA).then(|| cpuid(0xA, 0)),
+            events: perf::host_events().map(|l| l.cpu),
         }
     }
 
@@ -424,6 +433,16 @@ impl fmt::Display for HostReport {
         for line in c.leaf_0a_lines() {
             writeln!(f, "  {line}")?;
         }
+        match c.events {
+            Some(cpu) => writeln!(
+                f,
+                "  model-specific events: {cpu}'s list; --backend perf counts a profile's model-specific events here only for a {cpu} profile"
+            )?,
+            None => writeln!(
+                f,
+                "  model-specific events: none of the lists emon ships (Core 2, Nehalem, Sandy Bridge, Skylake, Ice Lake); --backend perf counts no profile's model-specific events here (README, \"The perf backend\")"
+            )?,
+        }
         writeln!(f)?;
         writeln!(f, "{h_auto}")?;
         let (kind, why) = &self.auto;
@@ -549,6 +568,7 @@ mod tests {
                 hypervisor: false,
                 // Skylake: v4, 4 x 48-bit GP, EBX length 7, 3 x 48-bit fixed.
                 leaf_0a: Some([0x0730_0404, 0, 0, 0x603]),
+                events: Some("Skylake"),
             },
             auto,
         }
@@ -583,6 +603,7 @@ mod tests {
         assert!(!row("task-clock").contains("no:"), "{text}");
         assert!(text.contains("\n  chooses: precise\n  why: auto: the host cannot"), "{text}");
         assert!(text.contains("PMUs in /sys/bus/event_source/devices: software (type 1), msr"), "{text}");
+        assert!(text.contains("model-specific events: Skylake's list; --backend perf counts"), "{text}");
     }
 
     #[test]
@@ -597,6 +618,7 @@ mod tests {
             max_leaf: 0xD,
             hypervisor: true,
             leaf_0a: Some([0x0730_0404, 0x18, 0, 0x603]),
+            events: None,
         };
         assert_eq!(c.leaf_0a_lines()[4], "EBX length 7; unavailable events: LLC Reference, LLC Misses");
         let c = CpuidReport { leaf_0a: Some([0; 4]), ..c };

@@ -64,7 +64,7 @@ fn events_lists_support_per_profile() {
     assert!(line("3 ").contains("unavailable") && line("3 ").contains("counted (cache model)"), "{}", r.stdout);
     assert!(line("2 ").contains("counted (cost model, reference clock)"), "{}", r.stdout);
     assert!(r.stdout.contains("one tick per 20/1 TSC ticks of the model (no CPUID leaf 0x15)"), "{}", r.stdout);
-    assert!(r.stdout.contains("Cache model (LLC events): L1d 32 KiB 8-way"), "{}", r.stdout);
+    assert!(r.stdout.contains("Cache model (LLC events and the cache-model events): L1d 32 KiB 8-way"), "{}", r.stdout);
 }
 
 #[test]

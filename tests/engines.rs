@@ -18,6 +18,8 @@ const GUESTS: &[(&str, &[&str])] = &[
     ("lbr", &[]),
     ("loops", &["calibrate=20000", "iterations=2000", "passes=3"]),
     ("pmu-idioms", &["n=200", "calibrate=2000"]),
+    ("prefetchers", &[]),
+    ("model-events", &[]),
 ];
 
 /// The trace's instant events (every PMU MSR access with its value, every PMI) without their

@@ -131,6 +131,27 @@ fn msr_semantics_passes_under_unusual_pmus() {
     }
 }
 
+/// CPUID leaf 15H gives the rate the guest's TSC really runs at (README, "Guest time"): timed
+/// against the PIT, under every profile that enumerates a crystal; the others skip.
+#[test]
+fn the_tsc_runs_at_the_rate_leaf_15h_gives() {
+    if !kvm_available() {
+        return;
+    }
+    for name in Profile::builtin_names() {
+        let r = emon(&["run", "--profile", name, "guest:tsc-rate"]);
+        r.assert_status(0).assert_no_failures();
+        let crystal = Profile::load(name).unwrap().clock.crystal_hz != 0;
+        assert_eq!(
+            r.stdout.contains("PASS: the TSC runs at the rate CPUID.15H gives"),
+            crystal,
+            "{name}: {}",
+            r.stdout
+        );
+        assert_eq!(r.stdout.contains("SKIP: CPUID leaf 15H gives no TSC frequency"), !crystal, "{name}: {}", r.stdout);
+    }
+}
+
 /// INT3, POPCNT, CLAC and STAC at CPL0 behave as the SDM says: on kvm_pvm, whose emulator lacks
 /// them, emon completes them (INT3 as the #BP it raises); elsewhere the CPU runs them.
 #[test]

@@ -19,6 +19,15 @@
 //! - a PMI is pending exactly when an overflow of a counter with INT/PMI set has not been
 //!   delivered yet;
 //! - `counter()`/`counting()` agree with the registers (EN, GLOBAL_CTRL, CTR_Frz);
+//! - `pebs_adaptive()` names exactly the counters whose Adaptive_Record bit (PERFEVTSELx[34],
+//!   FIXED_CTR_CTRL[32 + 4i]) is set, bits that exist exactly with PEBS_BASELINE;
+//! - `prefetchers_on()` is the profile's prefetchers less those MSR_MISC_FEATURE_CONTROL bits 3:0
+//!   or (Core 2, NetBurst) IA32_MISC_ENABLE bits 9, 19, 37, 39 turn off; 0x1A4 exists with the
+//!   profile's writable bits, the MISC_ENABLE bits are writable exactly for present prefetchers;
+//! - what a general-purpose counter counts (`CounterState::semantics`) is what the harness makes
+//!   of its PERFEVTSEL: an architectural event on any counter, else the event of the profile's
+//!   model-specific list its encoding names, on the counters the list gives it (else
+//!   `WrongCounter`), else `Unsupported` (README, "Model-specific events");
 //! - a change of how a counter counts marks that counter for reprogramming (`take_reprogram`),
 //!   and a guest write of a counter's value marks it as written.
 //!
@@ -38,11 +47,15 @@ use std::fmt;
 use std::sync::OnceLock;
 
 use arbitrary::Arbitrary;
+use emon_pmu::events::{meaning, EventList, ModelEvent, LISTS};
 use emon_pmu::pmu::counter::width_mask;
-use emon_pmu::pmu::regs::{MISC_ENABLE_READ_ONLY, MISC_ENABLE_WRITABLE};
 use emon_pmu::pmu::lbr::{Branch, BranchType};
-use emon_pmu::pmu::{CounterId, CounterState, GpFault, Pmu};
-use emon_pmu::profile::{describe_leaf_0a, Cache, Clock, Lbr, ModelMsrs, MsrBits, PmuKind, PmuProfile, Profile};
+use emon_pmu::pmu::regs::{MISC_ENABLE_READ_ONLY, MISC_ENABLE_WRITABLE};
+use emon_pmu::pmu::{CounterId, CounterState, GpFault, Pmu, Semantics};
+use emon_pmu::profile::{
+    describe_leaf_0a, Cache, Clock, Lbr, ModelMsrs, MsrBits, PmuKind, PmuProfile, PrefetcherSet, Prefetchers, Profile,
+    Streamer,
+};
 use libfuzzer_sys::fuzz_target;
 
 // ---------------------------------------------------------------------------------------------
@@ -52,7 +65,32 @@ use libfuzzer_sys::fuzz_target;
 #[derive(Debug, Arbitrary)]
 struct Input {
     profile: ProfileChoice,
+    /// The hardware prefetchers and their control register (a built-in profile keeps its own).
+    prefetchers: RawPrefetchers,
     ops: Vec<Op>,
+}
+
+/// `[cache.prefetchers]` as arbitrary bytes: which prefetchers (bits 0-3: streamer, adjacent
+/// line, DCU, IP stride), and the control: none, MSR_MISC_FEATURE_CONTROL with `bits` (which
+/// validation wants to hold each present prefetcher's disable bit), or IA32_MISC_ENABLE.
+#[derive(Debug, Clone, Copy, Arbitrary)]
+struct RawPrefetchers {
+    present: u8,
+    control: u8,
+    bits: u64,
+}
+
+impl RawPrefetchers {
+    fn build(self) -> Prefetchers {
+        let has = |b: u8| self.present & 1 << b != 0;
+        let streamer = has(0).then_some(Streamer { distance: 20, pages: 32 });
+        let (misc_feature_control, misc_enable) = match self.control % 3 {
+            0 => (None, false),
+            1 => (Some(self.bits), false),
+            _ => (None, true),
+        };
+        Prefetchers { dcu: has(2), ip_stride: has(3), streamer, adjacent_line: has(1), misc_feature_control, misc_enable }
+    }
 }
 
 /// The profile fields, as arbitrary bytes.
@@ -79,6 +117,8 @@ struct RawProfile {
     msr_ignored: [u64; 4],
     /// `pmu.kind = "netburst"` (validation must reject it outside family 0FH).
     netburst: bool,
+    /// Which model-specific event list (none, or one of `LISTS`), whatever the counters.
+    events: u8,
 }
 
 #[derive(Debug, Arbitrary)]
@@ -96,13 +136,14 @@ enum ProfileChoice {
 /// The PMU MSR ranges emon traps (inclusive): the architectural ones, then the model-specific
 /// ones (LBR banks at 0x40/0x60 and 0x680/0x6C0/0xDC0, OFFCORE_RSP, LBR_SELECT/TOS, PEBS_LD_LAT
 /// and PEBS_FRONTEND, LER_FROM/TO), then NetBurst's (counters, CCCRs, ESCRs, TC_PRECISE_EVENT).
-const PMU_RANGES: [(u32, u32); 23] = [
+const PMU_RANGES: [(u32, u32); 24] = [
     (0xC1, 0xC8),
     (0x186, 0x18D),
     (0x309, 0x30C),
     (0x345, 0x345),
     (0x38D, 0x392),
     (0x1A0, 0x1A0),
+    (0x1A4, 0x1A4),
     (0x1D9, 0x1D9),
     (0x3F1, 0x3F2),
     (0x600, 0x600),
@@ -155,12 +196,14 @@ enum Value {
     Bit(u8),
     /// The MSR's current value (0 if it faults) with one bit flipped.
     Flip(u8),
-    /// A PERFEVTSEL-shaped value: event, umask, flag byte (bits 23:16), CMASK.
+    /// A PERFEVTSEL-shaped value: event, umask, flag byte (bits 23:16), CMASK, and
+    /// Adaptive_Record (bit 34).
     EvtSel {
         event: u8,
         umask: u8,
         flags: u8,
         cmask: u8,
+        adaptive: bool,
     },
     /// GLOBAL_*-shaped: GP bits 7:0, fixed bits 35:32, bits 63:48.
     Global {
@@ -170,6 +213,14 @@ enum Value {
     },
     /// A few chosen bits (DEBUGCTL freeze bits, CTR_Frz, INT | EN...).
     Bits([u8; 3]),
+    /// The encoding of event `event` (modulo their number) of the profile's model-specific list,
+    /// with its CMASK/INV/EDGE/ANY, `flags` (bits 23:16: USR, OS, E, PC, INT, ANY, EN, INV)
+    /// ORed in, and `umask` for an event that names no umask (0 without a list).
+    Listed {
+        event: u16,
+        flags: u8,
+        umask: u8,
+    },
     /// A NetBurst CCCR: ESCR select, active thread, and `flags` bits 0-6 for ENABLE, CASCADE,
     /// FORCE_OVF, OVF_PMI_T0, OVF, COMPARE and OVF_PMI_T1.
     Cccr {
@@ -195,11 +246,18 @@ impl Value {
             Value::Ones => u64::MAX,
             Value::Bit(b) => 1u64 << (b % 64),
             Value::Flip(b) => pmu.rdmsr(msr).unwrap_or(0) ^ (1u64 << (b % 64)),
-            Value::EvtSel { event, umask, flags, cmask } => {
-                u64::from(event) | u64::from(umask) << 8 | u64::from(flags) << 16 | u64::from(cmask) << 24
+            Value::EvtSel { event, umask, flags, cmask, adaptive } => {
+                u64::from(event)
+                    | u64::from(umask) << 8
+                    | u64::from(flags) << 16
+                    | u64::from(cmask) << 24
+                    | u64::from(adaptive) << 34
             }
             Value::Global { gp, fixed, high } => u64::from(gp) | u64::from(fixed & 0xF) << 32 | u64::from(high) << 48,
             Value::Bits(bits) => bits.iter().fold(0, |v, b| v | 1u64 << (b % 64)),
+            Value::Listed { event, flags, umask } => {
+                listed(pmu.profile().events, event).map_or(0, |e| encoding(e, umask) | u64::from(flags) << 16)
+            }
             Value::Cccr { select, thread, flags } => {
                 let f = |b: u8, at: u32| u64::from(flags >> b & 1) << at;
                 u64::from(select & 7) << 13
@@ -277,6 +335,16 @@ enum Op {
         event: u8,
         int: bool,
     },
+    /// Make a general-purpose counter count event `event` (modulo their number) of the profile's
+    /// model-specific list, as a guest programs it (its encoding with USR, OS, EN, INT if `int`,
+    /// `umask` for an event that names none), then its GLOBAL_CTRL bit: on the counters the list
+    /// gives it or on any other.
+    ArmListed {
+        ctr: u8,
+        event: u16,
+        umask: u8,
+        int: bool,
+    },
     /// WRMSR IA32_DEBUGCTL with FREEZE_LBRS_ON_PMI / FREEZE_PERFMON_ON_PMI / LBR from `bits`.
     Freeze(u8),
     /// A taken branch the backend hands the LBR stack (addresses made canonical, `kind` modulo
@@ -336,7 +404,13 @@ impl RawProfile {
             lbr: self.stack(self.perf_capabilities & 0x3F == 5),
             msrs: self.model_msrs(|bits, ignored| MsrBits { bits, ignored }),
             kind: if self.netburst { PmuKind::NetBurst } else { PmuKind::Architectural },
+            events: self.events(),
         }
+    }
+
+    /// The event list `events` picks: none, or one of the shipped lists.
+    fn events(&self) -> Option<&'static EventList> {
+        usize::from(self.events).checked_rem(LISTS.len() + 1).and_then(|i| i.checked_sub(1)).map(|i| LISTS[i])
     }
 
     /// The LBR stack `lbr` picks, with LBR_INFO if `info`.
@@ -400,18 +474,25 @@ impl RawProfile {
             p.lbr = self.stack(format == 5).map(|l| Lbr { select: l.select & 0x3FF, ..l });
         }
         p.msrs = self.model_msrs(|bits, ignored| MsrBits { bits, ignored: ignored & !bits });
+        p.events = self.events();
         p
     }
 }
 
 impl ProfileChoice {
-    /// The profile to fuzz under, if it is valid.
-    fn build(&self) -> Option<PmuProfile> {
+    /// The profile to fuzz under, with `prefetchers` unless it is a built-in one, if it is valid.
+    fn build(&self, mut prefetchers: Prefetchers) -> Option<(PmuProfile, Prefetchers)> {
         let mut family = 6;
+        if !matches!(self, ProfileChoice::Raw(_)) {
+            // Folded valid: MSR_MISC_FEATURE_CONTROL can turn off every prefetcher present.
+            let required = required_disable_bits(&prefetchers);
+            prefetchers.misc_feature_control = prefetchers.misc_feature_control.map(|b| b | required);
+        }
         let pmu = match self {
             ProfileChoice::Builtin(i) => {
                 let all = builtins();
-                return Some(all[usize::from(*i) % all.len()].pmu.clone());
+                let p = &all[usize::from(*i) % all.len()];
+                return Some((p.pmu.clone(), p.cache.prefetchers));
             }
             ProfileChoice::Clamped(raw) => raw.clamped(),
             ProfileChoice::Raw(raw) => raw.raw(),
@@ -434,7 +515,7 @@ impl ProfileChoice {
             stepping: 3,
             microcode: None,
             pmu,
-            cache: Cache::default(),
+            cache: Cache { prefetchers, ..Cache::default() },
             clock: Clock::default(),
         };
         // Exercise the description code too: it must not panic on any profile.
@@ -443,7 +524,7 @@ impl ProfileChoice {
         if let ProfileChoice::Clamped(_) | ProfileChoice::NetBurst(_) = self {
             assert!(valid, "clamped profile rejected by validation: {:?}", profile.validate());
         }
-        valid.then_some(profile.pmu)
+        valid.then_some((profile.pmu, prefetchers))
     }
 }
 
@@ -452,6 +533,8 @@ impl ProfileChoice {
 // ---------------------------------------------------------------------------------------------
 
 struct Shape {
+    /// The hardware prefetchers and their control (restated below, not emon's tables).
+    prefetchers: Prefetchers,
     version: u8,
     gp: u8,
     gp_width: u8,
@@ -464,6 +547,65 @@ struct Shape {
     msrs: ModelMsrs,
     /// The NetBurst PMU (then `version` is 0 and none of the architectural counters exist).
     netburst: bool,
+    /// The CPU's model-specific event list.
+    events: Option<&'static EventList>,
+}
+
+/// Event `event` (modulo their number) of `list`.
+fn listed(list: Option<&'static EventList>, event: u16) -> Option<&'static ModelEvent> {
+    let l = list?;
+    l.events.get(usize::from(event) % l.events.len().max(1))
+}
+
+/// PERFEVTSEL's encoding of `e` (event, umask or `umask` where it names none, E, ANY, INV,
+/// CMASK).
+fn encoding(e: &ModelEvent, umask: u8) -> u64 {
+    u64::from(e.select)
+        | u64::from(e.umask.unwrap_or(umask)) << 8
+        | u64::from(e.edge) << 18
+        | u64::from(e.any) << 21
+        | u64::from(e.inv) << 23
+        | u64::from(e.cmask) << 24
+}
+
+/// What general-purpose counter `i` counts with PERFEVTSEL `sel` under `list`, as README "Model-
+/// specific events" says it, restated from the list's rows: an architectural event (SDM Table
+/// 18-1) counts on any counter; an encoding of the list counts its plain event's meaning on the
+/// counters of its rows defined with the same CMASK/INV/EDGE (else of its plain rows, else of any
+/// of them), and on those the list's whole-select rows allow, and is `WrongCounter` elsewhere; any
+/// other encoding is `Unsupported`.
+fn expected_semantics(list: Option<&'static EventList>, i: u8, sel: u64) -> Semantics {
+    let (select, umask) = (sel as u8, (sel >> 8) as u8);
+    let (edge, inv, cmask) = (sel >> 18 & 1 == 1, sel >> 23 & 1 == 1, (sel >> 24) as u8);
+    let arch = emon_pmu::pmu::arch_semantics(CounterId::Gp(i), select, umask);
+    if arch != Semantics::Unsupported {
+        return arch;
+    }
+    let Some(list) = list else { return Semantics::Unsupported };
+    let gp = |r: &&ModelEvent| r.counters & 0xFF != 0;
+    let on = |r: &&ModelEvent| r.counters >> i & 1 == 1;
+    let whole: Vec<&ModelEvent> =
+        list.events.iter().filter(gp).filter(|r| r.select == select && r.umask.is_none()).collect();
+    let select_allows = whole.is_empty() || whole.iter().any(on);
+    let rows: Vec<&ModelEvent> =
+        list.events.iter().filter(gp).filter(|r| r.select == select && r.umask == Some(umask)).collect();
+    let plain = |r: &&&ModelEvent| r.cmask == 0 && !r.inv && !r.edge && !r.any;
+    if rows.is_empty() {
+        return if whole.is_empty() || select_allows { Semantics::Unsupported } else { Semantics::WrongCounter };
+    }
+    let same: Vec<&&ModelEvent> = rows.iter().filter(|r| (r.cmask, r.inv, r.edge) == (cmask, inv, edge)).collect();
+    let plains: Vec<&&ModelEvent> = rows.iter().filter(plain).collect();
+    let chosen = if !same.is_empty() {
+        same
+    } else if !plains.is_empty() {
+        plains.clone()
+    } else {
+        rows.iter().collect()
+    };
+    if !(chosen.iter().any(|r| on(r)) && select_allows) {
+        return Semantics::WrongCounter;
+    }
+    plains.iter().find_map(|r| meaning(list.name, r.name)).unwrap_or(Semantics::Unsupported)
 }
 
 /// What an MSR index names.
@@ -482,13 +624,21 @@ enum Reg {
     Inuse,
     DebugCtl,
     MiscEnable,
+    /// MSR_MISC_FEATURE_CONTROL: the prefetchers' control, where the profile's CPU has it.
+    MiscFeatureControl,
     PebsEnable,
     DsArea,
     /// MSR_PEBS_DATA_CFG (adaptive PEBS).
     PebsDataCfg,
     /// MSR_LASTBRANCH_i_FROM_IP / TO_IP of the bank at `base`; MSR_LBR_INFO_i.
-    LbrFrom { base: u32, i: u8 },
-    LbrTo { base: u32, i: u8 },
+    LbrFrom {
+        base: u32,
+        i: u8,
+    },
+    LbrTo {
+        base: u32,
+        i: u8,
+    },
     LbrInfo(u8),
     LbrSelect,
     LbrTos,
@@ -510,6 +660,7 @@ fn reg(msr: u32) -> Option<Reg> {
         0x392 => Reg::Inuse,
         0x1D9 => Reg::DebugCtl,
         0x1A0 => Reg::MiscEnable,
+        0x1A4 => Reg::MiscFeatureControl,
         0x3F1 => Reg::PebsEnable,
         0x600 => Reg::DsArea,
         0x3F2 => Reg::PebsDataCfg,
@@ -546,14 +697,48 @@ fn all_pmu_msrs() -> impl Iterator<Item = u32> {
 
 const INUSE_PMI: u64 = 1 << 63;
 
+/// Each prefetcher's disable bit in MSR_MISC_FEATURE_CONTROL and in IA32_MISC_ENABLE (Intel's
+/// disclosure; SDM Vol. 4, Core 2).
+const PREFETCH_BITS: [(PrefetcherSet, u64, u64); 4] = [
+    (PrefetcherSet::STREAMER, 1 << 0, 1 << 9),
+    (PrefetcherSet::ADJACENT_LINE, 1 << 1, 1 << 19),
+    (PrefetcherSet::DCU, 1 << 2, 1 << 37),
+    (PrefetcherSet::IP_STRIDE, 1 << 3, 1 << 39),
+];
+
+/// The MSR_MISC_FEATURE_CONTROL bits of the prefetchers `p` has (validation wants them writable).
+fn required_disable_bits(p: &Prefetchers) -> u64 {
+    PREFETCH_BITS.iter().filter(|(s, ..)| p.present().contains(*s)).fold(0, |m, (_, b, _)| m | b)
+}
+
 impl Shape {
-    fn new(p: &PmuProfile) -> Shape {
+    /// IA32_MISC_ENABLE's bits that turn prefetchers off: those of the present ones, where the
+    /// CPU controls them there.
+    fn misc_enable_prefetch(&self) -> u64 {
+        if !self.prefetchers.misc_enable {
+            return 0;
+        }
+        PREFETCH_BITS.iter().filter(|(s, ..)| self.prefetchers.present().contains(*s)).fold(0, |m, (.., b)| m | b)
+    }
+
+    /// The prefetchers left on by MSR_MISC_FEATURE_CONTROL = `feature` and IA32_MISC_ENABLE = `misc`.
+    fn prefetchers_on(&self, feature: u64, misc: u64) -> PrefetcherSet {
+        let feature = if self.prefetchers.misc_feature_control.is_some() { feature } else { 0 };
+        let misc = misc & self.misc_enable_prefetch();
+        PREFETCH_BITS
+            .iter()
+            .filter(|(s, f, m)| self.prefetchers.present().contains(*s) && feature & f == 0 && misc & m == 0)
+            .fold(PrefetcherSet::NONE, |on, (s, ..)| on.union(*s))
+    }
+
+    fn new(p: &PmuProfile, prefetchers: Prefetchers) -> Shape {
         let mut fixed = [false; 4];
         for (i, f) in fixed.iter_mut().enumerate() {
             // SDM 18.2.5: counter i exists if EDX[4:0] > i, or (v5) ECX bit i.
             *f = p.version >= 2 && (i < usize::from(p.fixed) || (p.version >= 5 && p.fixed_bitmap & (1 << i) != 0));
         }
         Shape {
+            prefetchers,
             version: p.version,
             gp: if p.version >= 1 { p.gp } else { 0 },
             gp_width: p.gp_width,
@@ -565,6 +750,7 @@ impl Shape {
             lbr: p.lbr,
             msrs: p.msrs,
             netburst: p.kind == PmuKind::NetBurst,
+            events: p.events,
         }
     }
 
@@ -622,6 +808,7 @@ impl Shape {
             Some(Reg::FixedCtrCtrl | Reg::Status | Reg::Ctrl | Reg::OvfCtrl) => v >= 2,
             Some(Reg::StatusSet | Reg::Inuse) => v >= 4,
             Some(Reg::DebugCtl | Reg::MiscEnable) => true,
+            Some(Reg::MiscFeatureControl) => self.prefetchers.misc_feature_control.is_some(),
             // IA32_DS_AREA exists on NetBurst too (SDM 18.15.7).
             Some(Reg::DsArea) => v >= 1 || self.netburst,
             Some(Reg::PebsEnable) => v >= 1,
@@ -634,6 +821,11 @@ impl Shape {
             Some(Reg::LbrSelect) => self.lbr.is_some_and(|l| l.select != 0),
             Some(Reg::Qualifier(i)) => self.qualifier(i).is_some(),
         }
+    }
+
+    /// PERF_CAPABILITIES.PEBS_BASELINE (bit 14): adaptive PEBS, under architectural perfmon.
+    fn baseline(&self) -> bool {
+        self.version >= 1 && self.perf_capabilities & 1 << 14 != 0
     }
 
     /// Must WRMSR(`msr`, `value`) succeed (`Some(true)`) or #GP (`Some(false)`) by the SDM?
@@ -664,12 +856,18 @@ impl Shape {
             // Legacy writes take EAX sign-extended: any value; fixed counters drop high bits.
             Reg::Pmc(_) | Reg::FixedCtr(_) => Some(true),
             Reg::APmc(_) => fits(width_mask(self.gp_width)),
-            // Bits 63:32 reserved; ANY (bit 21) only from v3.
-            Reg::EvtSel(_) => fits(if v >= 3 { 0xFFFF_FFFF } else { 0xFFFF_FFFF & !(1 << 21) }),
+            // Bits 63:32 reserved but Adaptive_Record (bit 34) with PEBS_BASELINE (SDM 18.9.2.2);
+            // ANY (bit 21) only from v3.
+            Reg::EvtSel(_) => {
+                let any = if v >= 3 { 0xFFFF_FFFF } else { 0xFFFF_FFFF & !(1 << 21) };
+                fits(any | if self.baseline() { 1 << 34 } else { 0 })
+            }
             Reg::PerfCap | Reg::Status | Reg::Inuse => Some(false),
+            // Each counter's field, and its Adaptive_Record bit (32 + 4i) with PEBS_BASELINE.
             Reg::FixedCtrCtrl => {
                 let field = if v >= 3 { 0xF } else { 0xB };
-                fits((0..4).filter(|&i| self.fixed[i]).fold(0, |m, i| m | field << (4 * i)))
+                let adaptive = if self.baseline() { 1 << 32 } else { 0 };
+                fits((0..4).filter(|&i| self.fixed[i]).fold(0, |m, i| m | (field | adaptive) << (4 * i)))
             }
             Reg::Ctrl => fits(counters),
             // SDM Figures 18-5 / 18-11: OvfBuffer, CondChgd; OvfUncore (v3+); ToPA, LBR_Frz,
@@ -687,6 +885,8 @@ impl Shape {
             // SDM Figure 18-12 (CondChgd cannot be set).
             Reg::StatusSet => fits(counters | 1 << 55 | 1 << 58 | 1 << 59 | 1 << 61 | 1 << 62),
             Reg::DebugCtl | Reg::MiscEnable | Reg::PebsEnable | Reg::DsArea => None,
+            // The profile's writable bits (measured on the parts that have them); others #GP.
+            Reg::MiscFeatureControl => fits(self.prefetchers.misc_feature_control?),
             // Memory info, GPRs, XMMs, LBRs (bits 3:0) and the LBR count (31:24).
             Reg::PebsDataCfg => fits(0xFF00_000F),
             // SDM 17.4.8.1: the address bits below the format's flags (LBR_FMT 3: bit 63; 4:
@@ -709,7 +909,6 @@ impl Shape {
         }
     }
 }
-
 
 // ---------------------------------------------------------------------------------------------
 // NetBurst (SDM 18.15-18.16), restated independently of emon's netburst module
@@ -985,9 +1184,9 @@ fn rd(pmu: &Pmu, msr: u32, ctx: &Ctx) -> u64 {
 }
 
 fn run(input: &Input) {
-    let Some(profile) = input.profile.build() else { return };
-    let shape = Shape::new(&profile);
-    let mut pmu = Pmu::new(&profile);
+    let Some((profile, prefetchers)) = input.profile.build(input.prefetchers.build()) else { return };
+    let shape = Shape::new(&profile, prefetchers);
+    let mut pmu = Pmu::new(&profile).with_prefetchers(prefetchers);
     let mut model = Model { status: 0, pmi_pending: false, last_branch: (0, 0), nb_cascaded: 0, nb_armed: 0 };
     check_power_on(&pmu, &shape);
     check(&pmu, &shape, &model, &Ctx { step: 0, op: None });
@@ -1280,6 +1479,14 @@ fn apply(pmu: &mut Pmu, shape: &Shape, model: &mut Model, op: &Op, ctx: &Ctx) {
             let ctrl = pmu.rdmsr(0x38F).unwrap_or(0);
             wrmsr(pmu, shape, model, 0x38F, ctrl | 1u64.checked_shl(id.status_bit()).unwrap_or(0), ctx);
         }
+        Op::ArmListed { ctr, event, umask, int } => {
+            let Some(e) = listed(shape.events, event) else { return };
+            let i = ctr % 10;
+            let sel = encoding(e, umask) | 1 << 16 | 1 << 17 | 1 << 22 | if int { 1 << 20 } else { 0 };
+            wrmsr(pmu, shape, model, 0x186 + u32::from(i), sel, ctx);
+            let ctrl = pmu.rdmsr(0x38F).unwrap_or(0);
+            wrmsr(pmu, shape, model, 0x38F, ctrl | 1 << i, ctx);
+        }
         Op::Freeze(bits) => {
             let value = u64::from(bits & 1) | u64::from(bits >> 1 & 3) << 11;
             wrmsr(pmu, shape, model, 0x1D9, value, ctx);
@@ -1363,9 +1570,14 @@ fn wrmsr(pmu: &mut Pmu, shape: &Shape, model: &mut Model, msr: u32, value: u64, 
             except.push(0xC1 + u32::from(i));
         }
         Reg::FixedCtr(_) => assert_eq!(read(pmu), value & width_mask(shape.fixed_width), "{ctx}: fixed write"),
-        Reg::EvtSel(_) | Reg::FixedCtrCtrl | Reg::Ctrl | Reg::DebugCtl | Reg::PebsEnable | Reg::DsArea | Reg::PebsDataCfg => {
-            assert_eq!(read(pmu), value, "{ctx}: read-back")
-        }
+        Reg::EvtSel(_)
+        | Reg::FixedCtrCtrl
+        | Reg::Ctrl
+        | Reg::DebugCtl
+        | Reg::PebsEnable
+        | Reg::DsArea
+        | Reg::PebsDataCfg
+        | Reg::MiscFeatureControl => assert_eq!(read(pmu), value, "{ctx}: read-back"),
         Reg::OvfCtrl => {
             model.status &= !value;
             assert_eq!(read(pmu), 0, "{ctx}: OVF_CTRL reads 0");
@@ -1377,9 +1589,10 @@ fn wrmsr(pmu: &mut Pmu, shape: &Shape, model: &mut Model, msr: u32, value: u64, 
             except.push(0x38E);
         }
         Reg::MiscEnable => {
-            assert_eq!(value & !(MISC_ENABLE_WRITABLE | MISC_ENABLE_READ_ONLY), 0, "{ctx}: MISC_ENABLE reserved bits");
+            let writable = MISC_ENABLE_WRITABLE | shape.misc_enable_prefetch();
+            assert_eq!(value & !(writable | MISC_ENABLE_READ_ONLY), 0, "{ctx}: MISC_ENABLE reserved bits");
             let old = rd(&before, msr, ctx);
-            let want = (value & MISC_ENABLE_WRITABLE) | (old & MISC_ENABLE_READ_ONLY);
+            let want = (value & writable) | (old & MISC_ENABLE_READ_ONLY);
             assert_eq!(read(pmu), want, "{ctx}: MISC_ENABLE read-only bits");
         }
         Reg::PerfCap | Reg::Status | Reg::Inuse => panic!("{ctx}: WRMSR to read-only {msr:#x} succeeded"),
@@ -1394,7 +1607,11 @@ fn wrmsr(pmu: &mut Pmu, shape: &Shape, model: &mut Model, msr: u32, value: u64, 
     same_except(&snap, &snapshot(pmu), &except, ctx);
     if let Reg::Pmc(i) | Reg::APmc(i) | Reg::FixedCtr(i) = reg {
         let id = if matches!(reg, Reg::FixedCtr(_)) { CounterId::Fixed(i) } else { CounterId::Gp(i) };
-        assert_ne!(pmu.reprogram_pending().written & id.status_mask(), 0, "{ctx}: a counter write must mark it written");
+        assert_ne!(
+            pmu.reprogram_pending().written & id.status_mask(),
+            0,
+            "{ctx}: a counter write must mark it written"
+        );
     }
 }
 
@@ -1416,6 +1633,7 @@ fn check(pmu: &Pmu, shape: &Shape, model: &Model, ctx: &Ctx) {
     let global_ctrl = if v >= 2 { rd(pmu, 0x38F, ctx) } else { 0 };
     let fixed_ctrl = if v >= 2 { rd(pmu, 0x38D, ctx) } else { 0 };
     let mut inuse = 0u64;
+    let mut adaptive = 0u64;
     let mut pmi_in_use = v >= 1 && rd(pmu, 0x3F1, ctx) & shape.gp_bits() != 0;
     for &id in &ids {
         let s = pmu.counter(id);
@@ -1442,17 +1660,22 @@ fn check(pmu: &Pmu, shape: &Shape, model: &Model, ctx: &Ctx) {
             }
         }
         assert!(pmu.distance_to_overflow(id) >= 1, "{ctx}: {id} distance 0");
-        let (enabled, int, in_use) = match id {
+        let (enabled, int, in_use, adaptive_record) = match id {
             CounterId::Gp(i) => {
                 let sel = rd(pmu, 0x186 + u32::from(i), ctx);
-                (sel & 1 << 22 != 0, sel & 1 << 20 != 0, sel & 0xFF != 0)
+                let want = expected_semantics(shape.events, i, sel);
+                assert_eq!(s.semantics, want, "{ctx}: {id} counts PERFEVTSEL {sel:#x} as");
+                (sel & 1 << 22 != 0, sel & 1 << 20 != 0, sel & 0xFF != 0, sel & 1 << 34 != 0)
             }
             CounterId::Fixed(i) => {
                 let field = fixed_ctrl >> (4 * u32::from(i)) & 0xF;
-                (field & 3 != 0, field & 8 != 0, field & 3 != 0)
+                (field & 3 != 0, field & 8 != 0, field & 3 != 0, fixed_ctrl >> (32 + 4 * u32::from(i)) & 1 != 0)
             }
             CounterId::NetBurst(_) => unreachable!("NetBurst counters are checked above"),
         };
+        if adaptive_record {
+            adaptive |= 1 << id.status_bit();
+        }
         assert_eq!((s.enabled, s.int), (enabled, int), "{ctx}: {id} enable/int");
         let global = v == 1 || global_ctrl & 1 << id.status_bit() != 0;
         assert_eq!(s.counting, enabled && global && !frozen, "{ctx}: {id} counting");
@@ -1461,6 +1684,12 @@ fn check(pmu: &Pmu, shape: &Shape, model: &Model, ctx: &Ctx) {
         }
         pmi_in_use |= int;
     }
+    // Adaptive PEBS: the counters whose records take MSR_PEBS_DATA_CFG's groups.
+    assert_eq!(pmu.pebs_adaptive(), adaptive, "{ctx}: pebs_adaptive()");
+    // The prefetchers left on, from the two control registers.
+    let feature = pmu.rdmsr(0x1A4).unwrap_or(0);
+    let on = shape.prefetchers_on(feature, rd(pmu, 0x1A0, ctx));
+    assert_eq!(pmu.prefetchers_on(), on, "{ctx}: prefetchers_on()");
     let counting: Vec<CounterId> = pmu.counting().iter().map(|s| s.id).collect();
     let want: Vec<CounterId> = ids.iter().copied().filter(|&id| pmu.counter(id).counting).collect();
     assert_eq!(counting, want, "{ctx}: counting()");

@@ -8,6 +8,7 @@
 pub mod apic;
 pub mod catch;
 pub mod cpu;
+pub mod events;
 pub mod exit;
 pub mod fmt;
 pub mod idt;
@@ -17,6 +18,7 @@ pub mod msr;
 pub mod netburst;
 pub mod pio;
 pub mod pmu;
+pub mod prefetch;
 pub mod report;
 pub mod serial;
 mod start;

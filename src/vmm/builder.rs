@@ -7,6 +7,7 @@ use super::devices::{fw_cfg::FwCfg, serial, PioBus};
 use super::error::kvm_err;
 use super::loader::{self, Format};
 use super::rdpmc::GpCatch;
+use super::tsc_rate::TscRate;
 use super::vcpu::{ExitStats, Vcpu};
 use super::{boot, cpuid, host, kick, layout, msr, trace, DebugStoreMode, SerialOut, VmConfig, VmmError};
 use crate::backend::guest_debug::GuestDebug;
@@ -34,6 +35,8 @@ pub struct BuiltVm {
     pub kvm: Kvm,
     /// Where the guest's CPUID differs from the table emon set (README, "CPUID fidelity").
     pub cpuid_overrides: Vec<cpuid_probe::Override>,
+    /// Where CPUID.15H's crystal is not the profile's, why (README, "Guest time").
+    pub tsc_note: Option<String>,
 }
 
 /// Builds the VM `config` describes, up to the guest's first instruction.
@@ -42,11 +45,11 @@ pub fn build(config: VmConfig) -> Result<BuiltVm, VmmError> {
     let kvm = host::open()?;
     let vm = create_vm(&kvm)?;
     let mem = create_memory(&vm, ram)?;
-    let (fd, cpuid_overrides, DebugStore { pebs, bts }) = create_vcpu(&kvm, &vm, &config)?;
+    let NewVcpu { fd, cpuid_overrides, ds: DebugStore { pebs, bts }, tsc_note } = create_vcpu(&kvm, &vm, &config)?;
     let format = load_kernel(&fd, &mem, ram, &config)?;
     let bus = create_bus(&vm, ram, &config)?;
     let tracer = config.trace.as_deref().map(create_tracer).transpose()?;
-    let mut pmu = Pmu::new(&config.profile.pmu);
+    let mut pmu = Pmu::new(&config.profile.pmu).with_prefetchers(config.profile.cache.prefetchers);
     pmu.set_pebs(pebs);
     pmu.set_bts(bts);
     let catch = GpCatch::new(&kvm, &pmu);
@@ -65,7 +68,7 @@ pub fn build(config: VmConfig) -> Result<BuiltVm, VmmError> {
         completer: Default::default(),
         catch,
     };
-    Ok(BuiltVm { vcpu, format, vm, kvm, cpuid_overrides })
+    Ok(BuiltVm { vcpu, format, vm, kvm, cpuid_overrides, tsc_note })
 }
 
 /// CPUID.01H:EDX.DS, the debug store.
@@ -117,12 +120,18 @@ struct DebugStore {
     bts: bool,
 }
 
-/// vCPU 0 with the profile's CPUID table and its local APIC wired as firmware leaves it; with
-/// what a probe VM with the same table reads differently, and what of the Debug Store is
-/// presented: PEBS where the backend writes the profile's PEBS format, BTS where it records
-/// branches, as `--debug-store` allows (`auto`: only if the guest sees the DS bit the table
-/// sets; README, "PEBS", "BTS").
-type NewVcpu = (VcpuFd, Vec<cpuid_probe::Override>, DebugStore);
+/// vCPU 0 with the profile's CPUID table and its local APIC wired as firmware leaves it.
+struct NewVcpu {
+    fd: VcpuFd,
+    /// What a probe VM with the same table reads differently.
+    cpuid_overrides: Vec<cpuid_probe::Override>,
+    /// What of the Debug Store is presented: PEBS where the backend writes the profile's PEBS
+    /// format, BTS where it records branches, as `--debug-store` allows (`auto`: only if the
+    /// guest sees the DS bit the table sets; README, "PEBS", "BTS").
+    ds: DebugStore,
+    /// Where leaf 15H gives the rate the vCPU's TSC runs at rather than the profile's.
+    tsc_note: Option<String>,
+}
 
 fn create_vcpu(kvm: &Kvm, vm: &VmFd, config: &VmConfig) -> Result<NewVcpu, VmmError> {
     let fd = vm.create_vcpu(0).map_err(kvm_err("KVM_CREATE_VCPU"))?;
@@ -132,7 +141,8 @@ fn create_vcpu(kvm: &Kvm, vm: &VmFd, config: &VmConfig) -> Result<NewVcpu, VmmEr
         pebs: allowed && pmu.presents_pebs(config.backend.writes_pebs()),
         bts: allowed && pmu.version >= 1 && config.backend.records_branches(),
     };
-    let mut table = cpuid::guest_cpuid(kvm, &config.profile, ds.pebs || ds.bts)?;
+    let tsc = TscRate::of_vcpu(&fd)?;
+    let mut table = cpuid::guest_cpuid(kvm, &config.profile, ds.pebs || ds.bts, tsc)?;
     let mut overrides = cpuid_probe::probe(kvm, &table)?;
     let ds_hidden = |o: &[cpuid_probe::Override]| {
         o.iter().any(|o| (o.leaf, o.register) == (1, 3) && o.table & !o.guest & LEAF1_EDX_DS != 0)
@@ -142,7 +152,7 @@ fn create_vcpu(kvm: &Kvm, vm: &VmFd, config: &VmConfig) -> Result<NewVcpu, VmmEr
             "the Debug Store (PEBS, BTS) is not presented: this host hides CPUID.01H:EDX.DS from the guest (--debug-store on presents it anyway)"
         );
         ds = DebugStore::default();
-        table = cpuid::guest_cpuid(kvm, &config.profile, false)?;
+        table = cpuid::guest_cpuid(kvm, &config.profile, false, tsc)?;
         overrides = cpuid_probe::probe(kvm, &table)?;
     }
     fd.set_cpuid2(&table).map_err(kvm_err("KVM_SET_CPUID2"))?;
@@ -150,7 +160,7 @@ fn create_vcpu(kvm: &Kvm, vm: &VmFd, config: &VmConfig) -> Result<NewVcpu, VmmEr
     if let Some(revision) = config.profile.microcode {
         set_microcode_revision(&fd, revision)?;
     }
-    Ok((fd, overrides, ds))
+    Ok(NewVcpu { fd, cpuid_overrides: overrides, ds, tsc_note: tsc.note(&config.profile.clock) })
 }
 
 /// IA32_BIOS_SIGN_ID (SDM Vol. 4, Table 2-2): the guest reads the microcode update revision in

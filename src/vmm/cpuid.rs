@@ -1,5 +1,6 @@
 //! The CPUID table the guest gets: KVM_GET_SUPPORTED_CPUID with the profile applied on top.
 use super::error::kvm_err;
+use super::tsc_rate::TscRate;
 use super::VmmError;
 use crate::profile::Profile;
 use kvm_bindings::{kvm_cpuid_entry2, KVM_CPUID_FLAG_SIGNIFCANT_INDEX, KVM_MAX_CPUID_ENTRIES};
@@ -23,18 +24,20 @@ const EXT1_ECX_AMD_PERFCTR: u32 = (1 << 23) | (1 << 24) | (1 << 28);
 /// (architectural perfmon extended) and AMD's 0x80000022 (PerfMonV2).
 const HIDDEN_LEAVES: [u32; 2] = [0x23, 0x8000_0022];
 
-/// The CPUID table the guest gets under `profile`; `ds`: emon presents the Debug Store (PEBS, BTS).
-pub fn guest_cpuid(kvm: &Kvm, profile: &Profile, ds: bool) -> Result<kvm_bindings::CpuId, VmmError> {
+/// The CPUID table the guest gets under `profile`; `ds`: emon presents the Debug Store (PEBS, BTS);
+/// `tsc`: the rate the guest's TSC runs at.
+pub fn guest_cpuid(kvm: &Kvm, profile: &Profile, ds: bool, tsc: TscRate) -> Result<kvm_bindings::CpuId, VmmError> {
     let supported = kvm.get_supported_cpuid(KVM_MAX_CPUID_ENTRIES).map_err(kvm_err("KVM_GET_SUPPORTED_CPUID"))?;
     let mut entries = supported.as_slice().to_vec();
-    apply_profile(&mut entries, profile, ds);
+    apply_profile(&mut entries, profile, ds, tsc);
     kvm_bindings::CpuId::from_entries(&entries).map_err(VmmError::CpuidTable)
 }
 
 /// Applies `profile` to a supported-CPUID table: vendor and signature (leaves 0, 1), leaf 0xA,
-/// PDCM, the modelled caches (leaf 4, Intel profiles) and reference clock (leaf 0x15), and hides
-/// every other PMU the host's table may advertise.
-pub fn apply_profile(entries: &mut Vec<kvm_cpuid_entry2>, profile: &Profile, ds: bool) {
+/// PDCM, the modelled caches (leaf 4, Intel profiles) and reference clock (leaf 0x15, whose crystal
+/// gives the rate `tsc` the guest's TSC runs at), and hides every other PMU the host's table may
+/// advertise.
+pub fn apply_profile(entries: &mut Vec<kvm_cpuid_entry2>, profile: &Profile, ds: bool, tsc: TscRate) {
     let intel = profile.vendor == "GenuineIntel";
     entries.retain(|e| {
         !HIDDEN_LEAVES.contains(&e.function) && e.function != LEAF_TSC_CRYSTAL && !(intel && e.function == LEAF_CACHE)
@@ -46,7 +49,8 @@ pub fn apply_profile(entries: &mut Vec<kvm_cpuid_entry2>, profile: &Profile, ds:
     if intel {
         entries.extend(profile.cache.leaf_04().into_iter().zip(0..).map(|(regs, index)| cache_subleaf(index, regs)));
     }
-    if let Some([eax, ebx, ecx, edx]) = profile.clock.leaf_15h() {
+    if let Some([eax, ebx, _, edx]) = profile.clock.leaf_15h() {
+        let ecx = tsc.crystal_hz(&profile.clock);
         entries.push(kvm_cpuid_entry2 { function: LEAF_TSC_CRYSTAL, eax, ebx, ecx, edx, ..Default::default() });
     }
     let max_basic = if profile.clock.leaf_15h { LEAF_TSC_CRYSTAL } else { LEAF_PERFMON };
@@ -102,6 +106,9 @@ fn cache_subleaf(index: u32, [eax, ebx, ecx, edx]: [u32; 4]) -> kvm_cpuid_entry2
 mod tests {
     use super::*;
 
+    /// The rate this build machine runs a guest's TSC at (it cannot scale it).
+    const HOST: TscRate = TscRate { khz: 2_445_424 };
+
     fn entry(function: u32, eax: u32, ebx: u32, ecx: u32, edx: u32) -> kvm_cpuid_entry2 {
         kvm_cpuid_entry2 { function, eax, ebx, ecx, edx, ..Default::default() }
     }
@@ -115,7 +122,7 @@ mod tests {
             entry(0x8000_0001, 0, 0, 0xFFFF_FFFF, 0),
             entry(0x8000_0022, 1, 2, 3, 4),
         ];
-        apply_profile(&mut t, &p, false);
+        apply_profile(&mut t, &p, false, HOST);
         let get = |f| t.iter().find(|e| e.function == f).copied();
         let l0 = get(0).unwrap();
         assert_eq!([l0.ebx, l0.edx, l0.ecx], p.vendor_regs());
@@ -126,7 +133,7 @@ mod tests {
         assert_eq!(l1.ecx & (LEAF1_ECX_DTES64 | LEAF1_ECX_DS_CPL), 0);
         // Where emon presents PEBS: DS and the 64-bit layout, never DS-CPL.
         let mut t = vec![entry(1, 0x00A0_0F11, 0, 0xFFFF_FFFF, 0xFFFF_FFFF)];
-        apply_profile(&mut t, &p, true);
+        apply_profile(&mut t, &p, true, HOST);
         let l1 = t.iter().find(|e| e.function == 1).copied().unwrap();
         assert_eq!(
             (l1.edx & LEAF1_EDX_DS, l1.ecx & (LEAF1_ECX_DTES64 | LEAF1_ECX_DS_CPL)),
@@ -170,7 +177,7 @@ mod tests {
         for name in Profile::builtin_names() {
             let p = Profile::load(name).expect("built-in");
             let mut t = host_table(0x20);
-            apply_profile(&mut t, &p, false);
+            apply_profile(&mut t, &p, false, HOST);
             let ours = subleaves(&t, LEAF_CACHE);
             let expected: Vec<(u32, [u32; 4])> = (0..).zip(p.cache.leaf_04()).collect();
             assert_eq!(ours, expected, "{name}");
@@ -192,7 +199,7 @@ mod tests {
         }
         // Nehalem: L1i 4-way, L3 8 MiB 16-way inclusive, as CPUID.04H of the real part.
         let mut t = host_table(0x20);
-        apply_profile(&mut t, &Profile::load("nehalem").expect("built-in"), false);
+        apply_profile(&mut t, &Profile::load("nehalem").expect("built-in"), false, HOST);
         let ours = subleaves(&t, LEAF_CACHE);
         assert_eq!(ours[1].1[1..3], [0x00C0_003F, 0x7F]);
         assert_eq!(ours[3].1, [0x0000_0163, 0x03C0_003F, 0x1FFF, 2]);
@@ -205,24 +212,30 @@ mod tests {
         p.vendor = "AuthenticAMD".to_string();
         let mut t = host_table(0x20);
         let host = subleaves(&t, LEAF_CACHE);
-        apply_profile(&mut t, &p, false);
+        apply_profile(&mut t, &p, false, HOST);
         assert_eq!(subleaves(&t, LEAF_CACHE), host);
     }
 
     #[test]
     fn leaf_15h_is_the_profiles_and_raises_the_max_basic_leaf() {
         let p = Profile::load("icelake").expect("built-in");
-        let mut t = host_table(0xD);
-        t.retain(|e| e.function != LEAF_TSC_CRYSTAL);
-        apply_profile(&mut t, &p, false);
-        let leaf: Vec<[u32; 4]> =
-            t.iter().filter(|e| e.function == LEAF_TSC_CRYSTAL).map(|e| [e.eax, e.ebx, e.ecx, e.edx]).collect();
-        assert_eq!(leaf, [[2, 78, 38_400_000, 0]]);
-        let max = t.iter().find(|e| e.function == 0).map(|e| e.eax);
-        assert_eq!(max, Some(0x15));
+        let leaf_15h = |tsc: TscRate| {
+            let mut t = host_table(0xD);
+            t.retain(|e| e.function != LEAF_TSC_CRYSTAL);
+            apply_profile(&mut t, &p, false, tsc);
+            let max = t.iter().find(|e| e.function == 0).map(|e| e.eax);
+            assert_eq!(max, Some(0x15));
+            let leaf: Vec<[u32; 4]> =
+                t.iter().filter(|e| e.function == LEAF_TSC_CRYSTAL).map(|e| [e.eax, e.ebx, e.ecx, e.edx]).collect();
+            leaf
+        };
+        // Where the guest's TSC runs at the profile's 1497.6 MHz, the real CPU's leaf.
+        assert_eq!(leaf_15h(TscRate { khz: 1_497_600 }), [[2, 78, 38_400_000, 0]]);
+        // Elsewhere its ratio, and the crystal that makes ECX x EBX / EAX the TSC's real rate.
+        assert_eq!(leaf_15h(HOST), [[2, 78, 62_703_179, 0]]);
         // A host max above 0x15 stays.
         let mut t = host_table(0x20);
-        apply_profile(&mut t, &Profile::load("skylake").expect("built-in"), false);
+        apply_profile(&mut t, &Profile::load("skylake").expect("built-in"), false, HOST);
         assert_eq!(t.iter().find(|e| e.function == 0).map(|e| e.eax), Some(0x20));
         let leaf: Vec<[u32; 4]> =
             t.iter().filter(|e| e.function == LEAF_TSC_CRYSTAL).map(|e| [e.eax, e.ebx, e.ecx, e.edx]).collect();
@@ -235,7 +248,7 @@ mod tests {
             let p = Profile::load(name).expect("built-in");
             assert!(!p.clock.leaf_15h, "{name}");
             let mut t = host_table(0x20);
-            apply_profile(&mut t, &p, false);
+            apply_profile(&mut t, &p, false, HOST);
             assert!(t.iter().all(|e| e.function != LEAF_TSC_CRYSTAL), "{name}: host leaf 0x15 visible");
             // The max basic leaf is not lowered: the host's other leaves (XSAVE, ...) stay.
             assert_eq!(t.iter().find(|e| e.function == 0).map(|e| e.eax), Some(0x20), "{name}");
@@ -244,7 +257,7 @@ mod tests {
         let text = "description = \"d\"\nvendor = \"GenuineIntel\"\nfamily = 6\nmodel = 0x5E\nstepping = 3\n[pmu]\nversion = 0\n";
         let p = Profile::from_toml("plain.toml", text).expect("loads");
         let mut t = host_table(0x20);
-        apply_profile(&mut t, &p, false);
+        apply_profile(&mut t, &p, false, HOST);
         assert!(t.iter().all(|e| e.function != LEAF_TSC_CRYSTAL));
     }
 }

@@ -21,6 +21,7 @@ pub mod rdpmc;
 pub mod report;
 pub mod supervisor;
 pub mod trace;
+pub mod tsc_rate;
 pub mod vcpu;
 
 use loader::{Kernel, Module};
@@ -87,7 +88,7 @@ pub struct VmConfig {
 pub fn run(config: VmConfig) -> Result<RunReport, VmmError> {
     let timeout = config.timeout;
     // `_vm` and `_kvm` stay open until the run is over.
-    let builder::BuiltVm { mut vcpu, format, vm: _vm, kvm: _kvm, cpuid_overrides } = builder::build(config)?;
+    let builder::BuiltVm { mut vcpu, format, vm: _vm, kvm: _kvm, cpuid_overrides, tsc_note } = builder::build(config)?;
     kick::install_handler()?;
     let stop = vcpu.stop.clone();
     let done = EventFd::new(libc::EFD_NONBLOCK).map_err(VmmError::EventFd)?;
@@ -109,5 +110,6 @@ pub fn run(config: VmConfig) -> Result<RunReport, VmmError> {
     let (stop, vcpu) = thread.join().map_err(VmmError::vcpu_panicked)??;
     let mut report = RunReport::collect(stop, format, started.elapsed(), vcpu);
     report.cpuid_overrides = cpuid_overrides;
+    report.tsc_note = tsc_note;
     Ok(report)
 }

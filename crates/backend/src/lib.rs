@@ -96,6 +96,11 @@ pub trait Backend: Send {
     fn records_branches(&self) -> bool {
         false
     }
+    /// Does this backend count the LLC events from emon's cache model, whose prefetchers obey the
+    /// guest's MSR_MISC_FEATURE_CONTROL and IA32_MISC_ENABLE (README, "The cache model")?
+    fn models_caches(&self) -> bool {
+        false
+    }
     /// Does this backend write PEBS records into the guest's DS area (formats 0-4)?
     fn writes_pebs(&self) -> bool {
         false
@@ -130,7 +135,12 @@ pub fn select(
 ) -> (Box<dyn Backend>, String) {
     let caps = perf::host_caps(allow_raw);
     let perf = |caps| -> Box<dyn Backend> {
-        Box::new(perf::counting::Perf::new(caps, &profile.vendor, profile.pmu.nominal_mhz, kick_signal))
+        let guest = perf::mapping::GuestCpu {
+            vendor: profile.vendor.clone(),
+            events: profile.pmu.events,
+            mhz: profile.pmu.nominal_mhz,
+        };
+        Box::new(perf::counting::Perf::new(caps, guest, kick_signal))
     };
     let precise = || -> Box<dyn Backend> {
         Box::new(

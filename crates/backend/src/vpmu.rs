@@ -241,13 +241,22 @@ impl<O: Observer> VirtualPmu<O> {
         Ok(())
     }
 
+    /// The configurations the backend produces of those the model stores without producing:
+    /// the LBR stack where it records branches, the prefetchers' control where it counts from
+    /// the cache model.
+    fn produced(&self) -> Unmodelled {
+        let of = |on: bool, u: Unmodelled| if on { u } else { Unmodelled::NONE };
+        of(self.backend.records_branches(), Unmodelled::DEBUGCTL_LBR)
+            .union(of(self.backend.models_caches(), Unmodelled::PREFETCHERS_OFF))
+    }
+
     /// The run's account of the PMU.
     pub fn report(&self) -> PmuReport {
         PmuReport {
             backend: self.backend.name(),
             summary: self.backend.summary(),
             backend_notes: self.backend.notes(),
-            model_notes: self.unmodelled.notes(self.backend.records_branches()),
+            model_notes: self.unmodelled.notes(self.produced()),
             pmis: self.pmis,
             msrs: self.msrs,
             reprogrammed: self.backend.reprogrammed(),
@@ -272,6 +281,7 @@ mod tests {
         runs: u32,
         queued: u32,
         records_branches: bool,
+        models_caches: bool,
     }
 
     impl Backend for Recorder {
@@ -305,6 +315,9 @@ mod tests {
         }
         fn records_branches(&self) -> bool {
             self.records_branches
+        }
+        fn models_caches(&self) -> bool {
+            self.models_caches
         }
     }
 
@@ -385,5 +398,24 @@ mod tests {
         v.wrmsr(msr::IA32_DEBUGCTL, msr::DEBUGCTL_LBR);
         assert!(v.report().model_notes.is_empty(), "a backend that records branches leaves nothing to say");
         assert_eq!(v.wrmsr(msr::IA32_DEBUGCTL, 1 << 5), Some(Err(GpFault)), "a reserved bit #GPs");
+    }
+
+    #[test]
+    fn prefetchers_turned_off_are_noted_unless_the_backend_counts_from_the_cache_model() {
+        let profile = Profile::load("skylake").unwrap();
+        for models_caches in [false, true] {
+            let pmu = Pmu::new(&profile.pmu).with_prefetchers(profile.cache.prefetchers);
+            let mut v = VirtualPmu::new(pmu, Box::new(Recorder { models_caches, ..Recorder::default() }));
+            assert_eq!(v.wrmsr(msr::MSR_MISC_FEATURE_CONTROL, 0), Some(Ok(())), "the PMU's own");
+            assert!(v.report().model_notes.is_empty(), "every prefetcher on");
+            assert_eq!(v.wrmsr(msr::MSR_MISC_FEATURE_CONTROL, 0xF), Some(Ok(())));
+            assert_eq!(v.wrmsr(msr::MSR_MISC_FEATURE_CONTROL, 0), Some(Ok(())));
+            let notes = v.report().model_notes;
+            if models_caches {
+                assert!(notes.is_empty(), "{notes:?}");
+            } else {
+                assert!(notes.len() == 1 && notes[0].contains("turned hardware prefetchers off"), "{notes:?}");
+            }
+        }
     }
 }

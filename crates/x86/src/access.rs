@@ -6,16 +6,20 @@
 //! into linear addresses, in the order the instruction makes them.
 use std::cell::RefCell;
 
-use iced_x86::{Instruction, InstructionInfoFactory, Mnemonic, OpAccess, Register};
+use iced_x86::{Instruction, InstructionInfoFactory, Mnemonic, OpAccess, OpKind, Register};
 
 /// What an access does to its bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum AccessKind {
     /// A load (including one a mask or condition may suppress, such as CMOVcc's).
     Read,
-    /// A store, or a read-modify-write of the same bytes (ADD [m], r; XCHG; CMPXCHG), which is one
-    /// access: the line is fetched once, for ownership.
+    /// A store.
     Write,
+    /// A read-modify-write of the same bytes (ADD [m], r; CMPXCHG): one access, whose line is
+    /// fetched once, for ownership.
+    Update,
+    /// A locked read-modify-write (a LOCK prefix, or XCHG with memory, SDM Vol. 3A 9.1.2.2).
+    Locked,
     /// CLFLUSH or CLFLUSHOPT: the line that holds the byte leaves every cache.
     Flush,
 }
@@ -75,7 +79,8 @@ pub fn gpr(r: &kvm_bindings::kvm_regs, reg: Register) -> u64 {
 ///
 /// Memory operands that access nothing (LEA, NOP with a memory operand, PREFETCHh, CLDEMOTE)
 /// give no access, and neither does CLWB (it writes a line back and may keep it; the cache model
-/// has no dirty state). A read-modify-write operand is one [`AccessKind::Write`].
+/// has no dirty state). A read-modify-write operand is one [`AccessKind::Update`] (or
+/// [`AccessKind::Locked`]).
 pub fn data_accesses(
     i: &Instruction,
     reg: impl Fn(Register) -> u64,
@@ -84,10 +89,11 @@ pub fn data_accesses(
 ) -> Result<Vec<Access>, UnknownAccesses> {
     check(i)?;
     let m = i.mnemonic();
-    if matches!(m, Mnemonic::Clwb) {
+    if matches!(m, Mnemonic::Clwb) || registers_only(i) {
         return Ok(Vec::new());
     }
     let flush = matches!(m, Mnemonic::Clflush | Mnemonic::Clflushopt);
+    let locked = i.has_lock_prefix() || m == Mnemonic::Xchg;
     // A register's value as an address component: segment bases, and general-purpose registers
     // of any width read from their 64-bit register. Nothing else (RIP-relative operands come
     // resolved from iced-x86).
@@ -120,6 +126,8 @@ pub fn data_accesses(
             let kind = match mem.access() {
                 _ if flush => AccessKind::Flush,
                 OpAccess::Read | OpAccess::CondRead => AccessKind::Read,
+                OpAccess::ReadWrite | OpAccess::ReadCondWrite if locked => AccessKind::Locked,
+                OpAccess::ReadWrite | OpAccess::ReadCondWrite => AccessKind::Update,
                 _ => AccessKind::Write,
             };
             let size = if flush { 1 } else { u32::try_from(size).unwrap_or(u32::MAX) };
@@ -134,11 +142,39 @@ pub fn data_accesses(
     })
 }
 
+/// How many loads and stores `i` makes, as iced-x86 lists its memory operands (explicit and
+/// implicit): a read-modify-write operand is one of each, an operand that accesses nothing
+/// (LEA, a hinted NOP, PREFETCHh) neither, and CLFLUSH, CLFLUSHOPT and CLWB neither (no data
+/// moves). Whatever the registers: a REP string instruction's operands count once.
+pub fn loads_and_stores(i: &Instruction) -> (u8, u8) {
+    if matches!(i.mnemonic(), Mnemonic::Clflush | Mnemonic::Clflushopt | Mnemonic::Clwb) || registers_only(i) {
+        return (0, 0);
+    }
+    INFO.with(|factory| {
+        let mut factory = factory.borrow_mut();
+        let (mut loads, mut stores) = (0u8, 0u8);
+        for mem in factory.info(i).used_memory() {
+            let (load, store) = match mem.access() {
+                OpAccess::Read | OpAccess::CondRead => (true, false),
+                OpAccess::Write | OpAccess::CondWrite => (false, true),
+                OpAccess::ReadWrite | OpAccess::ReadCondWrite => (true, true),
+                _ => (false, false),
+            };
+            loads = loads.saturating_add(u8::from(load));
+            stores = stores.saturating_add(u8::from(store));
+        }
+        (loads, stores)
+    })
+}
+
 /// The most `line`-byte cache lines `i` can touch, whatever its registers: every access at its
 /// worst alignment. An upper bound for the LLC events one instruction can add (at most one
 /// reference and one miss per line).
 pub fn max_lines(i: &Instruction, line: u32) -> Result<u64, UnknownAccesses> {
     check(i)?;
+    if registers_only(i) {
+        return Ok(0);
+    }
     let line = u64::from(line.max(1));
     INFO.with(|factory| {
         let mut factory = factory.borrow_mut();
@@ -152,6 +188,55 @@ pub fn max_lines(i: &Instruction, line: u32) -> Result<u64, UnknownAccesses> {
             Ok(total + (size + line - 2) / line + 1)
         })
     })
+}
+
+/// Instructions that access memory with no memory operand and no change of RSP, as iced-x86
+/// lists their accesses (every opcode decoded: `registers_only_agrees_with_the_operand_lists`).
+const IMPLICIT_MEMORY: &[Mnemonic] = {
+    use Mnemonic::*;
+    &[
+        Leave,
+        Umonitor,
+        Rdmsrlist,
+        Wrmsrlist,
+        Rmpupdate,
+        Pbndkb,
+        Ccs_encrypt,
+        Ccs_hash,
+        Xcryptcbc,
+        Xcryptcfb,
+        Xcryptctr,
+        Xcryptecb,
+        Xcryptofb,
+        Xsha1,
+        Xsha256,
+        Xsha512,
+        Xsha512_alt,
+        Xstore,
+        Xstore_alt,
+    ]
+};
+
+/// Whether `i` surely accesses no memory: no memory operand (explicit or a string one), no
+/// change of RSP (the stack), and none of [`IMPLICIT_MEMORY`]. The counting hot path asks this
+/// before building iced-x86's operand lists, which most instructions would find empty.
+fn registers_only(i: &Instruction) -> bool {
+    let memory = (0..i.op_count()).any(|n| {
+        matches!(
+            i.op_kind(n),
+            OpKind::Memory
+                | OpKind::MemorySegSI
+                | OpKind::MemorySegESI
+                | OpKind::MemorySegRSI
+                | OpKind::MemorySegDI
+                | OpKind::MemorySegEDI
+                | OpKind::MemorySegRDI
+                | OpKind::MemoryESDI
+                | OpKind::MemoryESEDI
+                | OpKind::MemoryESRDI
+        )
+    });
+    !memory && i.stack_pointer_increment() == 0 && !IMPLICIT_MEMORY.contains(&i.mnemonic())
 }
 
 /// Refuses what cannot be listed before it runs.
@@ -173,7 +258,7 @@ fn is_movs(m: Mnemonic) -> bool {
 mod tests {
     use super::*;
     use iced_x86::{Decoder, DecoderOptions};
-    use AccessKind::{Flush, Read, Write};
+    use AccessKind::{Flush, Locked, Read, Update, Write};
 
     const RIP: u64 = 0x40_1000;
     const FS_BASE: u64 = 0x7F00_0000_0000;
@@ -228,10 +313,10 @@ mod tests {
 
     #[test]
     fn read_modify_write_is_one_access() {
-        assert_eq!(acc64(&[0x48, 0x83, 0x00, 0x01]), Ok(one(RAX, 8, Write))); // add qword [rax], 1
-        assert_eq!(acc64(&[0xF0, 0x01, 0x08]), Ok(one(RAX, 4, Write))); // lock add [rax], ecx
-        assert_eq!(acc64(&[0x48, 0x87, 0x08]), Ok(one(RAX, 8, Write))); // xchg [rax], rcx
-        assert_eq!(acc64(&[0x48, 0x0F, 0xB1, 0x08]), Ok(one(RAX, 8, Write))); // cmpxchg [rax], rcx
+        assert_eq!(acc64(&[0x48, 0x83, 0x00, 0x01]), Ok(one(RAX, 8, Update))); // add qword [rax], 1
+        assert_eq!(acc64(&[0xF0, 0x01, 0x08]), Ok(one(RAX, 4, Locked))); // lock add [rax], ecx
+        assert_eq!(acc64(&[0x48, 0x87, 0x08]), Ok(one(RAX, 8, Locked))); // xchg [rax], rcx: locked
+        assert_eq!(acc64(&[0x48, 0x0F, 0xB1, 0x08]), Ok(one(RAX, 8, Update))); // cmpxchg [rax], rcx
     }
 
     #[test]
@@ -353,6 +438,46 @@ mod tests {
         assert_eq!(Access { linear: 0x1020, size: 64, kind: Write }.lines(64), 2);
         assert_eq!(Access { linear: 0x1000, size: 512, kind: Write }.lines(64), 8);
         assert_eq!(Access { linear: u64::MAX, size: 8, kind: Read }.lines(64), 1);
+    }
+
+    /// The fast path never takes an instruction whose accesses iced-x86 lists for one that has
+    /// none: every one- to three-byte opcode map, with prefixes and ModRM forms, and VEX.
+    #[test]
+    fn registers_only_agrees_with_the_operand_lists() {
+        let mut factory = InstructionInfoFactory::new();
+        let prefixes: [&[u8]; 8] = [&[], &[0x66], &[0xF2], &[0xF3], &[0x48], &[0x66, 0x48], &[0xF3, 0x48], &[0xF0]];
+        let maps: [&[u8]; 5] = [&[], &[0x0F], &[0x0F, 0x38], &[0x0F, 0x3A], &[0x0F, 0x01]];
+        let modrms = [0x00u8, 0x08, 0x10, 0x18, 0x20, 0x28, 0x30, 0x38, 0xC0, 0xC8, 0xD0, 0xD8, 0xE0, 0xE8, 0xF0, 0xF8];
+        let mut encodings = Vec::new();
+        for p in prefixes {
+            for m in maps {
+                for op in 0..=255u8 {
+                    for modrm in modrms.iter().chain(&[0xC1, 0xD1, 0xD5, 0xCA, 0xCB, 0xEE, 0xEF, 0xF9, 0xFA]) {
+                        encodings.push([p, m, &[op, *modrm]].concat());
+                    }
+                }
+            }
+        }
+        for (pp, mm) in (0..4u8).flat_map(|pp| (1..4u8).map(move |mm| (pp, mm))) {
+            for op in 0..=255u8 {
+                for modrm in [0x00u8, 0x08, 0xC0, 0xC8] {
+                    encodings.push(vec![0xC4, 0xE0 | mm, 0x78 | pp, op, modrm]);
+                }
+            }
+        }
+        let mut decoded = 0;
+        for mut bytes in encodings {
+            bytes.extend_from_slice(&[0; 10]);
+            let i = iced_x86::Decoder::with_ip(64, &bytes, RIP, iced_x86::DecoderOptions::NONE).decode();
+            if i.is_invalid() {
+                continue;
+            }
+            decoded += 1;
+            if registers_only(&i) {
+                assert!(factory.info(&i).used_memory().is_empty(), "{:?} ({bytes:02x?})", i.mnemonic());
+            }
+        }
+        assert!(decoded > 100_000, "{decoded}");
     }
 
     #[test]

@@ -84,6 +84,8 @@ pub struct Insn {
     /// one instruction (not per iteration). Faults before the retirement of the last micro-op of
     /// a multi-ops instruction are not counted."
     pub repeats: bool,
+    /// The instruction classes model-specific events count (README, "Model-specific events").
+    pub class: Class,
 }
 
 impl Insn {
@@ -91,6 +93,50 @@ impl Insn {
     /// instruction that is still at its own RIP only ended an iteration (see [`Insn::repeats`]).
     pub fn retired_at(&self, rip: u64, pc: u64) -> bool {
         !(self.repeats && pc == rip)
+    }
+}
+
+/// What an instruction is to the model-specific events that count instruction classes: its
+/// loads and stores, whether it is locked, a software prefetch, a NOP or PAUSE, and the kind of
+/// floating-point arithmetic it does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Class {
+    /// Load accesses: explicit and implicit reads of memory (the stack of POP and RET, string
+    /// operands), a read-modify-write counting one (iced-x86's operand list).
+    pub loads: u8,
+    /// Store accesses: writes of memory, a read-modify-write counting one.
+    pub stores: u8,
+    /// [`Class::LOCKED`], [`Class::PREFETCH`], [`Class::NOP`], [`Class::PAUSE`].
+    pub flags: u8,
+    /// The kind of FP arithmetic (one of the `FP_*` bits), 0 for none.
+    pub fp: u8,
+    /// How many times an FP arithmetic event counts it: 2 for FMA and DPP (two operations per
+    /// element, as Intel's FP_ARITH_INST_RETIRED descriptions say), else 1.
+    pub fp_count: u8,
+}
+
+impl Class {
+    /// A locked read-modify-write: a LOCK prefix, or XCHG with a memory operand (SDM Vol. 2B,
+    /// XCHG: "the processor's locking protocol is automatically implemented").
+    pub const LOCKED: u8 = 1 << 0;
+    /// PREFETCHh or PREFETCHW: an access to no data, which Intel's lists count as a load.
+    pub const PREFETCH: u8 = 1 << 1;
+    /// NOP (0x90 and 0F 1F /0).
+    pub const NOP: u8 = 1 << 2;
+    pub const PAUSE: u8 = 1 << 3;
+
+    /// FP arithmetic kinds by width and precision.
+    pub const FP_SCALAR_SINGLE: u8 = 1 << 0;
+    pub const FP_SCALAR_DOUBLE: u8 = 1 << 1;
+    pub const FP_128_SINGLE: u8 = 1 << 2;
+    pub const FP_128_DOUBLE: u8 = 1 << 3;
+    pub const FP_256_SINGLE: u8 = 1 << 4;
+    pub const FP_256_DOUBLE: u8 = 1 << 5;
+    pub const FP_512_SINGLE: u8 = 1 << 6;
+    pub const FP_512_DOUBLE: u8 = 1 << 7;
+
+    pub fn has(self, flag: u8) -> bool {
+        self.flags & flag != 0
     }
 }
 
@@ -174,7 +220,85 @@ pub fn of(i: &Instruction) -> Insn {
         changes_mode,
         transfer: transfer(i),
         repeats,
+        class: class(i),
     }
+}
+
+/// The instruction's [`Class`].
+fn class(i: &Instruction) -> Class {
+    use Mnemonic::*;
+    let (loads, stores) = crate::access::loads_and_stores(i);
+    let m = i.mnemonic();
+    let memory_operand = (0..i.op_count()).any(|n| i.op_kind(n) == OpKind::Memory);
+    let mut flags = 0;
+    if memory_operand && (i.has_lock_prefix() || m == Xchg) {
+        flags |= Class::LOCKED;
+    }
+    if matches!(m, Prefetchnta | Prefetcht0 | Prefetcht1 | Prefetcht2 | Prefetchw) {
+        flags |= Class::PREFETCH;
+    }
+    if m == Nop {
+        flags |= Class::NOP;
+    }
+    if m == Pause {
+        flags |= Class::PAUSE;
+    }
+    let (fp, fp_count) = fp_arith(i);
+    Class { loads, stores, flags, fp, fp_count }
+}
+
+/// The FP arithmetic kind of `i` and how many times it counts, as Intel's FP_ARITH_INST_RETIRED
+/// descriptions (Skylake, Ice Lake) list them: ADD SUB MUL DIV MIN MAX SQRT, RSQRT and RCP
+/// (single precision, up to 256 bits), HADD HSUB ADDSUB (packed), DPP (counts twice, up to 256
+/// bits), FM(N)ADD/SUB and their ADDSUB/SUBADD forms (count twice), RSQRT14 and RCP14 (512 bits
+/// only); SSE, VEX and EVEX forms, the width being the destination register's.
+fn fp_arith(i: &Instruction) -> (u8, u8) {
+    use Mnemonic::*;
+    // (double precision, packed, counts, widths it counts at: bit 0 = 128, 1 = 256, 2 = 512).
+    const ALL: u8 = 0b111;
+    const UP_TO_256: u8 = 0b011;
+    const ONLY_512: u8 = 0b100;
+    let (double, packed, count, widths) = match i.mnemonic() {
+        Addss | Subss | Mulss | Divss | Minss | Maxss | Sqrtss | Rsqrtss | Rcpss | Vaddss | Vsubss | Vmulss
+        | Vdivss | Vminss | Vmaxss | Vsqrtss | Vrsqrtss | Vrcpss => (false, false, 1, ALL),
+        Addsd | Subsd | Mulsd | Divsd | Minsd | Maxsd | Sqrtsd | Vaddsd | Vsubsd | Vmulsd | Vdivsd | Vminsd
+        | Vmaxsd | Vsqrtsd => (true, false, 1, ALL),
+        Addps | Subps | Mulps | Divps | Minps | Maxps | Sqrtps | Haddps | Hsubps | Addsubps | Vaddps | Vsubps
+        | Vmulps | Vdivps | Vminps | Vmaxps | Vsqrtps | Vhaddps | Vhsubps | Vaddsubps => (false, true, 1, ALL),
+        Rsqrtps | Rcpps | Vrsqrtps | Vrcpps => (false, true, 1, UP_TO_256),
+        Vrsqrt14ps | Vrcp14ps => (false, true, 1, ONLY_512),
+        Addpd | Subpd | Mulpd | Divpd | Minpd | Maxpd | Sqrtpd | Haddpd | Hsubpd | Addsubpd | Vaddpd | Vsubpd
+        | Vmulpd | Vdivpd | Vminpd | Vmaxpd | Vsqrtpd | Vhaddpd | Vhsubpd | Vaddsubpd => (true, true, 1, ALL),
+        Vrsqrt14pd | Vrcp14pd => (true, true, 1, ONLY_512),
+        Dpps | Vdpps => (false, true, 2, UP_TO_256),
+        Dppd | Vdppd => (true, true, 2, UP_TO_256),
+        Vfmadd132ss | Vfmadd213ss | Vfmadd231ss | Vfmsub132ss | Vfmsub213ss | Vfmsub231ss | Vfnmadd132ss
+        | Vfnmadd213ss | Vfnmadd231ss | Vfnmsub132ss | Vfnmsub213ss | Vfnmsub231ss => (false, false, 2, ALL),
+        Vfmadd132sd | Vfmadd213sd | Vfmadd231sd | Vfmsub132sd | Vfmsub213sd | Vfmsub231sd | Vfnmadd132sd
+        | Vfnmadd213sd | Vfnmadd231sd | Vfnmsub132sd | Vfnmsub213sd | Vfnmsub231sd => (true, false, 2, ALL),
+        Vfmadd132ps | Vfmadd213ps | Vfmadd231ps | Vfmsub132ps | Vfmsub213ps | Vfmsub231ps | Vfnmadd132ps
+        | Vfnmadd213ps | Vfnmadd231ps | Vfnmsub132ps | Vfnmsub213ps | Vfnmsub231ps | Vfmaddsub132ps
+        | Vfmaddsub213ps | Vfmaddsub231ps | Vfmsubadd132ps | Vfmsubadd213ps | Vfmsubadd231ps => (false, true, 2, ALL),
+        Vfmadd132pd | Vfmadd213pd | Vfmadd231pd | Vfmsub132pd | Vfmsub213pd | Vfmsub231pd | Vfnmadd132pd
+        | Vfnmadd213pd | Vfnmadd231pd | Vfnmsub132pd | Vfnmsub213pd | Vfnmsub231pd | Vfmaddsub132pd
+        | Vfmaddsub213pd | Vfmaddsub231pd | Vfmsubadd132pd | Vfmsubadd213pd | Vfmsubadd231pd => (true, true, 2, ALL),
+        _ => return (0, 0),
+    };
+    if !packed {
+        return (if double { Class::FP_SCALAR_DOUBLE } else { Class::FP_SCALAR_SINGLE }, count);
+    }
+    let reg = i.op0_register();
+    let (width_bit, kind) = if reg.is_zmm() {
+        (ONLY_512, if double { Class::FP_512_DOUBLE } else { Class::FP_512_SINGLE })
+    } else if reg.is_ymm() {
+        (0b010, if double { Class::FP_256_DOUBLE } else { Class::FP_256_SINGLE })
+    } else {
+        (0b001, if double { Class::FP_128_DOUBLE } else { Class::FP_128_SINGLE })
+    };
+    if widths & width_bit == 0 {
+        return (0, 0);
+    }
+    (kind, count)
 }
 
 /// A far transfer: far JMP/CALL/RET, IRET, software interrupts, SYSCALL/SYSRET and
@@ -308,5 +432,54 @@ mod tests {
         for b in [&[0xA4][..], &[0xF3, 0x90], &[0xF2, 0x0F, 0x10, 0xC1]] {
             assert!(!d(b).repeats, "{b:x?}");
         }
+    }
+
+    #[test]
+    fn loads_stores_and_their_qualifiers() {
+        let c = |bytes: &[u8]| d(bytes).class;
+        let ls = |bytes: &[u8]| (c(bytes).loads, c(bytes).stores);
+        assert_eq!(ls(&[0x48, 0x8B, 0x03]), (1, 0)); // mov rax, [rbx]
+        assert_eq!(ls(&[0x48, 0x89, 0x03]), (0, 1)); // mov [rbx], rax
+        assert_eq!(ls(&[0x48, 0x01, 0x03]), (1, 1)); // add [rbx], rax: read-modify-write
+        assert_eq!(ls(&[0x58]), (1, 0)); // pop rax
+        assert_eq!(ls(&[0x50]), (0, 1)); // push rax
+        assert_eq!(ls(&[0xC3]), (1, 0)); // ret
+        assert_eq!(ls(&[0xE8, 0, 0, 0, 0]), (0, 1)); // call: pushes the return address
+        assert_eq!(ls(&[0xFF, 0x30]), (1, 1)); // push qword [rax]
+        assert_eq!(ls(&[0xA4]), (1, 1)); // movsb
+        assert_eq!(ls(&[0xA6]), (2, 0)); // cmpsb
+        assert_eq!(ls(&[0xF3, 0xA4]), (1, 1)); // rep movsb: one instruction, one load and one store
+        assert_eq!(ls(&[0x48, 0x8D, 0x03]), (0, 0)); // lea
+        assert_eq!(ls(&[0x0F, 0x1F, 0x40, 0x00]), (0, 0)); // nop dword [rax]
+        assert_eq!(ls(&[0x48, 0x0F, 0x44, 0x03]), (1, 0)); // cmovz rax, [rbx]: loads either way
+        assert!(c(&[0xF0, 0x48, 0x01, 0x03]).has(Class::LOCKED)); // lock add [rbx], rax
+        assert!(c(&[0x48, 0x87, 0x03]).has(Class::LOCKED)); // xchg [rbx], rax
+        assert!(!c(&[0x48, 0x87, 0xC3]).has(Class::LOCKED)); // xchg rbx, rax
+        assert!(!c(&[0x48, 0x01, 0x03]).has(Class::LOCKED));
+        assert!(c(&[0x0F, 0x18, 0x08]).has(Class::PREFETCH)); // prefetcht0 [rax]
+        assert!(c(&[0x0F, 0x0D, 0x08]).has(Class::PREFETCH)); // prefetchw [rax]
+        assert_eq!(ls(&[0x0F, 0x18, 0x08]), (0, 0));
+        assert!(c(&[0x90]).has(Class::NOP) && c(&[0x0F, 0x1F, 0x40, 0x00]).has(Class::NOP));
+        assert!(c(&[0xF3, 0x90]).has(Class::PAUSE) && !c(&[0xF3, 0x90]).has(Class::NOP));
+        assert_eq!(c(&[0x90]).flags & !Class::NOP, 0);
+    }
+
+    #[test]
+    fn fp_arithmetic_by_width_and_precision() {
+        let fp = |bytes: &[u8]| (d(bytes).class.fp, d(bytes).class.fp_count);
+        assert_eq!(fp(&[0xF2, 0x0F, 0x58, 0xC1]), (Class::FP_SCALAR_DOUBLE, 1)); // addsd xmm0, xmm1
+        assert_eq!(fp(&[0xF3, 0x0F, 0x59, 0xC1]), (Class::FP_SCALAR_SINGLE, 1)); // mulss
+        assert_eq!(fp(&[0x0F, 0x5E, 0xC1]), (Class::FP_128_SINGLE, 1)); // divps xmm0, xmm1
+        assert_eq!(fp(&[0x66, 0x0F, 0x51, 0xC1]), (Class::FP_128_DOUBLE, 1)); // sqrtpd
+        assert_eq!(fp(&[0xC5, 0xF4, 0x58, 0xC2]), (Class::FP_256_SINGLE, 1)); // vaddps ymm0, ymm1, ymm2
+        assert_eq!(fp(&[0xC5, 0xF5, 0x5C, 0xC2]), (Class::FP_256_DOUBLE, 1)); // vsubpd ymm0, ymm1, ymm2
+        assert_eq!(fp(&[0x62, 0xF1, 0x74, 0x48, 0x58, 0xC2]), (Class::FP_512_SINGLE, 1)); // vaddps zmm0, zmm1, zmm2
+        assert_eq!(fp(&[0xC4, 0xE2, 0xF1, 0xA9, 0xC2]), (Class::FP_SCALAR_DOUBLE, 2)); // vfmadd213sd: twice
+        assert_eq!(fp(&[0x66, 0x0F, 0x3A, 0x41, 0xC1, 0x31]), (Class::FP_128_DOUBLE, 2)); // dppd: twice
+        assert_eq!(fp(&[0x0F, 0x53, 0xC1]), (Class::FP_128_SINGLE, 1)); // rcpps
+        assert_eq!(fp(&[0x62, 0xF2, 0x7D, 0x08, 0x4C, 0xC1]), (0, 0)); // vrcp14ps xmm0, xmm1: 512 bits only
+        assert_eq!(fp(&[0x0F, 0x28, 0xC1]), (0, 0)); // movaps: no arithmetic
+        assert_eq!(fp(&[0x0F, 0xC2, 0xC1, 0x00]), (0, 0)); // cmpps: not in the lists
+        assert_eq!(fp(&[0x48, 0x01, 0xC8]), (0, 0)); // add rax, rcx
     }
 }

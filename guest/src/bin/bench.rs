@@ -1,10 +1,10 @@
-//! Benchmark probes for `emon bench`: a counted or stepped instruction loop, the cost of trapped PMU MSR, port I/O and in-kernel MSR exits, and of RDPMC and #GP at the #GP handler's breakpoint, timed with RDTSC.
+//! Benchmark probes for `emon bench`: a counted or stepped instruction loop, the cost of trapped PMU MSR, port I/O and in-kernel MSR exits, and of RDPMC and #GP at the #GP handler's breakpoint, and a code shape counted with four given events, timed with RDTSC.
 #![no_std]
 #![no_main]
 
 use core::arch::{asm, global_asm};
 use emon_guest::cpu::{cpuid, rdmsr, wrmsr};
-use emon_guest::pmu::{IA32_PERFEVTSEL0, IA32_PERF_GLOBAL_CTRL, IA32_PMC0};
+use emon_guest::pmu::{IA32_FIXED_CTR0, IA32_FIXED_CTR_CTRL, IA32_PERFEVTSEL0, IA32_PERF_GLOBAL_CTRL, IA32_PMC0};
 use emon_guest::{dec, idt, println};
 
 emon_guest::entry!(main);
@@ -188,6 +188,42 @@ fn main(boot: &emon_guest::BootInfo) -> i32 {
             wrmsr(IA32_PERFEVTSEL0, 0);
             println!("bench shape={} n={} counted={} tsc={}", shape, dec(n), dec(rdmsr(IA32_PMC0)), dec(tsc));
         }
+        "events" => {
+            // A code shape counted with the PERFEVTSEL values `sels` (comma-separated hex, one per
+            // GP counter from IA32_PMC0) and instructions on IA32_FIXED_CTR0, for `emon bench`'s
+            // model-specific events against architectural ones.
+            let shape = boot.arg("shape").unwrap_or("");
+            let mut sels = [0u64; 4];
+            let mut k = 0;
+            for (slot, v) in sels.iter_mut().zip(boot.arg("sels").unwrap_or("").split(',')) {
+                *slot = u64::from_str_radix(v.trim_start_matches("0x"), 16).unwrap_or(0);
+                k += 1;
+            }
+            for (i, sel) in sels.iter().take(k).enumerate() {
+                wrmsr(IA32_PMC0 + i as u32, 0);
+                wrmsr(IA32_PERFEVTSEL0 + i as u32, *sel);
+            }
+            wrmsr(IA32_FIXED_CTR0, 0);
+            wrmsr(IA32_FIXED_CTR_CTRL, 3); // FIXED_CTR0 at every privilege level
+            let enable = (1u64 << k) - 1 | 1 << 32;
+            let tsc = time(|| {
+                wrmsr(IA32_PERF_GLOBAL_CTRL, enable);
+                run_shape(shape, n);
+                wrmsr(IA32_PERF_GLOBAL_CTRL, 0);
+            });
+            let c = |i: u32| rdmsr(IA32_PMC0 + i);
+            println!(
+                "bench events shape={} n={} counted={} tsc={} c0={} c1={} c2={} c3={}",
+                shape,
+                dec(n),
+                dec(rdmsr(IA32_FIXED_CTR0)),
+                dec(tsc),
+                dec(c(0)),
+                dec(c(1)),
+                dec(c(2)),
+                dec(c(3))
+            );
+        }
         "rdpmc" => {
             // RDPMC completed at the #GP handler; a #GP passed on to the guest (a non-canonical
             // load, to a minimal raw handler that skips it), with emon's breakpoint on the handler
@@ -230,7 +266,7 @@ fn main(boot: &emon_guest::BootInfo) -> i32 {
             println!("bench touch n={} tsc={}", dec(n), dec(tsc));
         }
         m => println!(
-            "bench: unknown mode '{m}' (loop, loop-counted, exits, cycles, reprogram, unknown-msrs, shape, rdpmc, pio, free, touch)"
+            "bench: unknown mode '{m}' (loop, loop-counted, exits, cycles, reprogram, unknown-msrs, shape, events, rdpmc, pio, free, touch)"
         ),
     }
     0

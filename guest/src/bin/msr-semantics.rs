@@ -50,6 +50,8 @@ const EVTSEL_USR: u64 = 1 << 16;
 const EVTSEL_OS: u64 = 1 << 17;
 const EVTSEL_INT: u64 = 1 << 20;
 const EVTSEL_ANY: u64 = 1 << 21;
+/// IA32_PERFEVTSELx.Adaptive_Record (bit 34, adaptive PEBS; SDM 18.9.2.2).
+const EVTSEL_ADAPTIVE: u64 = 1 << 34;
 const EVTSEL_EN: u64 = 1 << 22;
 /// Event 0xC0 (instructions retired), umask 0.
 const EVENT_INST_RETIRED: u64 = 0xC0;
@@ -104,6 +106,24 @@ const MISC_WRITABLE: [(u32, &str); 7] = [
     (23, "xTPR Message Disable"),
     (34, "XD Bit Disable"),
 ];
+/// Core 2's prefetcher disable bits (SDM Vol. 4, the Core 2 table), writable there only: later
+/// CPUs move them to MSR_MISC_FEATURE_CONTROL and #GP on them (measured on Sandy Bridge and
+/// Skylake). emon's cache model obeys them (README, "The cache model").
+const MISC_PREFETCH: [(u32, &str); 4] = [
+    (9, "Hardware Prefetcher Disable"),
+    (19, "Adjacent Cache Line Prefetch Disable"),
+    (37, "DCU Prefetcher Disable"),
+    (39, "IP Prefetcher Disable"),
+];
+
+/// Is this a Core 2 (family 6, models 0FH, 16H, 17H, 1DH; SDM Vol. 4)?
+fn core_2() -> bool {
+    let eax = cpuid(1, 0).eax;
+    let family = (eax >> 8) & 0xF;
+    let model = ((eax >> 4) & 0xF) | ((eax >> 12) & 0xF0);
+    family == 6 && matches!(model, 0x0F | 0x16 | 0x17 | 0x1D)
+}
+
 /// Read-only bits: (bit, SDM name).
 const MISC_READ_ONLY: [(u32, &str); 3] =
     [(7, "Performance Monitoring Available"), (11, "Branch Trace Storage Unavailable"), (12, "PEBS Unavailable")];
@@ -243,10 +263,34 @@ impl Pmu {
         }
     }
 
-    /// Writable bits of IA32_FIXED_CTR_CTRL: EN | PMI (| ANY) in each supported counter's field.
+    /// Writable bits of IA32_FIXED_CTR_CTRL: EN | PMI (| ANY) in each supported counter's field,
+    /// and with adaptive PEBS its FCi_Adaptive_Record bit (32 + 4i).
     fn fixed_ctr_ctrl_valid(&self) -> u64 {
         let field = FIXED_EN_ALL | FIXED_PMI | if self.any_allowed() { FIXED_ANY } else { 0 };
-        self.fixed_indices().fold(0, |m, i| m | fixed_field(i, field))
+        self.fixed_indices().fold(0, |m, i| m | fixed_field(i, field) | self.fixed_adaptive(i))
+    }
+
+    /// PERF_CAPABILITIES.PEBS_BASELINE (bit 14): adaptive PEBS (SDM 18.9.2.2).
+    fn pebs_baseline(&self) -> bool {
+        self.perf_capabilities & (1 << 14) != 0
+    }
+
+    /// IA32_PERFEVTSELx.Adaptive_Record (bit 34), where adaptive PEBS exists.
+    fn perfevtsel_adaptive(&self) -> u64 {
+        if self.pebs_baseline() {
+            EVTSEL_ADAPTIVE
+        } else {
+            0
+        }
+    }
+
+    /// IA32_FIXED_CTR_CTRL.FCi_Adaptive_Record (bit 32 + 4i), where adaptive PEBS exists.
+    fn fixed_adaptive(&self, i: u8) -> u64 {
+        if self.pebs_baseline() {
+            1 << (32 + 4 * u32::from(i))
+        } else {
+            0
+        }
     }
 
     /// Bits IA32_PERF_GLOBAL_OVF_CTRL / STATUS_RESET may clear (SDM Figures 18-5, 18-11).
@@ -637,13 +681,27 @@ fn check_perfevtsel(p: &Pmu) {
     for i in 0..p.gp {
         let msr = IA32_PERFEVTSEL0 + u32::from(i);
         write_reads(format_args!("IA32_PERFEVTSEL{} = 0x4300c0 reads back", i), msr, base, base);
+        let adaptive = p.perfevtsel_adaptive();
         expect_reserved_bits(
-            format_args!("IA32_PERFEVTSEL{} bits 63:32 each #GP, state unchanged", i),
+            format_args!(
+                "IA32_PERFEVTSEL{} bits 63:32 each #GP (but Adaptive_Record with PEBS_BASELINE), state unchanged",
+                i
+            ),
             msr,
             base,
-            0xFFFF_FFFF_0000_0000,
+            0xFFFF_FFFF_0000_0000 & !adaptive,
             msr,
         );
+        if adaptive != 0 {
+            let v = base | adaptive;
+            write_reads(
+                format_args!("IA32_PERFEVTSEL{}.Adaptive_Record (bit 34) accepted (PEBS_BASELINE)", i),
+                msr,
+                v,
+                v,
+            );
+            wr(msr, base);
+        }
         if p.any_allowed() {
             write_reads(
                 format_args!("IA32_PERFEVTSEL{}.ANY (bit 21) accepted (v3+)", i),
@@ -716,11 +774,25 @@ fn check_fixed_ctr_ctrl(p: &Pmu) {
             );
         }
     }
+    let adaptive = p.fixed_indices().fold(0, |m, i| m | p.fixed_adaptive(i));
+    for i in p.fixed_indices().filter(|&i| p.fixed_adaptive(i) != 0) {
+        let v = base | p.fixed_adaptive(i);
+        write_reads(
+            format_args!("IA32_FIXED_CTR_CTRL.FC{}_Adaptive_Record (bit {}) accepted (PEBS_BASELINE)", i, 32 + 4 * i),
+            msr,
+            v,
+            v,
+        );
+        wr(msr, base);
+    }
     expect_reserved_bits(
-        format_args!("IA32_FIXED_CTR_CTRL bits 63:16 each #GP, state unchanged"),
+        format_args!(
+            "IA32_FIXED_CTR_CTRL bits 63:16 each #GP (but the supported counters' Adaptive_Record bits {:#x}), state unchanged",
+            adaptive
+        ),
         msr,
         base,
-        !0xFFFF,
+        !0xFFFF & !adaptive,
         msr,
     );
     reset(p);
@@ -1029,7 +1101,8 @@ fn check_debugctl(p: &Pmu) {
 fn check_misc_enable(p: &Pmu) {
     let msr = IA32_MISC_ENABLE;
     let cur = p.misc_enable_power_on();
-    for (b, name) in MISC_WRITABLE {
+    let prefetch: &[(u32, &str)] = if core_2() { &MISC_PREFETCH } else { &[] };
+    for (b, name) in MISC_WRITABLE.iter().chain(prefetch) {
         let v = cur ^ 1u64 << b;
         write_reads(format_args!("IA32_MISC_ENABLE bit {} ({}) is writable", b, name), msr, v, v);
         wr(msr, cur);
@@ -1051,7 +1124,7 @@ fn check_misc_enable(p: &Pmu) {
         cur ^ tcc,
     );
     wr(msr, cur);
-    let known = MISC_WRITABLE.iter().chain(MISC_READ_ONLY.iter()).fold(0u64, |m, b| m | 1u64 << b.0);
+    let known = MISC_WRITABLE.iter().chain(MISC_READ_ONLY.iter()).chain(prefetch).fold(0u64, |m, b| m | 1u64 << b.0);
     expect_reserved_bits(
         format_args!("IA32_MISC_ENABLE reserved bits each #GP, state unchanged"),
         msr,

@@ -20,9 +20,9 @@ use core::arch::asm;
 use core::sync::atomic::{AtomicU64, Ordering::SeqCst};
 use emon_guest::cpu::{cpuid, disable_interrupts, enable_interrupts, rdmsr, wrmsr};
 use emon_guest::pmu::{
-    Perfmon, APIC_PERFMON_VECTOR, EVENT_INSTRUCTIONS, IA32_DS_AREA, IA32_MISC_ENABLE, IA32_PEBS_ENABLE,
-    IA32_PERFEVTSEL0, IA32_PERF_GLOBAL_CTRL, IA32_PERF_GLOBAL_STATUS, IA32_PERF_GLOBAL_STATUS_RESET, IA32_PMC0,
-    PERFEVTSEL_EN, PERFEVTSEL_OS,
+    Perfmon, APIC_PERFMON_VECTOR, EVENT_INSTRUCTIONS, FIXED_EN_OS, IA32_DS_AREA, IA32_FIXED_CTR0, IA32_FIXED_CTR_CTRL,
+    IA32_MISC_ENABLE, IA32_PEBS_ENABLE, IA32_PERFEVTSEL0, IA32_PERF_GLOBAL_CTRL, IA32_PERF_GLOBAL_STATUS,
+    IA32_PERF_GLOBAL_STATUS_RESET, IA32_PMC0, PERFEVTSEL_EN, PERFEVTSEL_OS,
 };
 use emon_guest::{apic, check, check_eq, idt, println, skip, BootInfo};
 
@@ -32,6 +32,9 @@ const MISC_ENABLE_PEBS_UNAVAILABLE: u64 = 1 << 12;
 const GLOBAL_STATUS_OVF_BUFFER: u64 = 1 << 62;
 /// Instructions retired, OS only, no PMI of its own.
 const EVTSEL_INSTRUCTIONS_OS: u64 = PERFEVTSEL_EN | PERFEVTSEL_OS | 0xC0;
+/// IA32_PERFEVTSELx.Adaptive_Record (bit 34) and IA32_FIXED_CTR_CTRL.FC0_Adaptive_Record (bit 32).
+const PERFEVTSEL_ADAPTIVE: u64 = 1 << 34;
+const FIXED0_ADAPTIVE: u64 = 1 << 32;
 /// Loop iterations between two records.
 const K: u64 = 10;
 /// Records the buffer holds.
@@ -41,15 +44,66 @@ const MAX_RECORD: usize = 0x20 + 0x20 + 0x90 + 0x100 + 4 * 0x18;
 const MARKER_R14: u64 = 0x5EB5_0000_0000_0F14;
 const MARKER_R15: u64 = 0x5EB5_0000_0000_0F15;
 
-/// The DS buffer management area (Figure 18-22) and the PEBS buffer, with room for one record
-/// past the absolute maximum that must stay untouched.
+/// The DS buffer management area (Figure 18-22, with the PEBS counter resets of 8 GP and 4 fixed
+/// counters) and the PEBS buffer, with room for one record past the absolute maximum that must
+/// stay untouched.
 #[repr(C, align(4096))]
 struct Ds {
-    area: [u64; 16],
+    area: [u64; 20],
     pebs: [u8; (RECORDS + 1) * MAX_RECORD],
 }
 
-static mut DS: Ds = Ds { area: [0; 16], pebs: [0; (RECORDS + 1) * MAX_RECORD] };
+static mut DS: Ds = Ds { area: [0; 20], pebs: [0; (RECORDS + 1) * MAX_RECORD] };
+
+/// The counter a run samples with: IA32_PMC0, or (adaptive PEBS) IA32_FIXED_CTR0; both count
+/// instructions retired at CPL 0.
+#[derive(Clone, Copy, PartialEq)]
+enum Sampler {
+    Pmc0,
+    FixedCtr0,
+}
+
+impl Sampler {
+    /// Its bit in IA32_PEBS_ENABLE, IA32_PERF_GLOBAL_CTRL and GLOBAL_STATUS.
+    fn bit(self) -> u64 {
+        match self {
+            Sampler::Pmc0 => 1,
+            Sampler::FixedCtr0 => 1 << 32,
+        }
+    }
+
+    /// Its PEBS counter reset's index in the DS area (0x40 + 8i, or 0x80 + 8i for fixed counter i).
+    fn reset_slot(self) -> usize {
+        match self {
+            Sampler::Pmc0 => 8,
+            Sampler::FixedCtr0 => 16,
+        }
+    }
+
+    /// Starts it 100 instructions before its first overflow, counting with Adaptive_Record as
+    /// `adaptive` says.
+    fn program(self, adaptive: bool) {
+        match self {
+            // A 32-bit legacy write sign-extends.
+            Sampler::Pmc0 => {
+                wrmsr(IA32_PMC0, 100u64.wrapping_neg() & 0xFFFF_FFFF);
+                wrmsr(IA32_PERFEVTSEL0, EVTSEL_INSTRUCTIONS_OS | if adaptive { PERFEVTSEL_ADAPTIVE } else { 0 });
+            }
+            // Fixed counters take the low 48 bits (their width under every profile with PEBS).
+            Sampler::FixedCtr0 => {
+                wrmsr(IA32_FIXED_CTR0, 100u64.wrapping_neg() & ((1 << 48) - 1));
+                wrmsr(IA32_FIXED_CTR_CTRL, FIXED_EN_OS | if adaptive { FIXED0_ADAPTIVE } else { 0 });
+            }
+        }
+    }
+
+    fn stop(self) {
+        match self {
+            Sampler::Pmc0 => wrmsr(IA32_PERFEVTSEL0, 0),
+            Sampler::FixedCtr0 => wrmsr(IA32_FIXED_CTR_CTRL, 0),
+        }
+    }
+}
 
 static PMIS: AtomicU64 = AtomicU64::new(0);
 static STATUS_IN_PMI: AtomicU64 = AtomicU64::new(0);
@@ -66,9 +120,9 @@ fn pmi_handler(_regs: &mut idt::Regs) {
     apic::eoi();
 }
 
-/// The loop the counter samples: RCX counts down from `iterations`; R14 and R15 hold markers.
-/// Returns the addresses of its two instructions.
-fn sampled_loop(iterations: u64) -> (u64, u64) {
+/// The loop the counter samples: IA32_PERF_GLOBAL_CTRL = `ctrl` around it, RCX counts down from
+/// `iterations`; R14 and R15 hold markers. Returns the addresses of its two instructions.
+fn sampled_loop(ctrl: u64, iterations: u64) -> (u64, u64) {
     let (dec, jnz): (u64, u64);
     // SAFETY: a register-only loop; every register it touches is declared.
     unsafe {
@@ -79,20 +133,23 @@ fn sampled_loop(iterations: u64) -> (u64, u64) {
             "movq xmm0, r14",
             "mov r15, {m2}",
             "mov ecx, 0x38F",
-            "mov eax, 1",
-            "xor edx, edx",
-            "wrmsr",             // IA32_PERF_GLOBAL_CTRL = PMC0: counting starts
+            "mov eax, {lo:e}",
+            "mov edx, {hi:e}",
+            "wrmsr",             // IA32_PERF_GLOBAL_CTRL = the sampler: counting starts
             "mov rcx, {n}",
             "2: dec rcx",
             "3: jnz 2b",
             "mov ecx, 0x38F",
             "xor eax, eax",
+            "xor edx, edx",
             "wrmsr",
             dec = out(reg) dec,
             jnz = out(reg) jnz,
             m1 = in(reg) MARKER_R14,
             m2 = in(reg) MARKER_R15,
             n = in(reg) iterations,
+            lo = in(reg) ctrl & 0xFFFF_FFFF,
+            hi = in(reg) ctrl >> 32,
             out("rax") _, out("rcx") _, out("rdx") _, out("r14") _, out("r15") _, out("xmm0") _,
         );
     }
@@ -173,12 +230,13 @@ impl Fields {
     }
 }
 
-/// One sampling run: the DS area, IA32_PMC0 counting instructions with PEBS (and the record
-/// groups `cfg` of format 4), the loop, and every record checked.
-fn sample(what: (&str, u64), format: u8, cfg: u64, f: &Fields) {
+/// One sampling run: the DS area, `sampler` counting instructions with PEBS (and in format 4 the
+/// record groups `cfg`, which its records take when `adaptive`: `f` says where the fields are),
+/// the loop, and every record checked.
+fn sample(what: (&str, u64), (format, cfg, adaptive): (u8, u64, bool), sampler: Sampler, f: &Fields) {
     let size = f.size;
     // The DS area: PEBS buffer base = index, absolute maximum after RECORDS records, interrupt
-    // threshold at the last one; counter 0 reloads -(2K - 1).
+    // threshold at the last one; the sampler reloads -(2K - 1).
     let ds = &raw mut DS;
     // SAFETY: the guest's own statics, single CPU, not in use by PEBS now.
     let (area, base) = unsafe {
@@ -187,7 +245,9 @@ fn sample(what: (&str, u64), format: u8, cfg: u64, f: &Fields) {
     };
     let absmax = base + RECORDS as u64 * size;
     let reset = (2 * K - 1).wrapping_neg();
-    let fields = [0, 0, 0, 0, base, base, absmax, absmax, reset];
+    let mut fields = [0; 20];
+    fields[4..8].copy_from_slice(&[base, base, absmax, absmax]);
+    fields[sampler.reset_slot()] = reset;
     for (i, v) in fields.into_iter().enumerate() {
         // SAFETY: within the area.
         unsafe { area.add(i).write_volatile(v) };
@@ -198,20 +258,18 @@ fn sample(what: (&str, u64), format: u8, cfg: u64, f: &Fields) {
         wrmsr(MSR_PEBS_DATA_CFG, cfg);
     }
     let lbr = cfg & CFG_LBRS != 0;
-    // The first overflow 100 instructions in, as a 32-bit legacy write sign-extends.
-    wrmsr(IA32_PMC0, 100u64.wrapping_neg() & 0xFFFF_FFFF);
-    wrmsr(IA32_PERFEVTSEL0, EVTSEL_INSTRUCTIONS_OS);
-    wrmsr(IA32_PEBS_ENABLE, 1);
+    sampler.program(adaptive);
+    wrmsr(IA32_PEBS_ENABLE, sampler.bit());
     disable_interrupts();
     if lbr {
         wrmsr(IA32_DEBUGCTL, 1);
     }
-    let (dec, jnz) = sampled_loop(1000);
+    let (dec, jnz) = sampled_loop(sampler.bit(), 1000);
     wrmsr(IA32_DEBUGCTL, 0);
     wrmsr(IA32_PEBS_ENABLE, 0);
     let status_before_pmi = rdmsr(IA32_PERF_GLOBAL_STATUS);
     enable_interrupts();
-    wrmsr(IA32_PERFEVTSEL0, 0);
+    sampler.stop();
 
     // SAFETY: PEBS is off; the guest reads what emon wrote.
     let (index, pebs) = unsafe { ((*ds).area[5], &(*ds).pebs) };
@@ -223,9 +281,9 @@ fn sample(what: (&str, u64), format: u8, cfg: u64, f: &Fields) {
         what.1
     );
     check_eq!(
-        status_before_pmi & 1,
+        status_before_pmi & sampler.bit(),
         0u64,
-        "{} {:#x}: PMC0's overflows armed PEBS instead of setting its overflow bit",
+        "{} {:#x}: the counter's overflows armed PEBS instead of setting its overflow bit",
         what.0,
         what.1
     );
@@ -258,7 +316,7 @@ fn sample(what: (&str, u64), format: u8, cfg: u64, f: &Fields) {
             ok &= rip == if eventing == dec { jnz } else { dec } || eventing == jnz && rip == jnz + 2;
         }
         ok &= get(f.r14).is_none_or(|v| v == MARKER_R14) && get(f.r15).is_none_or(|v| v == MARKER_R15);
-        ok &= get(f.status).is_none_or(|v| v & 1 != 0);
+        ok &= get(f.status).is_none_or(|v| v & sampler.bit() != 0);
         ok &= f.format_size.is_none_or(|fs| word(r, 0) == fs);
         ok &= f.xmm0.is_none_or(|o| word(r, o) == MARKER_R14);
         // The newest LBR entry: the loop's JNZ back to the DEC.
@@ -321,11 +379,22 @@ fn main(_boot: &BootInfo) -> i32 {
     apic::enable();
     apic::write(apic::LVT_PMC, APIC_PERFMON_VECTOR as u32);
     if let Some(f) = Fields::legacy(format) {
-        sample(("format", u64::from(format)), format, 0, &f);
+        sample(("format", u64::from(format)), (format, 0, false), Sampler::Pmc0, &f);
     } else if format == 4 && baseline {
-        for cfg in [0, CFG_GPRS, CFG_MEMINFO | CFG_GPRS | CFG_XMMS | CFG_LBRS | 3 << CFG_LBR_SHIFT] {
-            sample(("adaptive, PEBS_DATA_CFG", cfg), format, cfg, &Fields::adaptive(cfg));
+        let every = CFG_MEMINFO | CFG_GPRS | CFG_XMMS | CFG_LBRS | 3 << CFG_LBR_SHIFT;
+        for cfg in [0, CFG_GPRS, every] {
+            sample(("adaptive, PEBS_DATA_CFG", cfg), (format, cfg, true), Sampler::Pmc0, &Fields::adaptive(cfg));
         }
+        // Adaptive_Record clear: the basic group only, whatever MSR_PEBS_DATA_CFG selects.
+        let basic = Fields::adaptive(0);
+        sample(("Adaptive_Record clear, PEBS_DATA_CFG", every), (format, every, false), Sampler::Pmc0, &basic);
+        let gprs = Fields::adaptive(CFG_GPRS);
+        sample(
+            ("IA32_FIXED_CTR0, adaptive, PEBS_DATA_CFG", CFG_GPRS),
+            (format, CFG_GPRS, true),
+            Sampler::FixedCtr0,
+            &gprs,
+        );
     } else {
         check!(false, "PEBS is presented only in a format emon writes (got format {})", format);
     }

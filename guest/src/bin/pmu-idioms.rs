@@ -21,7 +21,15 @@
 //!
 //! retires 10n + 6 instructions, n branches, 1 branch miss and 12n + 105 core cycles (= fixed
 //! counter 2's REF_TSC cycles; topdown slots 4x). Every counted stretch starts with empty caches
-//! in emon's model, so each of the n lines is one LLC reference and one LLC miss. UnHalted
+//! and untrained prefetchers in emon's model (README, "The cache model"). With the profile's
+//! prefetchers on, as KVM's test runs, the loop misses the LLC once per 4 KiB page it reads (the
+//! first line of each; the prefetchers have the others in L2 first and never cross a page), and
+//! with an L2 those misses are its only LLC references; without one (Core 2) each of the n lines
+//! is one LLC reference (its load's or the IP prefetcher's request), plus the IP prefetcher's
+//! fetch past the end when the loop ends inside a page. With no prefetchers each line is one
+//! reference and one miss. The CLFLUSH and working-set checks run with the prefetchers turned off
+//! (MSR_MISC_FEATURE_CONTROL or IA32_MISC_ENABLE): they are about CLFLUSH and L1d, which the
+//! prefetchers would mask by fetching lines before the loads ask. UnHalted
 //! Reference Cycles on a GP counter ticks once per TSC-to-reference ratio of TSC ticks, which the
 //! guest calibrates first as KVM's test does, and checks against CPUID leaf 0x15 where the
 //! profile has it.
@@ -32,6 +40,7 @@ use core::arch::asm;
 use emon_guest::catch::catch;
 use emon_guest::cpu::{cpuid, max_leaf, rdmsr, rdpmc, wrmsr};
 use emon_guest::pmu::*;
+use emon_guest::prefetch::{has_l2_inside_llc, Control, ALL};
 use emon_guest::{check, check_eq, dec, println, skip};
 
 emon_guest::entry!(main);
@@ -175,6 +184,10 @@ fn timed_loop_dot(mask: u64, count: u32) -> [u64; 4] {
 struct Setup {
     pmu: Perfmon,
     n: u64,
+    /// How the prefetchers are controlled (and so whether the profile has them), and whether an
+    /// L2 sits inside the LLC.
+    prefetch: Control,
+    l2: bool,
     /// TSC ticks per reference tick from CPUID leaf 0x15 (EBX / EAX), if the CPU has it.
     leaf_15h: Option<(u64, u64)>,
     cal: Option<Calibration>,
@@ -183,6 +196,18 @@ struct Setup {
 impl Setup {
     fn core_cycles(&self) -> u64 {
         12 * self.n + 105
+    }
+
+    /// The read loop's LLC references and misses with the profile's prefetchers on (see the
+    /// module documentation): n lines from a page boundary.
+    fn read_loop_llc(&self) -> (u64, u64) {
+        let n = self.n;
+        if self.prefetch.prefetchers() != ALL {
+            return (n, n);
+        }
+        let pages = n.div_ceil(64);
+        let past_the_end = u64::from(n % 64 != 0);
+        (if self.l2 { pages } else { n + past_the_end }, pages)
     }
 
     /// emon's exact count of `kind` for one read loop, or for reference cycles the range the
@@ -196,7 +221,8 @@ impl Setup {
             Kind::Branches => one(self.n),
             Kind::BranchMisses => one(1),
             Kind::Slots => one(4 * c),
-            Kind::LlcReference | Kind::LlcMisses => one(self.n),
+            Kind::LlcReference => one(self.read_loop_llc().0),
+            Kind::LlcMisses => one(self.read_loop_llc().1),
             // floor or ceil of c / ratio: the ratio from CPUID leaf 0x15, or else as calibrated,
             // where the calibration's reference count may be one tick off either way.
             Kind::RefXclk => match (self.leaf_15h, self.cal) {
@@ -437,10 +463,14 @@ fn cache_shape(event: u64, flushed: bool, n: u32) -> u64 {
     rdmsr(IA32_PMC0)
 }
 
-/// The cache model (README, "The cache model"): a CLFLUSH in counted code evicts the line from
-/// every level, and a working set inside L1d reaches the LLC only the first time.
+/// The cache model (README, "The cache model"), with its prefetchers off: a CLFLUSH in counted
+/// code evicts the line from every level, and a working set inside L1d reaches the LLC only the
+/// first time.
 fn cache_model(s: &Setup) {
     let n = s.n as u32;
+    // The prefetchers would fetch the lines before the loads ask: these checks are about
+    // CLFLUSH and L1d, so they run without them.
+    s.prefetch.set(0);
     for (bit, (_, name, event)) in EVENTS.iter().enumerate().filter(|(b, _)| *b == 3 || *b == 4) {
         if !s.pmu.event_available(bit as u8) {
             continue;
@@ -454,6 +484,7 @@ fn cache_model(s: &Setup) {
         );
         check_eq!(cache_shape(*event, false, n), 256u64, "{}: 16 KiB read twice: the second pass hits L1d", name);
     }
+    s.prefetch.set(ALL);
 }
 
 /// RDPMC of stopped counters (plain, fast, fixed; truncated to the width) and of a running one.
@@ -540,8 +571,10 @@ fn main(boot: &emon_guest::BootInfo) -> i32 {
         return emon_guest::summary();
     }
     let leaf_15h = (max_leaf() >= 0x15).then(|| cpuid(0x15, 0)).filter(|l| l.eax != 0 && l.ebx != 0);
-    let mut s = Setup { pmu, n, leaf_15h: leaf_15h.map(|l| (l.ebx as u64, l.eax as u64)), cal: None };
-    println!("pmu-idioms: n={} calibrate={}", dec(n), dec(count));
+    let prefetch = Control::probe();
+    let l2 = has_l2_inside_llc();
+    let mut s = Setup { pmu, n, prefetch, l2, leaf_15h: leaf_15h.map(|l| (l.ebx as u64, l.eax as u64)), cal: None };
+    println!("pmu-idioms: n={} calibrate={} prefetchers={:?} L2={}", dec(n), dec(count), prefetch, l2);
     wrmsr(IA32_PERF_GLOBAL_CTRL, 0);
     calibrate(&mut s, count as u32);
     every_counter(&s);

@@ -9,7 +9,7 @@
 //! the PMI pending. Only the counters a guest write changed, and a counter that overflowed, are
 //! reprogrammed: their host event is closed and, if the counter counts, opened again in the group.
 use super::fd::PerfFd;
-use super::mapping::{source, HostCaps, Scale, Source, TASK_CLOCK_BACKING};
+use super::mapping::{source, GuestCpu, HostCaps, Scale, Source, TASK_CLOCK_BACKING};
 use crate::{marked, Backend, BackendError, Cx, Next};
 use emon_pmu::pmu::{CounterId, Pmu};
 use std::collections::BTreeSet;
@@ -43,8 +43,7 @@ pub struct Stats {
 
 pub struct Perf {
     caps: HostCaps,
-    vendor: String,
-    mhz: u32,
+    guest: GuestCpu,
     /// One host event per counting guest counter.
     members: Vec<Member>,
     /// Counters whose host event overflowed (GLOBAL_CTRL layout): they are opened again, armed
@@ -57,19 +56,10 @@ pub struct Perf {
 }
 
 impl Perf {
-    /// A perf backend for a guest CPU of `profile_vendor` at `nominal_mhz`; overflow signals go
-    /// to the vCPU thread as `kick_signal`, whose handler must make KVM_RUN return.
-    pub fn new(caps: HostCaps, profile_vendor: &str, nominal_mhz: u32, kick_signal: i32) -> Perf {
-        Perf {
-            caps,
-            vendor: profile_vendor.into(),
-            mhz: nominal_mhz,
-            members: Vec::new(),
-            overflowed: 0,
-            tid: 0,
-            kick_signal,
-            stats: Stats::default(),
-        }
+    /// A perf backend for `guest`; overflow signals go to the vCPU thread as `kick_signal`,
+    /// whose handler must make KVM_RUN return.
+    pub fn new(caps: HostCaps, guest: GuestCpu, kick_signal: i32) -> Perf {
+        Perf { caps, guest, members: Vec::new(), overflowed: 0, tid: 0, kick_signal, stats: Stats::default() }
     }
 
     /// Folds what the host counted since the last fold into the model.
@@ -101,7 +91,7 @@ impl Perf {
             return Ok(());
         }
         let perf_err = |op: &'static str| move |e: std::io::Error| BackendError::Perf { op, source: e };
-        match source(&c, &self.caps, &self.vendor, self.mhz) {
+        match source(&c, &self.caps, &self.guest) {
             Source::Host { spec, scale, what } => match PerfFd::open(&spec) {
                 Ok(fd) => {
                     fd.signal_on_overflow(self.kick_signal, self.tid)
@@ -165,7 +155,7 @@ impl Backend for Perf {
         let s = &self.stats;
         let mut notes = Vec::new();
         if s.backed_by.contains(TASK_CLOCK_BACKING) {
-            notes.push(format!("cycles from the vCPU thread's task-clock x {} MHz", self.mhz));
+            notes.push(format!("cycles from the vCPU thread's task-clock x {} MHz", self.guest.mhz));
         }
         if !s.zero.is_empty() {
             notes.push("some guest events count zero on this host (see --verbose)".into());
@@ -220,7 +210,8 @@ mod tests {
     fn a_write_reopens_only_the_host_event_of_the_counter_it_changed() {
         let mut vcpu = Script::new(GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 0x1000)]).unwrap());
         let mut pmu = Pmu::new(&Profile::load("skylake").unwrap().pmu);
-        let mut perf = Perf::new(task_clock_caps(), "GenuineIntel", 1000, libc::SIGUSR2);
+        let guest = GuestCpu { vendor: "GenuineIntel".into(), events: None, mhz: 1000 };
+        let mut perf = Perf::new(task_clock_caps(), guest, libc::SIGUSR2);
         let mut before_run = |perf: &mut Perf, pmu: &mut Pmu| {
             assert_eq!(perf.before_run(&mut Cx { vcpu: &mut vcpu, pmu }, true).unwrap(), Next::Run);
         };

@@ -1,5 +1,6 @@
 //! Which host perf event backs a guest counter, and how host counts become guest events.
 use super::fd::Spec;
+use emon_pmu::events::EventList;
 use emon_pmu::pmu::CounterState;
 use emon_pmu::profile::{ArchEvent, Event};
 use perf_event_open_sys::bindings::{
@@ -66,6 +67,9 @@ pub struct HostCaps {
     pub slots: Option<u64>,
     /// The host CPU's vendor string (CPUID leaf 0).
     pub vendor: String,
+    /// The host CPU's model-specific event list, by its vendor, family and model (README,
+    /// "Model-specific events"), if emon ships one.
+    pub events: Option<&'static EventList>,
     /// `--allow-raw-events`.
     pub allow_raw: bool,
 }
@@ -86,8 +90,17 @@ pub fn generic_events() -> impl Iterator<Item = (&'static str, u64)> {
     GENERIC.iter().map(|&(_, config, name)| (name, config))
 }
 
-/// The host event for guest counter `c` under a profile with `vendor` and nominal `mhz`.
-pub fn source(c: &CounterState, caps: &HostCaps, vendor: &str, mhz: u32) -> Source {
+/// The guest CPU a counter counts for: the profile's vendor, its event list and its nominal MHz.
+#[derive(Debug, Clone)]
+pub struct GuestCpu {
+    pub vendor: String,
+    pub events: Option<&'static EventList>,
+    pub mhz: u32,
+}
+
+/// The host event for guest counter `c` of `guest`.
+pub fn source(c: &CounterState, caps: &HostCaps, guest: &GuestCpu) -> Source {
+    let (vendor, mhz) = (guest.vendor.as_str(), guest.mhz);
     let spec = |type_, config| Spec { type_, config, exclude_user: !c.usr, exclude_kernel: !c.os, exclude_host: true };
     let (e, u) = (c.event_select, c.umask);
     let arch = ArchEvent::of(e, u).map(|a| a.event);
@@ -120,6 +133,30 @@ pub fn source(c: &CounterState, caps: &HostCaps, vendor: &str, mhz: u32) -> Sour
             None => Source::Zero { why: "the host has no topdown slots event".into() },
         };
     }
+    // A model-specific event of the guest CPU's list: its encoding names the same event on a host
+    // of the same microarchitecture (the same list), and nothing known on another.
+    let spec_raw = |c: &CounterState| {
+        // PERFEVTSEL's event, umask, E, INV and CMASK fields, as the host's raw config.
+        let raw =
+            e as u64 | (u as u64) << 8 | u64::from(c.edge) << 18 | u64::from(c.inv) << 23 | (c.cmask as u64) << 24;
+        spec(PERF_TYPE_RAW, raw)
+    };
+    if let Some((list, name)) = guest.events.and_then(|l| l.name_of(e, u).map(|n| (l, n))) {
+        if caps.events == Some(list) {
+            return Source::Host { spec: spec_raw(c), scale: Scale::One, what: "raw (same microarchitecture)" };
+        }
+        if !caps.allow_raw {
+            let host = caps
+                .events
+                .map_or_else(|| "has none of the event lists emon ships".to_string(), |h| format!("is {}", h.cpu));
+            return Source::Zero {
+                why: format!(
+                    "{name} ({e:#04x}/{u:#04x}) is an event of {}, and the host CPU {host}: a model-specific event maps to the host's only on the same microarchitecture (--allow-raw-events passes it anyway)",
+                    list.cpu
+                ),
+            };
+        }
+    }
     if !caps.allow_raw {
         return Source::Zero {
             why: format!(
@@ -132,9 +169,7 @@ pub fn source(c: &CounterState, caps: &HostCaps, vendor: &str, mhz: u32) -> Sour
             why: format!("raw event {e:#04x}/{u:#04x}: the host is {} but the profile is {vendor}", caps.vendor),
         };
     }
-    // PERFEVTSEL's event, umask, E, INV and CMASK fields, as the host's raw config.
-    let raw = e as u64 | (u as u64) << 8 | u64::from(c.edge) << 18 | u64::from(c.inv) << 23 | (c.cmask as u64) << 24;
-    Source::Host { spec: spec(PERF_TYPE_RAW, raw), scale: Scale::One, what: "raw" }
+    Source::Host { spec: spec_raw(c), scale: Scale::One, what: "raw" }
 }
 
 #[cfg(test)]
@@ -168,14 +203,19 @@ mod tests {
             task_clock: true,
             slots: None,
             vendor: "GenuineIntel".into(),
+            events: None,
             allow_raw: false,
         }
+    }
+
+    fn guest(mhz: u32) -> GuestCpu {
+        GuestCpu { vendor: "GenuineIntel".into(), events: None, mhz }
     }
 
     #[test]
     fn architectural_events_map_to_generic_hardware_events() {
         let c = caps(&[PERF_COUNT_HW_INSTRUCTIONS as u64, PERF_COUNT_HW_CPU_CYCLES as u64]);
-        let Source::Host { spec, scale, .. } = source(&counter(0xC0, 0), &c, "GenuineIntel", 3000) else { panic!() };
+        let Source::Host { spec, scale, .. } = source(&counter(0xC0, 0), &c, &guest(3000)) else { panic!() };
         assert_eq!(
             (spec.type_, spec.config, scale),
             (PERF_TYPE_HARDWARE, PERF_COUNT_HW_INSTRUCTIONS as u64, Scale::One)
@@ -185,25 +225,48 @@ mod tests {
 
     #[test]
     fn cycles_fall_back_to_task_clock_without_hardware() {
-        let Source::Host { spec, scale, .. } = source(&counter(0x3C, 1), &caps(&[]), "GenuineIntel", 2000) else {
-            panic!()
-        };
+        let Source::Host { spec, scale, .. } = source(&counter(0x3C, 1), &caps(&[]), &guest(2000)) else { panic!() };
         assert_eq!((spec.type_, spec.config), (PERF_TYPE_SOFTWARE, PERF_COUNT_SW_TASK_CLOCK as u64));
         assert_eq!(scale, Scale::TaskClock { mhz: 2000 });
         // exclude_kernel would stop the overflow signal while the guest runs.
         assert!(!spec.exclude_kernel && !spec.exclude_user && !spec.exclude_host, "{spec:?}");
-        assert!(matches!(source(&counter(0xC0, 0), &caps(&[]), "GenuineIntel", 2000), Source::Zero { .. }));
+        assert!(matches!(source(&counter(0xC0, 0), &caps(&[]), &guest(2000)), Source::Zero { .. }));
     }
 
     #[test]
     fn raw_events_need_permission_and_a_matching_vendor() {
-        assert!(matches!(source(&counter(0xD1, 0x01), &caps(&[]), "GenuineIntel", 2000), Source::Zero { .. }));
+        assert!(matches!(source(&counter(0xD1, 0x01), &caps(&[]), &guest(2000)), Source::Zero { .. }));
         let mut c = caps(&[]);
         c.allow_raw = true;
-        let Source::Host { spec, .. } = source(&counter(0xD1, 0x01), &c, "GenuineIntel", 2000) else { panic!() };
+        let Source::Host { spec, .. } = source(&counter(0xD1, 0x01), &c, &guest(2000)) else { panic!() };
         assert_eq!((spec.type_, spec.config), (PERF_TYPE_RAW, 0x0200_01D1));
         c.vendor = "AuthenticAMD".into();
-        assert!(matches!(source(&counter(0xD1, 0x01), &c, "GenuineIntel", 2000), Source::Zero { .. }));
+        assert!(matches!(source(&counter(0xD1, 0x01), &c, &guest(2000)), Source::Zero { .. }));
+    }
+
+    /// A model-specific event of the profile's CPU goes to the host as the same raw event on a
+    /// host of the same microarchitecture, and is refused with the reason on any other.
+    #[test]
+    fn model_specific_events_map_on_the_same_microarchitecture() {
+        let skylake = EventList::named("skylake");
+        let g = GuestCpu { events: skylake, ..guest(2000) };
+        // MEM_LOAD_RETIRED.L1_HIT (0xD1/0x01), CMASK 2, USR.
+        let mut c = caps(&[]);
+        c.events = skylake;
+        let Source::Host { spec, what, .. } = source(&counter(0xD1, 0x01), &c, &g) else { panic!() };
+        assert_eq!((spec.type_, spec.config, what), (PERF_TYPE_RAW, 0x0200_01D1, "raw (same microarchitecture)"));
+        c.events = EventList::named("icelake");
+        let Source::Zero { why } = source(&counter(0xD1, 0x01), &c, &g) else { panic!() };
+        assert!(
+            why.starts_with("MEM_LOAD_RETIRED.L1_HIT (0xd1/0x01) is an event of Skylake, and the host CPU is Ice Lake"),
+            "{why}"
+        );
+        c.events = None;
+        let Source::Zero { why } = source(&counter(0xD1, 0x01), &c, &g) else { panic!() };
+        assert!(why.contains("the host CPU has none of the event lists emon ships"), "{why}");
+        // --allow-raw-events passes it anyway (today's rule: the vendors match).
+        c.allow_raw = true;
+        assert!(matches!(source(&counter(0xD1, 0x01), &c, &g), Source::Host { what: "raw", .. }));
     }
 
     #[test]

@@ -29,8 +29,23 @@ pub fn host_caps(allow_raw: bool) -> mapping::HostCaps {
         task_clock: opens(PERF_TYPE_SOFTWARE, PERF_COUNT_SW_TASK_CLOCK as u64, false),
         slots: slots_event(),
         vendor: host_vendor(),
+        events: host_events(),
         allow_raw,
     }
+}
+
+/// The host CPU's model-specific event list, by its CPUID vendor, family and model, if emon
+/// ships one (a host of the same microarchitecture as a profile counts its events natively).
+pub fn host_events() -> Option<&'static emon_pmu::events::EventList> {
+    let eax = core::arch::x86_64::__cpuid(1).eax;
+    let base_family = (eax >> 8) & 0xF;
+    let family = if base_family == 0xF { base_family + ((eax >> 20) & 0xFF) } else { base_family };
+    let model = if base_family == 6 || base_family == 0xF {
+        ((eax >> 4) & 0xF) | ((eax >> 12) & 0xF0)
+    } else {
+        (eax >> 4) & 0xF
+    };
+    emon_pmu::events::EventList::for_cpu(&host_vendor(), family as u16, model as u8)
 }
 
 /// The topdown `slots` event's raw config, from /sys/bus/event_source/devices/cpu/events/slots.

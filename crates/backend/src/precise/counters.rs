@@ -25,6 +25,8 @@ pub struct Counters {
     /// Events counters counted that emon does not derive (they count 0), as the model names
     /// them, at most [`MAX_UNDERIVED_NOTED`].
     underived: BTreeSet<String>,
+    /// Events counted on a counter the CPU's event list does not give them (they count 0).
+    misplaced: BTreeSet<String>,
 }
 
 impl Default for Counters {
@@ -34,6 +36,7 @@ impl Default for Counters {
             edges: [false; CounterId::SLOTS],
             reprogrammed: 0,
             underived: BTreeSet::new(),
+            misplaced: BTreeSet::new(),
         }
     }
 }
@@ -54,8 +57,13 @@ impl Counters {
             self.edges[id.slot()] = false;
             let c = cx.pmu.counter(id);
             if c.counting {
-                if c.semantics == Semantics::Unsupported && self.underived.len() < MAX_UNDERIVED_NOTED {
-                    self.underived.insert(cx.pmu.event_name(id));
+                let noted = match c.semantics {
+                    Semantics::Unsupported => Some(&mut self.underived),
+                    Semantics::WrongCounter => Some(&mut self.misplaced),
+                    _ => None,
+                };
+                if let Some(set) = noted.filter(|s| s.len() < MAX_UNDERIVED_NOTED) {
+                    set.insert(cx.pmu.event_name(id));
                 }
                 armed.push(Armed::new(&c));
             }
@@ -93,13 +101,20 @@ impl Counters {
 
     /// What the run summary says about events counted as zero.
     pub fn notes(&self) -> Vec<String> {
-        if self.underived.is_empty() {
-            return Vec::new();
+        let mut notes = Vec::new();
+        let list = |set: &BTreeSet<String>| set.iter().map(String::as_str).collect::<Vec<_>>().join(", ");
+        if !self.underived.is_empty() {
+            notes.push(format!(
+                "NOT EXACT: counters counted events emon does not derive, and counted 0: {} (emon events; README, \"Model-specific events\")",
+                list(&self.underived)
+            ));
         }
-        let events: Vec<&str> = self.underived.iter().map(String::as_str).collect();
-        vec![format!(
-            "NOT EXACT: counters counted events emon does not derive, and counted 0: {} (emon events; README, \"The precise backend\")",
-            events.join(", ")
-        )]
+        if !self.misplaced.is_empty() {
+            notes.push(format!(
+                "NOT EXACT: counters counted events on counters the CPU's event list does not give them (silicon's count is undefined there), and counted 0: {} (emon events; README, \"Model-specific events\")",
+                list(&self.misplaced)
+            ));
+        }
+        notes
     }
 }

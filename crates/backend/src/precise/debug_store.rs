@@ -111,33 +111,41 @@ pub fn pebs_assist(
         return Ok(());
     };
     let format = cx.pmu.profile().pebs_format();
-    let cfg = cx.pmu.pebs_data_cfg();
-    let size = match format {
-        4 => ds::adaptive_record_size(cfg),
-        _ => ds::record_size(format).expect("PEBS is presented only in a format emon writes"),
-    };
-    let threshold = match ds.next_record(size) {
-        None => {
+    let mut threshold = false;
+    let mut index = ds.pebs_index;
+    for (counters, cfg) in record_groups(format, due, cx.pmu.pebs_adaptive(), cx.pmu.pebs_data_cfg()) {
+        let size = match format {
+            4 => ds::adaptive_record_size(cfg),
+            _ => ds::record_size(format).expect("PEBS is presented only in a format emon writes"),
+        };
+        let Some(at) = DsArea { pebs_index: index, ..ds }.next_record(size) else {
             stats.pebs_full += 1;
-            false
-        }
-        Some(at) => {
-            stats.pebs_inexact += u64::from(!exact);
-            let record = pebs_record(cx, format, cfg, due, eventing_ip, tsc)?;
-            match store(cx.vcpu.memory(), mode, at, &record, cx.pmu.ds_area() + DS_PEBS_INDEX) {
-                Some(index) => {
-                    stats.pebs_records += 1;
-                    index >= ds.pebs_interrupt_threshold
-                }
-                None => {
-                    stats.pebs_lost += 1;
-                    false
-                }
+            continue;
+        };
+        stats.pebs_inexact += u64::from(!exact);
+        let record = pebs_record(cx, format, cfg, counters, eventing_ip, tsc)?;
+        match store(cx.vcpu.memory(), mode, at, &record, cx.pmu.ds_area() + DS_PEBS_INDEX) {
+            Some(next) => {
+                stats.pebs_records += 1;
+                index = next;
+                threshold |= next >= ds.pebs_interrupt_threshold;
             }
+            None => stats.pebs_lost += 1,
         }
-    };
+    }
     cx.pmu.pebs_assisted(due, |id| ds.counter_reset(id), threshold);
     Ok(())
+}
+
+/// The records one assist writes for the counters `due`: one record, or in adaptive PEBS
+/// (format 4) one per record layout, each with its counters and its MSR_PEBS_DATA_CFG groups.
+/// A counter whose Adaptive_Record bit is clear (not in `adaptive`) gets the basic group only
+/// (SDM 18.9.2.2); its record comes first.
+fn record_groups(format: u8, due: u64, adaptive: u64, cfg: u64) -> Vec<(u64, u64)> {
+    if format != 4 {
+        return vec![(due, 0)];
+    }
+    [(due & !adaptive, 0), (due & adaptive, cfg)].into_iter().filter(|&(counters, _)| counters != 0).collect()
 }
 
 /// The PEBS record, in `format` (and groups `cfg` for format 4), of the instruction at
@@ -170,4 +178,23 @@ fn pebs_record(
         lbr: cx.pmu.lbr_newest(ds::adaptive_lbr_entries(adaptive)),
     };
     Ok(if format == 4 { ds::adaptive_record(cfg, &input) } else { ds::record(format, &input) })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::record_groups;
+
+    #[test]
+    fn adaptive_records_follow_each_counters_adaptive_record_bit() {
+        let cfg = 0xF;
+        // Formats before 4: one record, no groups.
+        assert_eq!(record_groups(3, 0b11, 0b01, cfg), vec![(0b11, 0)]);
+        // Format 4: a counter without Adaptive_Record gets the basic group only.
+        assert_eq!(record_groups(4, 0b01, 0, cfg), vec![(0b01, 0)]);
+        assert_eq!(record_groups(4, 0b01, 0b01, cfg), vec![(0b01, cfg)]);
+        // Counters of both kinds due at once: one record each, the basic one first.
+        assert_eq!(record_groups(4, 1 << 32 | 0b10, 1 << 32, cfg), vec![(0b10, 0), (1 << 32, cfg)]);
+        // Adaptive_Record on a counter that is not due changes nothing.
+        assert_eq!(record_groups(4, 0b10, 0b01, cfg), vec![(0b10, 0)]);
+    }
 }

@@ -1,10 +1,10 @@
 //! Which events the precise backend counts, and by how much for each retired instruction
 //! (the cost model and filters are documented in the README, "The precise backend").
-use super::cache::CacheEvents;
+use super::cache::{CacheEvents, LEVELS};
 use emon_pmu::pmu::lbr::BranchType;
-use emon_pmu::pmu::{BranchFilter, CounterId, CounterState, Semantics};
+use emon_pmu::pmu::{CounterId, CounterState, InsnClass, Level, LineFilter, Semantics, SourceFilter, SplitFilter};
 use emon_pmu::profile::Clock;
-use emon_x86::insn::{Flow, Insn, Transfer};
+use emon_x86::insn::{Class, Flow, Insn, Transfer};
 
 /// Topdown slots per core cycle in the model (a 4-wide machine).
 pub const SLOTS_PER_CYCLE: u64 = 4;
@@ -31,11 +31,21 @@ impl Derive for Semantics {
             }
             Semantics::CoreCycles | Semantics::RefTsc => cycles(i, taken),
             Semantics::Slots => SLOTS_PER_CYCLE * cycles(i, taken),
+            Semantics::Class(c) => class_count(c, &i.class),
+            // A software prefetch counts as an L1 hit whatever its line (it has no access).
+            Semantics::LoadSource(f) if f.lock_prefetch_l1 && f.from == Level::L1 => {
+                u64::from(i.class.has(Class::PREFETCH))
+            }
             Semantics::RefXclk
             | Semantics::LlcReference
             | Semantics::LlcMisses
+            | Semantics::Lines(_)
+            | Semantics::LoadSource(_)
+            | Semantics::Split(_)
+            | Semantics::ModelZero
             | Semantics::Nothing
-            | Semantics::Unsupported => 0,
+            | Semantics::Unsupported
+            | Semantics::WrongCounter => 0,
         }
     }
 
@@ -44,6 +54,9 @@ impl Derive for Semantics {
             Semantics::RefXclk => ref_ticks,
             Semantics::LlcReference => cache.llc_references,
             Semantics::LlcMisses => cache.llc_misses,
+            Semantics::Lines(f) => lines(f, &cache),
+            Semantics::LoadSource(f) => load_source(f, &cache),
+            Semantics::Split(f) => split(f, &cache),
             _ => 0,
         }
     }
@@ -51,9 +64,77 @@ impl Derive for Semantics {
     fn dynamic_bound(self, cycles: u64, lines: u64, clock: Clock) -> u64 {
         match self {
             Semantics::RefXclk => clock.ref_ticks_at(cycles) + 1,
-            Semantics::LlcReference | Semantics::LlcMisses => lines,
+            // LLC requests: a line's own and one from each L1 prefetcher.
+            Semantics::LlcReference | Semantics::LlcMisses => lines * super::cache::MAX_LLC_REQUESTS_PER_LINE,
+            // At most one per line touched: every line, access and instruction touches one.
+            Semantics::Lines(_) | Semantics::LoadSource(_) | Semantics::Split(_) => lines,
             _ => 0,
         }
+    }
+}
+
+/// How many of `class` an instruction of `c` counts (README, "Model-specific events").
+fn class_count(class: InsnClass, c: &Class) -> u64 {
+    let prefetch = u8::from(c.has(Class::PREFETCH));
+    match class {
+        InsnClass::Loads { prefetch: with, uops } => {
+            let loads = c.loads + if with { prefetch } else { 0 };
+            if uops {
+                u64::from(loads)
+            } else {
+                u64::from(loads > 0)
+            }
+        }
+        InsnClass::Stores { uops: true } => u64::from(c.stores),
+        InsnClass::Stores { uops: false } => u64::from(c.stores > 0),
+        InsnClass::Memory { prefetch: with } => u64::from(c.loads > 0 || c.stores > 0 || with && prefetch > 0),
+        // A locked read-modify-write is one access: one instruction, one locked load.
+        InsnClass::LockedLoads { .. } => u64::from(c.has(Class::LOCKED)),
+        InsnClass::Nop => u64::from(c.has(Class::NOP)),
+        InsnClass::Pause => u64::from(c.has(Class::PAUSE)),
+        InsnClass::FpArith(kinds) => {
+            if c.fp & kinds.0 != 0 {
+                u64::from(c.fp_count)
+            } else {
+                0
+            }
+        }
+    }
+}
+
+/// The levels from `from` to `to`, as indices of the cache's per-level counts.
+fn levels(from: Level, to: Level) -> std::ops::RangeInclusive<usize> {
+    from as usize..=(to as usize).min(LEVELS - 1)
+}
+
+fn lines(f: LineFilter, cache: &CacheEvents) -> u64 {
+    let d = &cache.data;
+    levels(f.from, f.to)
+        .map(|l| if f.loads { d.load_lines[l] } else { 0 } + if f.stores { d.store_lines[l] } else { 0 })
+        .sum()
+}
+
+fn load_source(f: SourceFilter, cache: &CacheEvents) -> u64 {
+    let d = &cache.data;
+    let at: u64 = levels(f.from, f.to).map(|l| d.load_insns[l]).sum();
+    let locked: u64 = if !f.lock_prefetch_l1 {
+        levels(f.from, f.to).map(|l| d.locked_insns[l]).sum()
+    } else if f.from == Level::L1 {
+        // Locked instructions count as L1 hits whatever the level, and only as that.
+        d.locked_insns.iter().sum()
+    } else {
+        0
+    };
+    at + locked
+}
+
+fn split(f: SplitFilter, cache: &CacheEvents) -> u64 {
+    let d = &cache.data;
+    match (f.stores, f.uops) {
+        (false, false) => d.split_load_insns,
+        (true, false) => d.split_store_insns,
+        (false, true) => d.split_loads,
+        (true, true) => d.split_stores,
     }
 }
 
@@ -75,13 +156,21 @@ pub fn branch_kind(i: &Insn) -> BranchType {
 pub fn support(semantics: Semantics) -> &'static str {
     match semantics {
         Semantics::Unsupported => "unsupported: counts 0",
+        Semantics::WrongCounter => "not on this counter (the CPU's list): counts 0",
         Semantics::Nothing => "counts 0 exactly: nothing emon models (no wrong path, no tagged µops)",
+        Semantics::ModelZero => "counted (cache model: 0, it has no fill buffer and no other core)",
         // Which branches count depends on the predictor unless every outcome counts.
-        Semantics::Branches(f) if f.outcomes != BranchFilter::ALL_OUTCOMES => "counted (static predictor)",
+        Semantics::Branches(f) if f.outcomes_by_prediction() => "counted (static predictor)",
         Semantics::CoreCycles | Semantics::RefTsc | Semantics::Slots => "counted (cost model)",
         Semantics::RefXclk => "counted (cost model, reference clock)",
-        Semantics::LlcReference | Semantics::LlcMisses => "counted (cache model)",
-        Semantics::Instructions | Semantics::Branches(_) => "counted exactly",
+        Semantics::LlcReference | Semantics::LlcMisses | Semantics::Lines(_) | Semantics::LoadSource(_) => {
+            "counted (cache model)"
+        }
+        Semantics::Class(c) if c.per_access() => "counted (one micro-op per access)",
+        Semantics::Split(f) if f.uops => "counted exactly (one micro-op per access)",
+        Semantics::Instructions | Semantics::Branches(_) | Semantics::Class(_) | Semantics::Split(_) => {
+            "counted exactly"
+        }
     }
 }
 
@@ -193,12 +282,89 @@ mod tests {
     fn reference_cycles_are_bounded_by_the_clock() {
         let c = Clock { tsc_per_ref_numerator: 334, tsc_per_ref_denominator: 2, ..Clock::TSC };
         assert_eq!(Semantics::RefXclk.dynamic_bound(167 * 3, 9, c), 4);
-        let cache = CacheEvents { llc_references: 3, llc_misses: 2 };
+        let cache = CacheEvents { llc_references: 3, llc_misses: 2, ..CacheEvents::default() };
         assert_eq!(Semantics::RefXclk.dynamic(7, cache), 7);
         assert_eq!(Semantics::LlcReference.dynamic(7, cache), 3);
         assert_eq!(Semantics::LlcMisses.dynamic(7, cache), 2);
-        assert_eq!(Semantics::LlcMisses.dynamic_bound(100, 9, c), 9);
+        // A line's own request and one from each L1 prefetcher.
+        assert_eq!(Semantics::LlcMisses.dynamic_bound(100, 9, c), 27);
         assert_eq!(Semantics::CoreCycles.dynamic(7, cache), 0);
+    }
+
+    #[test]
+    fn fp_kinds_are_the_decoders_bits() {
+        use emon_pmu::pmu::FpKinds;
+        let pairs = [
+            (FpKinds::SCALAR_SINGLE, Class::FP_SCALAR_SINGLE),
+            (FpKinds::SCALAR_DOUBLE, Class::FP_SCALAR_DOUBLE),
+            (FpKinds::PACKED_128_SINGLE, Class::FP_128_SINGLE),
+            (FpKinds::PACKED_128_DOUBLE, Class::FP_128_DOUBLE),
+            (FpKinds::PACKED_256_SINGLE, Class::FP_256_SINGLE),
+            (FpKinds::PACKED_256_DOUBLE, Class::FP_256_DOUBLE),
+            (FpKinds::PACKED_512_SINGLE, Class::FP_512_SINGLE),
+            (FpKinds::PACKED_512_DOUBLE, Class::FP_512_DOUBLE),
+        ];
+        for (kinds, bit) in pairs {
+            assert_eq!(kinds.0, bit);
+        }
+    }
+
+    #[test]
+    fn instruction_classes_count_per_instruction_or_per_access() {
+        let cmps = decode(&[0xA6], 0, 64).unwrap(); // cmpsb: two loads
+        let rmw = decode(&[0xF0, 0x48, 0x01, 0x03], 0, 64).unwrap(); // lock add [rbx], rax
+        let prefetch = decode(&[0x0F, 0x18, 0x08], 0, 64).unwrap();
+        let loads = |uops| Semantics::Class(InsnClass::Loads { prefetch: true, uops });
+        assert_eq!(loads(false).increment(&cmps, 0, false), 1);
+        assert_eq!(loads(true).increment(&cmps, 0, false), 2);
+        assert_eq!(loads(false).increment(&rmw, 0, false), 1);
+        assert_eq!(loads(false).increment(&prefetch, 0, false), 1);
+        assert_eq!(
+            Semantics::Class(InsnClass::Loads { prefetch: false, uops: false }).increment(&prefetch, 0, false),
+            0
+        );
+        assert_eq!(Semantics::Class(InsnClass::Stores { uops: false }).increment(&rmw, 0, false), 1);
+        assert_eq!(Semantics::Class(InsnClass::Stores { uops: false }).increment(&cmps, 0, false), 0);
+        assert_eq!(Semantics::Class(InsnClass::LockedLoads { uops: false }).increment(&rmw, 0, false), 1);
+        assert_eq!(Semantics::Class(InsnClass::Memory { prefetch: true }).increment(&prefetch, 0, false), 1);
+        let fma = decode(&[0xC4, 0xE2, 0xF1, 0xA9, 0xC2], 0, 64).unwrap(); // vfmadd213sd
+        let sd = Semantics::Class(InsnClass::FpArith(emon_pmu::pmu::FpKinds::SCALAR_DOUBLE));
+        assert_eq!(sd.increment(&fma, 0, false), 2);
+        let ps = Semantics::Class(InsnClass::FpArith(emon_pmu::pmu::FpKinds::PACKED_128_SINGLE));
+        assert_eq!(ps.increment(&fma, 0, false), 0);
+    }
+
+    #[test]
+    fn cache_events_by_level_and_kind() {
+        use super::super::cache::DataEvents;
+        use emon_pmu::pmu::LineFilter;
+        let data = DataEvents {
+            load_lines: [5, 4, 3, 2],
+            store_lines: [50, 40, 30, 20],
+            load_insns: [7, 6, 1, 1],
+            locked_insns: [0, 1, 0, 2],
+            split_loads: 3,
+            split_stores: 4,
+            split_load_insns: 2,
+            split_store_insns: 1,
+        };
+        let cache = CacheEvents { data, ..CacheEvents::default() };
+        let l = |loads, stores, from, to| Semantics::Lines(LineFilter { loads, stores, from, to }).dynamic(0, cache);
+        assert_eq!(l(true, true, Level::L2, Level::Memory), 4 + 3 + 2 + 40 + 30 + 20, "L1D.REPLACEMENT");
+        assert_eq!(l(true, false, Level::L2, Level::L2), 4, "L2 demand data read hits");
+        assert_eq!(l(false, true, Level::Llc, Level::Memory), 50, "RFO misses");
+        let src = |from, to, lock_prefetch_l1| {
+            Semantics::LoadSource(SourceFilter { from, to, lock_prefetch_l1 }).dynamic(0, cache)
+        };
+        assert_eq!(src(Level::L1, Level::L1, false), 7);
+        assert_eq!(src(Level::L2, Level::Memory, false), 6 + 1 + 1 + 1 + 2);
+        assert_eq!(src(Level::L1, Level::L1, true), 7 + 3, "locked instructions are L1 hits on Skylake");
+        assert_eq!(src(Level::L2, Level::Memory, true), 6 + 1 + 1, "and nothing else");
+        let prefetch = decode(&[0x0F, 0x18, 0x08], 0, 64).unwrap();
+        let l1_hit = Semantics::LoadSource(SourceFilter { from: Level::L1, to: Level::L1, lock_prefetch_l1: true });
+        assert_eq!(l1_hit.increment(&prefetch, 0, false), 1, "a software prefetch is an L1 hit");
+        let sp = |stores, uops| Semantics::Split(SplitFilter { stores, uops }).dynamic(0, cache);
+        assert_eq!((sp(false, false), sp(true, false), sp(false, true), sp(true, true)), (2, 1, 3, 4));
     }
 
     #[test]

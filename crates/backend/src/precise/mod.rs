@@ -13,7 +13,8 @@
 //! - [`events`]: what each event counts for an instruction, and the cost model;
 //! - [`clock`]: the model clock and the guest's time-stamp counter while counting;
 //! - [`emulate`]: the instructions emon completes itself (HLT, RDPMC, TSC reads, fences);
-//! - [`cache_feed`] over [`cache`]: the data accesses the cache model sees, and the model;
+//! - [`cache_feed`] over [`cache`] over [`prefetch`]: the data accesses the cache model sees, the
+//!   model, and its hardware prefetchers;
 //! - [`branches`]: the LBR stack's and BTS's taken branches; [`debug_store`]: PEBS and BTS
 //!   records in the guest's DS area;
 //! - [`engine`] over [`tcg`]: the TCG engine's fast-forward between steps.
@@ -27,6 +28,7 @@ mod decode_cache;
 mod emulate;
 mod engine;
 pub mod events;
+mod prefetch;
 mod stepper;
 #[cfg(feature = "tcg")]
 pub mod tcg;
@@ -184,6 +186,7 @@ impl Precise {
             }
         }
         self.feed.set_on(self.counters.use_cache());
+        self.feed.set_prefetchers(cx.pmu.prefetchers_on());
         self.branches.arm(cx);
         let counting = !self.counters.armed.is_empty() || self.branches.on();
         if !at_boundary {
@@ -350,6 +353,10 @@ impl Backend for Precise {
     }
 
     fn writes_pebs(&self) -> bool {
+        true
+    }
+
+    fn models_caches(&self) -> bool {
         true
     }
 

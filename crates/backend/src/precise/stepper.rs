@@ -91,6 +91,7 @@ pub const UNKNOWN: Insn = Insn {
     changes_mode: true,
     transfer: None,
     repeats: false,
+    class: emon_x86::insn::Class { loads: 0, stores: 0, flags: 0, fp: 0, fp_count: 0 },
 };
 
 /// The whole instruction at `rip`, as iced-x86 decodes it (for its data accesses).
@@ -363,7 +364,7 @@ impl Precise {
     /// cache model, for the LLC events it counts.
     fn feed_pending(&mut self, cx: &mut Cx, mode: &CpuMode, p: &Pending) {
         match &p.accesses {
-            Some(a) => self.feed.retire(cx, mode, a),
+            Some(a) => self.feed.retire(cx, mode, p.rip, a),
             None => self.feed_unseen(cx, mode, p.rip),
         }
     }

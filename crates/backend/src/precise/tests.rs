@@ -477,3 +477,53 @@ fn the_tsc_deadline_moves_between_the_models_time_and_kvms() {
     assert_eq!(r.before(true), Next::Retired);
     assert_eq!(r.vcpu.tsc_deadline, 0);
 }
+
+/// Skylake's model-specific events (README, "Model-specific events"), by their list's encodings:
+/// MEM_INST_RETIRED.ALL_LOADS (0xD0/0x81), ALL_STORES (0x82), BR_INST_RETIRED.CONDITIONAL
+/// (0xC4/0x01) and MEM_LOAD_RETIRED.L1_MISS (0xD1/0x08), over
+/// `mov rax, [rsi]; mov [rsi+8], rax; add [rsi], rax; jnz +0; mov rax, [rsi+60]`.
+#[test]
+fn model_specific_events_count_loads_stores_branches_and_sources() {
+    let code = [
+        0x48, 0x8B, 0x06, // mov rax, [rsi]
+        0x48, 0x89, 0x46, 0x08, // mov [rsi+8], rax
+        0x48, 0x01, 0x06, // add [rsi], rax
+        0x75, 0x00, // jnz +0
+        0x48, 0x8B, 0x46, 0x3C, // mov rax, [rsi+60]: crosses into the next line
+    ];
+    let mut r = Rig::new(&code);
+    r.vcpu.regs.rsi = 0x30000;
+    r.vcpu.regs.rax = 1;
+    for (i, sel) in [0x43_81D0u64, 0x43_82D0, 0x43_01C4, 0x43_08D1].into_iter().enumerate() {
+        r.wrmsr(msr::IA32_PERFEVTSEL0 + i as u32, sel);
+    }
+    r.wrmsr(msr::IA32_PERF_GLOBAL_CTRL, 0b1111);
+    for next in [CODE + 3, CODE + 7, CODE + 10, CODE + 12, CODE + 16] {
+        r.step(next);
+    }
+    // Loads: the MOV, the ADD (a read-modify-write) and the last MOV; stores: the MOV and the ADD.
+    assert_eq!((r.pmc(0), r.pmc(1), r.pmc(2)), (3, 2, 1));
+    // L1 misses: the first load (a cold line) and the split one, whose second line is cold.
+    assert_eq!(r.pmc(3), 2);
+    assert!(r.precise.notes().is_empty(), "{:?}", r.precise.notes());
+}
+
+#[test]
+fn uncounted_and_misplaced_events_are_named_in_the_notes() {
+    let mut r = Rig::new(&[NOP; 4]);
+    // UOPS_ISSUED.ANY (0x0E/0x01) is not counted; INST_RETIRED.PREC_DIST (0xC0/0x01) counts on
+    // IA32_PMC1 only.
+    r.wrmsr(msr::IA32_PERFEVTSEL0, 0x43_010E);
+    r.wrmsr(msr::IA32_PERFEVTSEL0 + 2, 0x43_01C0);
+    r.wrmsr(msr::IA32_PERFEVTSEL0 + 1, 0x43_01C0);
+    r.wrmsr(msr::IA32_PERF_GLOBAL_CTRL, 0b111);
+    r.step(CODE + 1);
+    r.step(CODE + 2);
+    assert_eq!((r.pmc(0), r.pmc(1), r.pmc(2)), (0, 2, 0));
+    let notes = r.precise.notes().join("\n");
+    assert!(
+        notes.contains("events emon does not derive, and counted 0: IA32_PMC0 UOPS_ISSUED.ANY (0x0e/0x01)"),
+        "{notes}"
+    );
+    assert!(notes.contains("does not give them (silicon's count is undefined there), and counted 0: IA32_PMC2 INST_RETIRED.PREC_DIST (0xc0/0x01)"), "{notes}");
+}

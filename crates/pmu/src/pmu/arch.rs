@@ -8,6 +8,7 @@ use super::msr::*;
 use super::ops::{PmuOps, Shared, Unmodelled};
 use super::regs::Layout;
 use super::{CounterId, CounterState, GpFault};
+use crate::events::EventList;
 use crate::profile::PmuProfile;
 
 /// The architectural PMU's registers.
@@ -35,6 +36,8 @@ pub struct ArchPmu {
     pub(super) offcore_rsp: [u64; 2],
     pub(super) pebs_ld_lat: u64,
     pub(super) pebs_frontend: u64,
+    /// The CPU's model-specific event list (README, "Model-specific events").
+    pub(super) events: Option<&'static EventList>,
 }
 
 /// PEBS-enabled counters (GLOBAL_STATUS layout) that overflowed (armed), and those of them that
@@ -94,6 +97,7 @@ impl ArchPmu {
             offcore_rsp: [0; 2],
             pebs_ld_lat: 0,
             pebs_frontend: 0,
+            events: profile.events,
         }
     }
 
@@ -147,9 +151,11 @@ impl PmuOps for ArchPmu {
     }
     fn event_name(&self, id: CounterId) -> String {
         let s = self.state(id);
-        match id {
-            CounterId::Fixed(_) => id.to_string(),
-            _ => format!("{id} event {:#04x} umask {:#04x}", s.event_select, s.umask),
+        let named = self.events.and_then(|l| l.name_of(s.event_select, s.umask));
+        match (id, named) {
+            (CounterId::Fixed(_), _) => id.to_string(),
+            (_, Some(name)) => format!("{id} {name} ({:#04x}/{:#04x})", s.event_select, s.umask),
+            (_, None) => format!("{id} event {:#04x} umask {:#04x}", s.event_select, s.umask),
         }
     }
     fn dump(&self, s: &Shared, out: &mut String) {
@@ -209,6 +215,9 @@ impl PmuOps for ArchPmu {
     }
     fn pebs_data_cfg(&self) -> u64 {
         self.pebs_data_cfg
+    }
+    fn pebs_adaptive(&self) -> u64 {
+        self.adaptive_record()
     }
     fn pebs_due(&self) -> u64 {
         self.pebs.due

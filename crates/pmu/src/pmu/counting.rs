@@ -5,7 +5,7 @@ use super::arch::ArchPmu;
 use super::counter::{self, width_mask};
 use super::msr::*;
 use super::ops::Shared;
-use super::regs::{FixedCtrField, PerfEvtSel};
+use super::regs::{fixed_adaptive_bit, FixedCtrField, PerfEvtSel};
 use super::semantics::{BranchFilter, Semantics};
 use super::{CounterId, CounterState};
 use crate::profile::{ArchEvent, Event};
@@ -52,12 +52,28 @@ impl ArchPmu {
             }
             CounterId::NetBurst(_) => return s,
         }
-        s.semantics = semantics(id, s.event_select, s.umask);
+        s.semantics = match id {
+            CounterId::Gp(i) => self.gp_semantics(i, &s),
+            _ => semantics(id, s.event_select, s.umask),
+        };
         // SDM 18.2.2 / 18.2.4.1: EN AND GLOBAL_CTRL enable AND NOT CTR_Frz (v1: EN alone).
         let global = self.layout.version == 1 || self.global_ctrl & id.status_mask() != 0;
         let frozen = self.layout.version >= 4 && self.global_status & GLOBAL_STATUS_CTR_FRZ != 0;
         s.counting = s.enabled && global && !frozen;
         s
+    }
+
+    /// What general-purpose counter `i` counts: an architectural event (SDM Table 18-1, on any
+    /// counter), else the event of the CPU's list its encoding names, on the counters the list
+    /// gives it (README, "Model-specific events"), else nothing emon derives.
+    fn gp_semantics(&self, i: u8, s: &CounterState) -> Semantics {
+        let arch = semantics(s.id, s.event_select, s.umask);
+        if arch != Semantics::Unsupported {
+            return arch;
+        }
+        self.events
+            .and_then(|l| l.lookup(i, s.event_select, s.umask, s.cmask, s.inv, s.edge))
+            .map_or(Semantics::Unsupported, |l| l.semantics)
     }
 
     /// Add `n` events to declared counter `id` (see [`super::Pmu::add_events`]): on a wrap past
@@ -92,6 +108,24 @@ impl ArchPmu {
             }
         }
         overflowed
+    }
+
+    /// The counters whose Adaptive_Record bit is set (PERFEVTSELx bit 34, FIXED_CTR_CTRL bit
+    /// 32 + 4i), in the GLOBAL_STATUS layout: their PEBS records take MSR_PEBS_DATA_CFG's groups
+    /// (SDM 18.9.2.2). The bits exist only with PERF_CAPABILITIES.PEBS_BASELINE.
+    pub(super) fn adaptive_record(&self) -> u64 {
+        self.ids().into_iter().fold(0, |m, id| {
+            let on = match id {
+                CounterId::Gp(i) => PerfEvtSel(self.perfevtsel[usize::from(i)]).adaptive(),
+                CounterId::Fixed(i) => self.fixed_ctr_ctrl & fixed_adaptive_bit(i) != 0,
+                CounterId::NetBurst(_) => false,
+            };
+            if on {
+                m | id.status_mask()
+            } else {
+                m
+            }
+        })
     }
 
     /// The backend performed the PEBS assist for `counters` (see [`super::Pmu::pebs_assisted`]).

@@ -6,7 +6,7 @@ use super::arch::ArchPmu;
 use super::decode::Reg;
 use super::msr::*;
 use super::ops::{PmuOps, Shared};
-use super::regs::{FixedCtrField, PerfEvtSel};
+use super::regs::{fixed_adaptive_bit, FixedCtrField, PerfEvtSel};
 use super::CounterId;
 
 /// Names of the set bits of `value` among `flags`.
@@ -74,6 +74,7 @@ fn perfevtsel_text(v: u64) -> String {
         (s.any(), "ANY"),
         (s.en(), "EN"),
         (s.inv(), "INV"),
+        (s.adaptive(), "ADAPTIVE"),
     ] {
         if on {
             text.push(' ');
@@ -173,7 +174,8 @@ impl ArchPmu {
                 .filter(|&i| l.fixed_exists(i))
                 .map(|i| {
                     let f = FixedCtrField::of(self.fixed_ctr_ctrl, i);
-                    format!("[{i}] {}", fixed_field_text(f))
+                    let adaptive = if self.fixed_ctr_ctrl & fixed_adaptive_bit(i) != 0 { " ADAPTIVE" } else { "" };
+                    format!("[{i}] {}{adaptive}", fixed_field_text(f))
                 })
                 .collect();
             line(IA32_FIXED_CTR_CTRL, self.fixed_ctr_ctrl, fields.join("; "));

@@ -13,7 +13,8 @@
 //! `counter` (width arithmetic); the architectural model in `arch` with `msr` (indices, bit
 //! names), `regs` (field decoding, writable masks from the profile), `decode` (MSR index ->
 //! register), `access` (RDMSR/WRMSR), `counting` (counter state, overflow, freeze), `rdpmc`,
-//! `lbr`, `ds` (the Debug Store's records) and `dump`; the NetBurst model in `netburst`.
+//! `lbr`, `ds` (the Debug Store's records) and `dump`; the NetBurst model in `netburst`; the
+//! hardware prefetchers' control register in `prefetch`.
 
 mod access;
 mod arch;
@@ -26,6 +27,7 @@ pub mod lbr;
 pub mod msr;
 pub mod netburst;
 pub mod ops;
+pub mod prefetch;
 pub mod rdpmc;
 pub mod regs;
 pub mod semantics;
@@ -34,14 +36,17 @@ mod tests;
 
 use std::fmt;
 
-use crate::profile::{PmuKind, PmuProfile};
+use crate::profile::{PmuKind, PmuProfile, PrefetcherSet, Prefetchers};
 pub use counting::semantics as arch_semantics;
 pub use msr::msr_name;
 use msr::*;
 pub use ops::Unmodelled;
 use ops::{PmuOps, Shared};
+use prefetch::PrefetchControl;
 use regs::{MISC_ENABLE_READ_ONLY, MISC_ENABLE_WRITABLE};
-pub use semantics::{BranchFilter, Semantics};
+pub use semantics::{
+    BranchFilter, Fidelity, FpKinds, InsnClass, Level, LineFilter, Semantics, SourceFilter, SplitFilter,
+};
 
 /// A WRMSR/RDMSR that must raise #GP(0) in the guest. The PMU state is unchanged.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
@@ -202,6 +207,8 @@ pub struct Pmu {
     profile: PmuProfile,
     model: Model,
     shared: Shared,
+    /// The cache model's prefetchers and MSR_MISC_FEATURE_CONTROL.
+    prefetch: PrefetchControl,
 }
 
 /// The PMU models (as KVM's vendor `kvm_pmu_ops`). One per vCPU, held inline: the sizes differ,
@@ -223,6 +230,7 @@ impl Pmu {
         (IA32_PMC0, IA32_PMC0 + MAX_GP as u32 - 1),
         (IA32_PERFEVTSEL0, IA32_PERFEVTSEL0 + MAX_GP as u32 - 1),
         (IA32_MISC_ENABLE, IA32_MISC_ENABLE),
+        (MSR_MISC_FEATURE_CONTROL, MSR_MISC_FEATURE_CONTROL),
         (MSR_OFFCORE_RSP_0, MSR_OFFCORE_RSP_0 + 1),
         (MSR_LBR_SELECT, MSR_LASTBRANCH_TOS),
         (IA32_DEBUGCTL, IA32_DEBUGCTL),
@@ -254,7 +262,26 @@ impl Pmu {
             PmuKind::Architectural => Model::Architectural(arch::ArchPmu::new(profile)),
             PmuKind::NetBurst => Model::NetBurst(netburst::NetBurstPmu::default()),
         };
-        Pmu { profile: profile.clone(), model, shared: Shared { misc_enable, ..Shared::default() } }
+        Pmu {
+            profile: profile.clone(),
+            model,
+            shared: Shared { misc_enable, ..Shared::default() },
+            prefetch: PrefetchControl::default(),
+        }
+    }
+
+    /// The same PMU with the profile's hardware prefetchers (its `[cache]`): their control
+    /// register, MSR_MISC_FEATURE_CONTROL or IA32_MISC_ENABLE's disable bits, and which of them
+    /// are on ([`Pmu::prefetchers_on`]). Without it a PMU has neither.
+    pub fn with_prefetchers(mut self, prefetchers: Prefetchers) -> Pmu {
+        self.prefetch = PrefetchControl::new(prefetchers);
+        self
+    }
+
+    /// The hardware prefetchers the guest has left on: the profile's, less those its control
+    /// register turns off (README, "The cache model").
+    pub fn prefetchers_on(&self) -> PrefetcherSet {
+        self.prefetch.enabled(self.shared.misc_enable)
     }
 
     /// The model, as its interface.
@@ -287,10 +314,16 @@ impl Pmu {
     /// The name of `msr` under this PMU's profile (0x309 is IA32_FIXED_CTR0, or on NetBurst
     /// MSR_FLAME_COUNTER1).
     pub fn reg_name(&self, msr: u32) -> Option<String> {
-        match self.ops().claims(msr) {
+        match !Self::facade_reg(msr) && self.ops().claims(msr) {
             true => self.ops().reg_name(msr),
             false => msr_name(msr),
         }
+    }
+
+    /// The registers the facade keeps whatever the model: IA32_MISC_ENABLE and
+    /// MSR_MISC_FEATURE_CONTROL.
+    fn facade_reg(msr: u32) -> bool {
+        matches!(msr, IA32_MISC_ENABLE | MSR_MISC_FEATURE_CONTROL)
     }
 
     /// RDMSR of a PMU register.
@@ -299,8 +332,9 @@ impl Pmu {
     /// [`GpFault`] if `msr` is not a PMU register that exists under the profile.
     pub fn rdmsr(&self, msr: u32) -> Result<u64, GpFault> {
         match msr {
-            _ if self.ops().claims(msr) => self.ops().rdmsr(msr),
             IA32_MISC_ENABLE => Ok(self.shared.misc_enable),
+            MSR_MISC_FEATURE_CONTROL => self.prefetch.read(),
+            _ if self.ops().claims(msr) => self.ops().rdmsr(msr),
             _ => Err(GpFault),
         }
     }
@@ -311,22 +345,32 @@ impl Pmu {
     /// [`GpFault`], with no state change, if `msr` does not exist under the profile, is
     /// read-only (PERF_CAPABILITIES, GLOBAL_STATUS, GLOBAL_INUSE), or `value` sets a reserved bit.
     pub fn wrmsr(&mut self, msr: u32, value: u64) -> Result<(), GpFault> {
-        if self.ops().claims(msr) {
+        if !Self::facade_reg(msr) && self.ops().claims(msr) {
             let (m, s) = self.ops_mut();
             return m.wrmsr(s, msr, value);
         }
-        if msr != IA32_MISC_ENABLE || value & !(MISC_ENABLE_WRITABLE | MISC_ENABLE_READ_ONLY) != 0 {
+        if msr == MSR_MISC_FEATURE_CONTROL {
+            return self.prefetch.write(value);
+        }
+        // Core 2 and NetBurst turn their prefetchers off here (SDM Vol. 4: bits 9, 19, 37, 39).
+        let writable = MISC_ENABLE_WRITABLE | self.prefetch.misc_enable_bits();
+        if msr != IA32_MISC_ENABLE || value & !(writable | MISC_ENABLE_READ_ONLY) != 0 {
             return Err(GpFault);
         }
         let m = &mut self.shared.misc_enable;
-        *m = (value & MISC_ENABLE_WRITABLE) | (*m & MISC_ENABLE_READ_ONLY);
+        *m = (value & writable) | (*m & MISC_ENABLE_READ_ONLY);
         Ok(())
     }
 
     /// What the guest has set now that emon stores without producing (the VMM collects it over
     /// the run for its summary).
     pub fn unmodelled(&self) -> Unmodelled {
-        self.ops().unmodelled()
+        let prefetchers = if self.prefetchers_on() == self.prefetch.prefetchers().present() {
+            Unmodelled::NONE
+        } else {
+            Unmodelled::PREFETCHERS_OFF
+        };
+        self.ops().unmodelled().union(prefetchers)
     }
 
     /// A description of the event counter `id` counts, for a run-summary note (IA32_PERFEVTSELx
@@ -488,6 +532,17 @@ impl Pmu {
     pub fn dump(&self) -> String {
         let mut out = String::new();
         self.ops().dump(&self.shared, &mut out);
+        if let Ok(v) = self.prefetch.read() {
+            let off = self.prefetch.prefetchers().present().minus(self.prefetchers_on());
+            let _ = std::fmt::Write::write_fmt(
+                &mut out,
+                format_args!(
+                    "{:<28} {MSR_MISC_FEATURE_CONTROL:#05x} = {v:#018x}  prefetchers off: {}\n",
+                    "MSR_MISC_FEATURE_CONTROL",
+                    if off.is_empty() { "none".to_string() } else { off.names().join(", ") }
+                ),
+            );
+        }
         let _ = std::fmt::Write::write_fmt(
             &mut out,
             format_args!(
@@ -534,6 +589,13 @@ impl Pmu {
     /// MSR_PEBS_DATA_CFG: the adaptive record's groups.
     pub fn pebs_data_cfg(&self) -> u64 {
         self.ops().pebs_data_cfg()
+    }
+
+    /// The counters whose PEBS records take MSR_PEBS_DATA_CFG's groups: those whose
+    /// Adaptive_Record bit (PERFEVTSELx bit 34, FIXED_CTR_CTRL bit 32 + 4i) is set. The others'
+    /// records hold the basic group only (SDM 18.9.2.2).
+    pub fn pebs_adaptive(&self) -> u64 {
+        self.ops().pebs_adaptive()
     }
 
     /// PEBS-enabled counters whose assist is due: they overflowed and have counted an event

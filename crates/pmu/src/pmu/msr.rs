@@ -7,6 +7,11 @@ pub const IA32_PMC0: u32 = 0xC1;
 pub const IA32_PERFEVTSEL0: u32 = 0x186;
 /// IA32_MISC_ENABLE.
 pub const IA32_MISC_ENABLE: u32 = 0x1A0;
+/// MSR_MISC_FEATURE_CONTROL: bit 0 L2 hardware prefetcher disable, 1 L2 adjacent cache line
+/// prefetcher disable, 2 DCU prefetcher disable, 3 DCU IP prefetcher disable (Intel's "Disclosure
+/// of H/W prefetcher control on some Intel processors"; Nehalem on). Not a PMU register: the PMU
+/// keeps it for the cache model (`prefetch.rs`).
+pub const MSR_MISC_FEATURE_CONTROL: u32 = 0x1A4;
 /// IA32_DEBUGCTL.
 pub const IA32_DEBUGCTL: u32 = 0x1D9;
 /// IA32_FIXED_CTR0 (instructions retired). FIXED_CTRi = 0x309 + i.
@@ -92,6 +97,9 @@ pub const PERFEVTSEL_INV: u64 = 1 << 23;
 pub const PERFEVTSEL_CMASK_SHIFT: u32 = 24;
 /// PERFEVTSEL\[63:32\]: reserved in architectural perfmon.
 pub const PERFEVTSEL_RESERVED_HIGH: u64 = 0xFFFF_FFFF_0000_0000;
+/// PERFEVTSEL.Adaptive_Record (bit 34; with PERF_CAPABILITIES.PEBS_BASELINE): the counter's PEBS
+/// records take the groups MSR_PEBS_DATA_CFG selects; clear, the basic group only (SDM 18.9.2.2).
+pub const PERFEVTSEL_ADAPTIVE: u64 = 1 << 34;
 
 // ---- IA32_FIXED_CTR_CTRL fields (SDM Figure 18-2 / 18-7): 4 bits per fixed counter ----
 /// Width in bits of one FIXED_CTR_CTRL field.
@@ -106,6 +114,9 @@ pub const FIXED_CTR_CTRL_EN_USR: u64 = 0b0010;
 pub const FIXED_CTR_CTRL_ANY: u64 = 0b0100;
 /// Field bit 3: PMI on overflow.
 pub const FIXED_CTR_CTRL_PMI: u64 = 0b1000;
+/// FIXED_CTR_CTRL bit 32 + 4i, FCi_Adaptive_Record (with PERF_CAPABILITIES.PEBS_BASELINE): as
+/// PERFEVTSEL.Adaptive_Record, for fixed counter i (SDM 18.9.2.2).
+pub const FIXED_CTR_CTRL_ADAPTIVE0: u64 = 1 << 32;
 
 // ---- IA32_PERF_GLOBAL_STATUS bits beyond the per-counter overflow bits ----
 /// Bit of fixed counter 0 in GLOBAL_CTRL / GLOBAL_STATUS / OVF_CTRL / INUSE.
@@ -194,6 +205,7 @@ pub fn msr_name(msr: u32) -> Option<String> {
     };
     let fixed = match msr {
         IA32_MISC_ENABLE => Some("IA32_MISC_ENABLE"),
+        MSR_MISC_FEATURE_CONTROL => Some("MSR_MISC_FEATURE_CONTROL"),
         IA32_DEBUGCTL => Some("IA32_DEBUGCTL"),
         IA32_PERF_CAPABILITIES => Some("IA32_PERF_CAPABILITIES"),
         IA32_FIXED_CTR_CTRL => Some("IA32_FIXED_CTR_CTRL"),
@@ -253,6 +265,7 @@ mod tests {
         assert_eq!(msr_name(0x6DF).as_deref(), Some("MSR_LASTBRANCH_31_TO_IP"));
         assert_eq!(msr_name(0xDC1).as_deref(), Some("MSR_LBR_INFO_1"));
         assert_eq!(msr_name(0x3F7).as_deref(), Some("MSR_PEBS_FRONTEND"));
+        assert_eq!(msr_name(0x1A4).as_deref(), Some("MSR_MISC_FEATURE_CONTROL"));
         assert_eq!(msr_name(0x48), None);
         assert_eq!(msr_name(0), None);
         assert_eq!(msr_name(u32::MAX), None);

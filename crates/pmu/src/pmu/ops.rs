@@ -57,6 +57,9 @@ impl Unmodelled {
     pub const NETBURST_PEBS: Unmodelled = Unmodelled(1 << 6);
     /// NetBurst: MSR_DEBUGCTLA's TR/BTS (branch trace messages and BTS).
     pub const BRANCH_TRACE_STORE: Unmodelled = Unmodelled(1 << 7);
+    /// MSR_MISC_FEATURE_CONTROL or IA32_MISC_ENABLE turned hardware prefetchers off: only a
+    /// backend that counts the LLC events from emon's cache model obeys it.
+    pub const PREFETCHERS_OFF: Unmodelled = Unmodelled(1 << 8);
 
     /// Nothing.
     pub const NONE: Unmodelled = Unmodelled(0);
@@ -75,9 +78,10 @@ impl Unmodelled {
         self.0 == 0
     }
 
-    /// What the run summary says about these configurations; `records_branches`: the backend
-    /// filled the LBR stack, so DEBUGCTL.LBR was produced.
-    pub fn notes(self, records_branches: bool) -> Vec<String> {
+    /// What the run summary says about these configurations, but those in `produced`, which
+    /// the backend produced (DEBUGCTL.LBR where it fills the LBR stack, PREFETCHERS_OFF where it
+    /// counts from the cache model).
+    pub fn notes(self, produced: Unmodelled) -> Vec<String> {
         const DEBUGCTL: &[(Unmodelled, &str)] = &[
             (Unmodelled::DEBUGCTL_LBR, "DEBUGCTL.LBR: this backend records no branches in the LBR stack"),
             (Unmodelled::DEBUGCTL_BTF, "DEBUGCTL.BTF: single-step on branches is not emulated"),
@@ -99,7 +103,6 @@ impl Unmodelled {
                 "MSR_DEBUGCTLA.TR/BTS (NetBurst branch trace messages and BTS: none were stored)",
             ),
         ];
-        let produced = if records_branches { Unmodelled::DEBUGCTL_LBR } else { Unmodelled::NONE };
         let named = |table: &[(Unmodelled, &'static str)]| -> Vec<&'static str> {
             table.iter().filter(|(u, _)| self.contains(*u) && !produced.contains(*u)).map(|&(_, s)| s).collect()
         };
@@ -110,6 +113,11 @@ impl Unmodelled {
                 "NOT EXACT: the guest set {} (README, \"Model-specific PMU MSRs\")",
                 debugctl.join("; ")
             ));
+        }
+        if self.contains(Unmodelled::PREFETCHERS_OFF) && !produced.contains(Unmodelled::PREFETCHERS_OFF) {
+            notes.push(
+                "NOT EXACT: the guest turned hardware prefetchers off (MSR_MISC_FEATURE_CONTROL or IA32_MISC_ENABLE); this backend's LLC events come from the host's caches, whose prefetchers it cannot turn off (README, \"The cache model\")".to_string(),
+            );
         }
         let netburst = named(NETBURST);
         if !netburst.is_empty() {
@@ -205,6 +213,11 @@ pub trait PmuOps {
         0
     }
     fn pebs_data_cfg(&self) -> u64 {
+        0
+    }
+    /// The counters whose PEBS records use MSR_PEBS_DATA_CFG's groups (their Adaptive_Record
+    /// bit is set; [`super::Pmu::pebs_adaptive`]).
+    fn pebs_adaptive(&self) -> u64 {
         0
     }
     fn pebs_due(&self) -> u64 {

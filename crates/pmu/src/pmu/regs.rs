@@ -54,6 +54,15 @@ impl PerfEvtSel {
     pub fn cmask(self) -> u8 {
         (self.0 >> PERFEVTSEL_CMASK_SHIFT) as u8
     }
+    /// Adaptive_Record (bit 34, adaptive PEBS).
+    pub fn adaptive(self) -> bool {
+        self.0 & PERFEVTSEL_ADAPTIVE != 0
+    }
+}
+
+/// FIXED_CTR_CTRL's FCi_Adaptive_Record bit (32 + 4i), 0 for a counter past the register.
+pub fn fixed_adaptive_bit(i: u8) -> u64 {
+    FIXED_CTR_CTRL_ADAPTIVE0.checked_shl(u32::from(i) * FIXED_CTR_CTRL_FIELD_BITS).unwrap_or(0)
 }
 
 /// One 4-bit field of IA32_FIXED_CTR_CTRL (SDM Figure 18-7).
@@ -168,19 +177,23 @@ impl Layout {
         if version < 3 {
             perfevtsel_valid &= !PERFEVTSEL_ANY;
         }
+        let baseline = version >= 1 && p.perf_capabilities & PERF_CAPABILITIES_PEBS_BASELINE != 0;
+        if baseline {
+            perfevtsel_valid |= PERFEVTSEL_ADAPTIVE;
+        }
 
         // FIXED_CTR_CTRL: EN | PMI (| ANY on v3+) in the field of each supported counter.
         let mut field = FIXED_CTR_CTRL_EN_MASK | FIXED_CTR_CTRL_PMI;
         if version >= 3 {
             field |= FIXED_CTR_CTRL_ANY;
         }
-        let fixed_ctr_ctrl_valid = (0u8..)
-            .zip(fixed)
-            .filter(|&(_, f)| f)
-            .fold(0u64, |m, (i, _)| m | field << (u32::from(i) * FIXED_CTR_CTRL_FIELD_BITS));
+        // With adaptive PEBS, each supported counter's FCi_Adaptive_Record bit too.
+        let fixed_ctr_ctrl_valid = (0u8..).zip(fixed).filter(|&(_, f)| f).fold(0u64, |m, (i, _)| {
+            let adaptive = if baseline { fixed_adaptive_bit(i) } else { 0 };
+            m | field << (u32::from(i) * FIXED_CTR_CTRL_FIELD_BITS) | adaptive
+        });
 
         let counters = gp_bits | fixed_bits;
-        let baseline = version >= 1 && p.perf_capabilities & PERF_CAPABILITIES_PEBS_BASELINE != 0;
         // With PERF_METRICS, bit 48 of GLOBAL_CTRL, OVF_CTRL/STATUS_RESET and STATUS_SET is the
         // metrics' (SDM 18.3.9.3). emon does not count the metrics: they never overflow.
         let metrics = if version >= 2 && p.perf_capabilities & PERF_CAPABILITIES_PERF_METRICS != 0 {
@@ -264,8 +277,9 @@ mod tests {
         assert!(s.usr() && s.os() && !s.edge() && !s.pc());
         assert!(s.int() && s.any() && s.en() && s.inv());
         assert_eq!(s.cmask(), 0xA5);
-        let s = PerfEvtSel(0x0053_00C0);
-        assert!(s.usr() && s.os() && s.int() && s.en() && !s.any() && !s.inv());
+        assert!(!s.adaptive());
+        let s = PerfEvtSel(0x4_0053_00C0);
+        assert!(s.usr() && s.os() && s.int() && s.en() && !s.any() && !s.inv() && s.adaptive());
         assert_eq!((s.event_select(), s.umask(), s.cmask()), (0xC0, 0, 0));
     }
 
@@ -284,5 +298,7 @@ mod tests {
         assert!(f3.pmi() && !f3.any());
         assert_eq!(FixedCtrField::of(u64::MAX, 16).0, 0);
         assert_eq!(FixedCtrField::of(u64::MAX, 255).0, 0);
+        assert_eq!([0, 1, 2, 3].map(fixed_adaptive_bit), [1 << 32, 1 << 36, 1 << 40, 1 << 44]);
+        assert_eq!(fixed_adaptive_bit(8), 0);
     }
 }

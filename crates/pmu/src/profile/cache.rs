@@ -1,6 +1,8 @@
 //! [`Cache`]: the data-cache hierarchy the precise backend models, and its CPUID leaf 04H
 //! (deterministic cache parameters) encoding.
 
+use super::prefetch::{Prefetchers, Streamer};
+
 /// One level of the cache hierarchy: its size and associativity. The line size is the
 /// hierarchy's ([`Cache::line`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -43,6 +45,8 @@ pub struct Cache {
     pub l2: Option<CacheLevel>,
     /// Last-level unified cache: what LLC Reference and LLC Misses (event 0x2E) count.
     pub llc: CacheLevel,
+    /// The hardware data prefetchers that fill these caches, and their control register.
+    pub prefetchers: Prefetchers,
 }
 
 /// CPUID.04H:EAX[4:0] cache types.
@@ -58,13 +62,23 @@ const INCLUSIVE: u32 = 1 << 1;
 
 impl Cache {
     /// The hierarchy of a Skylake client core (i7-6700K): 32 KiB 8-way L1d and L1i, 256 KiB
-    /// 4-way L2, 8 MiB 16-way LLC, 64-byte lines. What a profile without `[cache]` gets.
+    /// 4-way L2, 8 MiB 16-way LLC, 64-byte lines, with its four prefetchers and
+    /// MSR_MISC_FEATURE_CONTROL (as `resources/profiles/skylake.toml` has them). What a profile
+    /// without `[cache]` gets.
     pub const SKYLAKE_CLIENT: Cache = Cache {
         line: 64,
         l1d: CacheLevel { kib: 32, ways: 8 },
         l1i: CacheLevel { kib: 32, ways: 8 },
         l2: Some(CacheLevel { kib: 256, ways: 4 }),
         llc: CacheLevel { kib: 8192, ways: 16 },
+        prefetchers: Prefetchers {
+            dcu: true,
+            ip_stride: true,
+            streamer: Some(Streamer { distance: 20, pages: 32 }),
+            adjacent_line: true,
+            misc_feature_control: Some(0x80F),
+            misc_enable: false,
+        },
     };
 
     /// The cache level of the LLC: 3 with an L2, else 2.

@@ -45,6 +45,15 @@ impl Profile {
         u32::from(self.stepping & 0xF) | (model & 0xF) << 4 | base_family << 8 | (model >> 4) << 16 | ext_family << 20
     }
 
+    /// Gives the PMU its CPU's model-specific event list, by vendor, family and model as Linux's
+    /// perf chooses one (README, "Model-specific events"); none for the NetBurst PMU.
+    pub fn resolve_events(&mut self) {
+        self.pmu.events = match self.pmu.kind {
+            super::PmuKind::Architectural => crate::events::EventList::for_cpu(&self.vendor, self.family, self.model),
+            super::PmuKind::NetBurst => None,
+        };
+    }
+
     /// The vendor string as CPUID.0 returns it: `[ebx, edx, ecx]`, 4 bytes each, little
     /// endian ("Genu", "ineI", "ntel"). A string that is not 12 bytes (an unvalidated
     /// profile) is cut or padded with NULs.

@@ -5,7 +5,10 @@ use std::path::Path;
 use serde::Deserialize;
 
 use super::error::one_line;
-use super::{builtin, Cache, CacheLevel, Clock, Lbr, ModelMsrs, MsrBits, PmuKind, PmuProfile, Profile, ProfileError};
+use super::{
+    builtin, Cache, CacheLevel, Clock, Lbr, ModelMsrs, MsrBits, PmuKind, PmuProfile, Prefetchers, Profile,
+    ProfileError, Streamer,
+};
 
 /// Default for `pmu.nominal-mhz` when the file leaves it out.
 pub const DEFAULT_NOMINAL_MHZ: u32 = 2000;
@@ -27,7 +30,8 @@ struct ProfileFile {
 }
 
 /// The `[cache]` table. `l1d` and `llc` are required; `line` defaults to 64, `l1i` to `l1d`,
-/// and a file without `l2` describes a CPU whose LLC is its second level.
+/// a file without `l2` describes a CPU whose LLC is its second level, and one without
+/// `[cache.prefetchers]` a CPU without hardware prefetchers.
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
 struct CacheFile {
@@ -37,6 +41,46 @@ struct CacheFile {
     l1i: Option<LevelFile>,
     l2: Option<LevelFile>,
     llc: LevelFile,
+    prefetchers: Option<PrefetchersFile>,
+}
+
+/// The `[cache.prefetchers]` table: each prefetcher the CPU has (all default to absent), and the
+/// register that turns them off (`misc-feature-control`: MSR 0x1A4's writable bits;
+/// `misc-enable`: IA32_MISC_ENABLE's disable bits).
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+struct PrefetchersFile {
+    #[serde(default)]
+    dcu: bool,
+    #[serde(default)]
+    ip_stride: bool,
+    streamer: Option<StreamerFile>,
+    #[serde(default)]
+    adjacent_line: bool,
+    misc_feature_control: Option<u64>,
+    #[serde(default)]
+    misc_enable: bool,
+}
+
+/// `streamer = { distance = 20, pages = 32 }`.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+struct StreamerFile {
+    distance: u32,
+    pages: u32,
+}
+
+impl From<PrefetchersFile> for Prefetchers {
+    fn from(f: PrefetchersFile) -> Self {
+        Prefetchers {
+            dcu: f.dcu,
+            ip_stride: f.ip_stride,
+            streamer: f.streamer.map(|s| Streamer { distance: s.distance, pages: s.pages }),
+            adjacent_line: f.adjacent_line,
+            misc_feature_control: f.misc_feature_control,
+            misc_enable: f.misc_enable,
+        }
+    }
 }
 
 fn default_line() -> u32 {
@@ -66,6 +110,7 @@ impl From<CacheFile> for Cache {
             l1i: f.l1i.map_or(l1d, CacheLevel::from),
             l2: f.l2.map(CacheLevel::from),
             llc: f.llc.into(),
+            prefetchers: f.prefetchers.map(Prefetchers::from).unwrap_or_default(),
         }
     }
 }
@@ -218,6 +263,7 @@ impl From<PmuFile> for PmuProfile {
             lbr: f.lbr.map(Lbr::from),
             msrs: f.msrs.map(ModelMsrs::from).unwrap_or_default(),
             kind,
+            events: None,
         }
     }
 }
@@ -249,7 +295,7 @@ impl Profile {
     /// source in errors; its file stem becomes [`Profile::name`].
     pub fn from_toml(source_name: &str, text: &str) -> Result<Profile, ProfileError> {
         let file: ProfileFile = toml::from_str(text).map_err(|e| toml_error(source_name, text, &e))?;
-        let profile = Profile {
+        let mut profile = Profile {
             name: profile_name(source_name),
             description: file.description,
             vendor: file.vendor,
@@ -261,6 +307,7 @@ impl Profile {
             cache: file.cache.map_or_else(Cache::default, Cache::from),
             clock: file.clock.map_or_else(Clock::default, Clock::from),
         };
+        profile.resolve_events();
         profile.validate_as(source_name)?;
         Ok(profile)
     }

@@ -41,6 +41,7 @@ impl Profile {
             };
             next.set(key.trim(), value.trim())?;
         }
+        next.resolve_events();
         next.validate_as(ORIGIN)?;
         *self = next;
         Ok(())

@@ -1,6 +1,7 @@
 //! [`PmuProfile`]: CPUID leaf 0x0A and the MSR-visible PMU capabilities of a profile.
 
 use super::{Lbr, ModelMsrs};
+use crate::events::EventList;
 
 /// Which performance-monitoring architecture a profile presents.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -58,6 +59,10 @@ pub struct PmuProfile {
     pub msrs: ModelMsrs,
     /// The PMU architecture: architectural perfmon, or NetBurst (then `version` is 0).
     pub kind: PmuKind,
+    /// The CPU's model-specific event list (README, "Model-specific events"), chosen by its
+    /// vendor, family and model ([`super::Profile::resolve_events`]); `None` where emon ships
+    /// none, and under the NetBurst PMU, whose events are its own.
+    pub events: Option<&'static EventList>,
 }
 
 impl PmuProfile {

@@ -4,7 +4,7 @@
 //! origin, the field with its value, and the rule with its CPUID/MSR reference.
 
 use super::model_msrs::*;
-use super::{Cache, CacheLevel, Clock, PmuProfile, Profile, ProfileError, ARCH_EVENTS};
+use super::{Cache, CacheLevel, Clock, PmuProfile, Prefetchers, Profile, ProfileError, ARCH_EVENTS, CONTROL_BITS};
 
 /// Highest architectural perfmon version emon models (CPUID.0AH:EAX[7:0]).
 pub const MAX_VERSION: u8 = 5;
@@ -29,6 +29,8 @@ pub const MIN_CACHE_LINE: u32 = 16;
 pub const MAX_CACHE_WAYS: u32 = 1024;
 /// Largest cache level, in KiB (1 GiB): the model keeps 8 bytes per line, 128 MiB at most.
 pub const MAX_CACHE_KIB: u32 = 1 << 20;
+/// Most 4 KiB pages the streamer can track (the optimization manual's largest is 32).
+pub const MAX_STREAMER_PAGES: u32 = 64;
 
 /// IA32_PERF_CAPABILITIES (MSR 0x345) bits emon accepts in a profile (SDM Vol. 3B
 /// Figure 18-63 "IA32_PERF_CAPABILITIES", field names as in Linux `union perf_capabilities`):
@@ -407,6 +409,49 @@ impl Check<'_> {
                 );
             }
             inner = outer;
+        }
+        self.prefetchers(&c.prefetchers, c.line)
+    }
+
+    /// The `[cache.prefetchers]` table: a streamer that reaches within a 4 KiB page, and at most
+    /// one control register, which can turn off every prefetcher the CPU has.
+    fn prefetchers(&self, p: &Prefetchers, line: u32) -> Result<(), ProfileError> {
+        if let Some(s) = p.streamer {
+            // The streamer does not cross a 4 KiB page (the optimization manual, "Data Prefetching").
+            let reach = (4096 / line).saturating_sub(1);
+            if !(1..=reach).contains(&s.distance) {
+                return self.fail(
+                    format!("cache.prefetchers.streamer.distance = {}", s.distance),
+                    format!("must be 1..={reach}: the streamer prefetches lines ahead within a 4 KiB page ({line}-byte lines)"),
+                );
+            }
+            if !(1..=MAX_STREAMER_PAGES).contains(&s.pages) {
+                return self.fail(
+                    format!("cache.prefetchers.streamer.pages = {}", s.pages),
+                    format!("must be 1..={MAX_STREAMER_PAGES} (the 4 KiB pages it tracks a stream in)"),
+                );
+            }
+        }
+        if let Some(bits) = p.misc_feature_control {
+            if p.misc_enable {
+                return self.fail(
+                    "cache.prefetchers.misc-enable = true".to_string(),
+                    "a CPU controls its prefetchers through MSR_MISC_FEATURE_CONTROL (0x1A4, Nehalem on) or IA32_MISC_ENABLE (Core 2, NetBurst), not both",
+                );
+            }
+            let present = p.present();
+            if let Some(c) =
+                CONTROL_BITS.iter().find(|c| present.contains(c.prefetcher) && bits & c.misc_feature_control == 0)
+            {
+                return self.fail(
+                    format!("cache.prefetchers.misc-feature-control = {bits:#x}"),
+                    format!(
+                        "must hold bit {}, which turns the {} prefetcher off (Intel's disclosure of MSR 0x1A4)",
+                        c.misc_feature_control.trailing_zeros(),
+                        c.name
+                    ),
+                );
+            }
         }
         Ok(())
     }

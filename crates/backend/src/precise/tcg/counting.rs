@@ -211,13 +211,14 @@ impl Acc {
         }
     }
 
-    /// Feeds the data accesses of the instructions that have started to the cache model, all of
-    /// them or those before the one at `fault` (which did not retire); what they did at the LLC.
+    /// Feeds the data accesses of the instructions that have started to the cache model, one
+    /// instruction at a time, all of them or those before the one at `fault` (which did not
+    /// retire); what they did there.
     pub fn feed(&mut self, fault: Option<u64>) -> CacheEvents {
         let accesses = std::mem::take(&mut self.accesses);
         let Some(cache) = &mut self.cache else { return CacheEvents::default() };
-        let retired = accesses.iter().take_while(|(rip, _)| Some(*rip) != fault).map(|(_, a)| *a).collect::<Vec<_>>();
-        crate::precise::cache_feed::feed(cache, &self.mode, &self.mem, &retired)
+        let retired = accesses.iter().take_while(|(rip, _)| Some(*rip) != fault).count();
+        crate::precise::cache_feed::feed_each(cache, &self.mode, &self.mem, &accesses[..retired])
     }
 
     pub fn advance_clock(&mut self, c: u64) {

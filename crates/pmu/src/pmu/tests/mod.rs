@@ -9,6 +9,7 @@ mod freeze;
 mod model_msrs;
 mod netburst_pmu;
 mod pebs;
+mod prefetch;
 mod random;
 mod reprogram;
 

@@ -108,7 +108,7 @@ fn configurations_emon_does_not_model_are_named() {
     wr(&mut pmu, IQ_CCCR0, CCCR_CRU0 | netburst::CCCR_OVF_PMI_T1);
     wr(&mut pmu, 0x3A2, 0x13 << 25 | 1 << 9 | 0xC | netburst::ESCR_TAG_ENABLE);
     wr(&mut pmu, msr::IA32_DEBUGCTL, 1 << 3);
-    let notes = pmu.unmodelled().notes(true);
+    let notes = pmu.unmodelled().notes(Unmodelled::DEBUGCTL_LBR);
     assert_eq!(notes.len(), 1, "{notes:?}");
     for what in ["OVF_PMI_T1", "Tag Enable", "MSR_DEBUGCTLA.TR/BTS", "The NetBurst PMU"] {
         assert!(notes[0].contains(what), "{notes:?} lacks {what}");

@@ -92,6 +92,26 @@ fn adaptive_pebs_adds_the_fixed_counters_and_pebs_data_cfg() {
 }
 
 #[test]
+fn adaptive_record_bits_exist_with_pebs_baseline_and_name_the_adaptive_counters() {
+    let mut pmu = Pmu::new(&Profile::load("icelake").unwrap().pmu);
+    assert_eq!(pmu.pebs_adaptive(), 0);
+    wr(&mut pmu, msr::IA32_PERFEVTSEL0 + 3, 0x4_0043_00C0);
+    assert_eq!(rd(&pmu, msr::IA32_PERFEVTSEL0 + 3), 0x4_0043_00C0, "Adaptive_Record (bit 34) reads back");
+    assert_wr_gp(&mut pmu, msr::IA32_PERFEVTSEL0, 1 << 33);
+    // FCi_Adaptive_Record is bit 32 + 4i.
+    wr(&mut pmu, msr::IA32_FIXED_CTR_CTRL, 1 << 44 | 1 << 36 | 0x3);
+    assert_wr_gp(&mut pmu, msr::IA32_FIXED_CTR_CTRL, 1 << 33);
+    assert_wr_gp(&mut pmu, msr::IA32_FIXED_CTR_CTRL, 1 << 48);
+    assert_eq!(pmu.pebs_adaptive(), 1 << 3 | 1 << 33 | 1 << 35);
+    assert!(pmu.dump().contains("ADAPTIVE"), "the dump names the bit");
+    // Without PEBS_BASELINE (Skylake) the bits are reserved.
+    let mut skl = Pmu::new(&Profile::load("skylake").unwrap().pmu);
+    assert_wr_gp(&mut skl, msr::IA32_PERFEVTSEL0, 0x4_0043_00C0);
+    assert_wr_gp(&mut skl, msr::IA32_FIXED_CTR_CTRL, 1 << 32);
+    assert_eq!(skl.pebs_adaptive(), 0);
+}
+
+#[test]
 fn bts_adds_its_debugctl_bits_and_filters_by_cpl() {
     let mut pmu = Pmu::new(&Profile::load("nehalem").unwrap().pmu);
     assert_wr_gp(&mut pmu, msr::IA32_DEBUGCTL, msr::DEBUGCTL_TR);

@@ -1,6 +1,6 @@
 //! Every built-in profile loads, validates, and encodes its documented registers.
 
-use super::super::{describe_leaf_0a, Cache, CacheLevel, Clock, PmuProfile, Profile};
+use super::super::{describe_leaf_0a, Cache, CacheLevel, Clock, PmuProfile, Prefetchers, Profile, Streamer};
 
 /// (name, CPUID.01H:EAX, CPUID.0AH [eax, ebx, ecx, edx], IA32_PERF_CAPABILITIES).
 const EXPECTED: &[(&str, u32, [u32; 4], u64)] = &[
@@ -56,14 +56,43 @@ fn every_builtin_loads_validates_and_matches_its_documented_registers() {
     }
 }
 
+/// (name, [dcu, ip-stride, adjacent-line], streamer (distance, pages), MSR_MISC_FEATURE_CONTROL's
+/// writable bits, IA32_MISC_ENABLE control): each file's `[cache.prefetchers]` as its comments
+/// source it.
+type PrefetchRow = (&'static str, [bool; 3], Option<(u32, u32)>, Option<u64>, bool);
+
+const PREFETCHERS: &[PrefetchRow] = &[
+    ("core2", [true; 3], Some((8, 16)), None, true),
+    ("icelake", [true; 3], Some((20, 32)), Some(0x80F), false),
+    ("nehalem", [true; 3], Some((8, 16)), Some(0xF), false),
+    ("nehalem-llc-masked", [true; 3], Some((8, 16)), Some(0xF), false),
+    ("no-pmu", [true; 3], Some((20, 32)), Some(0x80F), false),
+    ("pentium4", [false, false, true], Some((2, 8)), None, true),
+    ("sandybridge", [true; 3], Some((20, 32)), Some(0x80F), false),
+    ("skylake", [true; 3], Some((20, 32)), Some(0x80F), false),
+];
+
 #[test]
 fn every_builtin_has_its_documented_caches_and_clock() {
     let level = |(kib, ways): (u32, u32)| CacheLevel { kib, ways };
     let names: Vec<&str> = CACHE_CLOCK.iter().map(|(name, ..)| *name).collect();
     assert_eq!(names, Profile::builtin_names());
-    for &(name, [l1d, l1i], l2, llc, leaf_15h, (numerator, denominator)) in CACHE_CLOCK {
+    for (&(name, [l1d, l1i], l2, llc, leaf_15h, (numerator, denominator)), prefetch) in
+        CACHE_CLOCK.iter().zip(PREFETCHERS)
+    {
         let p = Profile::load(name).unwrap_or_else(|e| panic!("{name}: {e}"));
-        let cache = Cache { line: 64, l1d: level(l1d), l1i: level(l1i), l2: l2.map(level), llc: level(llc) };
+        let &(prefetch_name, [dcu, ip_stride, adjacent_line], streamer, misc_feature_control, misc_enable) = prefetch;
+        assert_eq!(prefetch_name, name);
+        let prefetchers = Prefetchers {
+            dcu,
+            ip_stride,
+            streamer: streamer.map(|(distance, pages)| Streamer { distance, pages }),
+            adjacent_line,
+            misc_feature_control,
+            misc_enable,
+        };
+        let cache =
+            Cache { line: 64, l1d: level(l1d), l1i: level(l1i), l2: l2.map(level), llc: level(llc), prefetchers };
         assert_eq!(p.cache, cache, "{name} [cache]");
         assert_eq!(p.clock.leaf_15h(), leaf_15h, "{name} CPUID.15H");
         assert_eq!(

@@ -1,6 +1,6 @@
 //! The `[cache]` and `[clock]` tables: parsing, defaults, validation, CPUID leaves 04H and 15H.
 
-use super::super::{Cache, CacheLevel, Clock, Profile};
+use super::super::{Cache, CacheLevel, Clock, PrefetcherSet, Prefetchers, Profile, Streamer};
 use super::{assert_mentions, err, error_of, sample};
 
 /// A minimal valid profile text, to which a test appends `[cache]` / `[clock]` tables.
@@ -193,6 +193,7 @@ fn leaf_04_without_l2_puts_the_llc_at_level_2() {
         l1i: CacheLevel { kib: 32, ways: 8 },
         l2: None,
         llc: CacheLevel { kib: 6144, ways: 24 },
+        prefetchers: Default::default(),
     };
     assert_eq!(core2.llc_level(), 2);
     let leaves = core2.leaf_04();
@@ -237,4 +238,53 @@ fn reference_ticks_follow_the_ratio_without_losing_remainders() {
     assert_eq!(nehalem.ref_ticks_at(2_667_000_000), 133_350_000);
     let unvalidated = Clock { tsc_per_ref_numerator: 0, ..Clock::TSC };
     assert_eq!(unvalidated.ref_ticks_at(1000), 0);
+}
+
+#[test]
+fn the_prefetchers_table_parses_and_defaults_to_none() {
+    let geometry = "[cache]\nl1d = { kib = 32, ways = 8 }\nllc = { kib = 8192, ways = 16 }\n";
+    let p = parse(geometry).expect("loads");
+    assert_eq!(p.cache.prefetchers, Prefetchers::default(), "a [cache] without the table: none");
+    assert!(p.cache.prefetchers.present().is_empty());
+    let p = parse(&format!(
+        "{geometry}[cache.prefetchers]\ndcu = true\nstreamer = {{ distance = 20, pages = 32 }}\nmisc-feature-control = 0x80F\n"
+    ))
+    .expect("loads");
+    let want = Prefetchers {
+        dcu: true,
+        streamer: Some(Streamer { distance: 20, pages: 32 }),
+        misc_feature_control: Some(0x80F),
+        ..Prefetchers::default()
+    };
+    assert_eq!(p.cache.prefetchers, want);
+    assert_eq!(p.cache.prefetchers.present(), PrefetcherSet::DCU.union(PrefetcherSet::STREAMER));
+    let e = err(parse(&format!("{geometry}[cache.prefetchers]\nl3 = true\n")));
+    assert_mentions(&e.to_string(), &["x.toml: ", "unknown field", "l3"]);
+}
+
+#[test]
+fn prefetcher_rules() {
+    let streamer = |distance, pages| with_cache(|c| c.prefetchers.streamer = Some(Streamer { distance, pages }));
+    let e = error_of(&streamer(0, 32));
+    assert_mentions(&e, &["skylake: cache.prefetchers.streamer.distance = 0: must be 1..=63", "4 KiB page"]);
+    let e = error_of(&streamer(64, 32));
+    assert_mentions(&e, &["streamer.distance = 64"]);
+    let e = error_of(&streamer(20, 0));
+    assert_mentions(&e, &["cache.prefetchers.streamer.pages = 0: must be 1..=64"]);
+    streamer(63, 64).validate().expect("the largest");
+    // 1 KiB lines: 4 to a page, so the streamer reaches 3 ahead at most.
+    let e = error_of(&with_cache(|c| {
+        c.line = 1024;
+        c.l1d = CacheLevel { kib: 32, ways: 8 };
+    }));
+    assert_mentions(&e, &["streamer.distance = 20: must be 1..=3"]);
+    let e = error_of(&with_cache(|c| c.prefetchers.misc_enable = true));
+    assert_mentions(&e, &["cache.prefetchers.misc-enable = true", "not both"]);
+    let e = error_of(&with_cache(|c| c.prefetchers.misc_feature_control = Some(0x807)));
+    assert_mentions(&e, &["misc-feature-control = 0x807: must hold bit 3", "ip-stride"]);
+    // A control register with nothing to control is allowed; so is a CPU with none.
+    with_cache(|c| c.prefetchers = Prefetchers { misc_feature_control: Some(0), ..Prefetchers::default() })
+        .validate()
+        .expect("no prefetchers, an MSR");
+    with_cache(|c| c.prefetchers.misc_feature_control = None).validate().expect("no control register");
 }

@@ -42,8 +42,11 @@ fn every_key_sets_its_field() {
         perf_capabilities: 0x10C5 | PmuProfile::FW_WRITE,
         misc_enable_perfmon: false,
         nominal_mhz: 3200,
+        // Another vendor, family and model: no CPU's event list.
+        events: None,
         ..sample().pmu
     };
+    assert!(sample().pmu.events.is_some());
     assert_eq!(p.pmu, expected);
     assert_eq!((p.vendor.as_str(), p.family, p.model, p.stepping), ("GenuineIotel", 0x19, 0x21, 2));
     assert_eq!(OVERRIDE_KEYS.len(), 16);

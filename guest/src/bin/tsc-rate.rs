@@ -1,0 +1,140 @@
+//! Checks that the TSC runs at the rate CPUID leaf 15H gives (crystal x EBX / EAX), timed against channel 2 of the 8254 PIT.
+//!
+//! A guest that finds its TSC frequency in leaf 15H measures time with the TSC alone (Linux then
+//! runs its clock and its TSC-deadline tick on it), so a TSC that runs at another rate makes all
+//! of the guest's time run fast or slow. emon gives the crystal that makes the leaf say the rate
+//! the guest's TSC really has (README, "Guest time").
+//!
+//! Each window reads PIT channel 2 (mode 0, counting down at 1.193182 MHz and on from 0xFFFF
+//! after it reaches 0) at its start and end, each read between two RDTSCs, and in between as
+//! often as it can, so that it sees every wrap of the 16-bit count (one every 54.9 ms) and the
+//! window can be longer than one. A window whose first or last read took long, or whose reads
+//! were far apart (the vCPU was descheduled), is tried again. A window is 250 ms, so that a read
+//! may take 0.5 ms: with the precise backend running CPL0 code in its TCG engine (README, "CPL0
+//! code in the TCG engine"), every RDTSC and port access is handed to KVM, and a read takes about
+//! 150 us here.
+#![no_std]
+#![no_main]
+
+use core::arch::asm;
+use emon_guest::cpu::{cpuid, max_leaf};
+use emon_guest::pio::{inb, outb};
+use emon_guest::{check, println, skip};
+
+emon_guest::entry!(main);
+
+/// The 8254's input clock in the PC: 14.31818 MHz / 12.
+const PIT_HZ: u64 = 1_193_182;
+/// Counter 2's data port, and the control word register.
+const PIT_COUNTER2: u16 = 0x42;
+const PIT_CONTROL: u16 = 0x43;
+/// Control word: counter 2, LSB then MSB, mode 0 (interrupt on terminal count), binary.
+const COUNTER2_MODE0: u8 = 0b10_11_000_0;
+/// Control word: counter 2, counter latch command.
+const COUNTER2_LATCH: u8 = 0b10_00_000_0;
+/// Port 61h (system control port B): bit 0 gates counter 2, bit 1 drives the speaker from it.
+const PORT_B: u16 = 0x61;
+const PORT_B_GATE2: u8 = 1 << 0;
+const PORT_B_SPEAKER: u8 = 1 << 1;
+
+/// Good windows measured, and windows tried at most.
+const WINDOWS: usize = 5;
+const TRIES: usize = 40;
+/// How far the TSC and the PIT may disagree, in parts per million.
+const TOLERANCE_PPM: u64 = 10_000;
+
+fn rdtsc() -> u64 {
+    let (lo, hi): (u32, u32);
+    // SAFETY: LFENCE and RDTSC only read the time-stamp counter.
+    unsafe { asm!("lfence", "rdtsc", "lfence", out("eax") lo, out("edx") hi, options(nostack, nomem)) };
+    (u64::from(hi) << 32) | u64::from(lo)
+}
+
+/// Counter 2's count, with the TSC just before and just after reading it.
+fn read_counter2() -> (u64, u16, u64) {
+    let before = rdtsc();
+    outb(PIT_CONTROL, COUNTER2_LATCH);
+    let lo = inb(PIT_COUNTER2);
+    let hi = inb(PIT_COUNTER2);
+    (before, u16::from_le_bytes([lo, hi]), rdtsc())
+}
+
+/// One window of at least `wait` TSC ticks: the TSC ticks per second it measured, or `None` where
+/// the vCPU was descheduled: the first or last read took longer than `slack`, or two reads were
+/// more than `gap` apart (less than a wrap of the count).
+fn window(wait: u64, slack: u64, gap: u64) -> Option<u64> {
+    // The speaker stays off; the gate enables counting (8254 mode 0).
+    outb(PORT_B, (inb(PORT_B) & !PORT_B_SPEAKER) | PORT_B_GATE2);
+    outb(PIT_CONTROL, COUNTER2_MODE0);
+    outb(PIT_COUNTER2, 0xFF);
+    outb(PIT_COUNTER2, 0xFF);
+    let (a0, start, b0) = read_counter2();
+    // PIT ticks since the first read, counted across the count's wraps.
+    let mut pit_ticks = 0u64;
+    let (mut count, mut last) = (start, b0);
+    loop {
+        let (a, now, b) = read_counter2();
+        if a - last > gap {
+            return None;
+        }
+        // The count runs down and wraps from 0 to 0xFFFF: the ticks since the last read.
+        pit_ticks += u64::from(count.wrapping_sub(now));
+        (count, last) = (now, b);
+        if b.wrapping_sub(b0) >= wait {
+            if b0 - a0 > slack || b - a > slack {
+                return None;
+            }
+            let ticks = u128::from(b + a - b0 - a0) / 2;
+            return Some((ticks * u128::from(PIT_HZ) / u128::from(pit_ticks)) as u64);
+        }
+    }
+}
+
+/// The TSC's rate against the PIT: the median of [`WINDOWS`] good windows, if [`TRIES`] give as
+/// many.
+fn measure(nominal_hz: u64) -> Option<u64> {
+    // 250 ms at the nominal rate; the first and last reads within 0.2% of it; reads at most 25 ms
+    // apart (the count wraps every 54.9 ms).
+    let wait = nominal_hz / 4;
+    let slack = wait / 500;
+    let gap = nominal_hz / 40;
+    let mut rates = [0u64; WINDOWS];
+    let mut good = 0;
+    for _ in 0..TRIES {
+        if let Some(hz) = window(wait, slack, gap) {
+            rates[good] = hz;
+            good += 1;
+            if good == WINDOWS {
+                rates.sort_unstable();
+                return Some(rates[WINDOWS / 2]);
+            }
+        }
+    }
+    None
+}
+
+fn main(_boot: &emon_guest::BootInfo) -> i32 {
+    let leaf = (max_leaf() >= 0x15).then(|| cpuid(0x15, 0));
+    let enumerated = leaf.filter(|l| l.eax != 0 && l.ebx != 0 && l.ecx != 0);
+    let Some(l) = enumerated else {
+        skip!(
+            "CPUID leaf 15H gives no TSC frequency (max leaf {:#x}, leaf 15H {:?})",
+            max_leaf(),
+            leaf.map(|l| [l.eax, l.ebx, l.ecx])
+        );
+        return emon_guest::summary();
+    };
+    let nominal = u64::from(l.ecx) * u64::from(l.ebx) / u64::from(l.eax);
+    println!("tsc-rate: CPUID.15H: crystal {} Hz x {} / {} = TSC {} Hz", l.ecx, l.ebx, l.eax, nominal);
+    let Some(measured) = measure(nominal) else {
+        check!(false, "{WINDOWS} PIT windows of {TRIES} read without the vCPU descheduled mid-read");
+        return emon_guest::summary();
+    };
+    let ppm = measured.abs_diff(nominal) * 1_000_000 / nominal;
+    println!("tsc-rate: against the PIT the TSC runs at {measured} Hz: {ppm} ppm from leaf 15H");
+    check!(
+        ppm <= TOLERANCE_PPM,
+        "the TSC runs at the rate CPUID.15H gives ({nominal} Hz) within {TOLERANCE_PPM} ppm: {measured} Hz"
+    );
+    emon_guest::summary()
+}
