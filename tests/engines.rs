@@ -181,3 +181,29 @@ fn cpl0_in_kvm_or_in_the_engine_gives_the_same_output() {
         assert!(!kvm.1["backend"]["summary"].as_str().unwrap().contains("with nothing counting"), "{guest}");
     }
 }
+
+/// PEBS at CPL0 runs in the engine, which stops short of every overflow and of the event that
+/// triggers an armed assist (SDM 18.6.1.1), so the stepper writes every record: the records, the
+/// index, the thresholds and the PMIs `guest:pebs` checks are the same as when every instruction
+/// is stepped, in every PEBS format, and the engine ran some of the counted code.
+#[test]
+fn pebs_records_are_the_same_under_both_engines() {
+    if !kvm_available() {
+        return;
+    }
+    for profile in ["core2", "nehalem", "skylake", "icelake"] {
+        let run = |engine: &str| {
+            let name = format!("engines-pebs-{engine}-{profile}");
+            let args = ["--backend", "precise", "--precise-engine", engine, "--profile", profile];
+            let mut a = args.to_vec();
+            a.extend(["--debug-store", "on", "--timeout", "300", "guest:pebs"]);
+            emon_json(&name, &a)
+        };
+        let ((tcg, report), (step, _)) = (run("tcg"), run("step"));
+        tcg.assert_status(0);
+        step.assert_status(0);
+        assert_eq!(tcg.stdout, step.stdout, "{profile}: guest:pebs differs between the engines");
+        let summary = report["backend"]["summary"].as_str().unwrap();
+        assert!(!summary.contains("TCG engine: 0 of them"), "{profile}: the engine ran nothing: {summary}");
+    }
+}

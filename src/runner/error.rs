@@ -51,6 +51,12 @@ pub enum RunnerError {
     /// A kernel path names no file.
     #[error("{0}: no such kernel file")]
     NoKernelFile(String),
+    /// A kernel path made from an environment variable (or its default) names no file.
+    #[error("{file}: no such kernel file (from {spec}: set {var} to the directory that holds it)")]
+    NoKernelFileFromVariable { spec: String, file: String, var: String },
+    /// A kernel path names an environment variable that is not set and has no default.
+    #[error("{spec}: the environment variable {var} is not set")]
+    UnsetVariable { spec: String, var: String },
     /// A kernel path glob matches no file.
     #[error("{0}: matches no kernel file")]
     NoKernelMatches(String),

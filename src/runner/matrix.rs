@@ -188,15 +188,37 @@ pub fn expand_kernel(spec: &str, base: &Path) -> Result<Vec<String>, RunnerError
         }
         return Ok(found.into_iter().map(|n| format!("{}{n}", guests::PREFIX)).collect());
     }
-    let files = expand_path(spec, base)?;
+    let (path, var) = expand_variables(spec)?;
+    let files = expand_path(&path, base)?;
     if files.is_empty() {
-        return Err(if is_pattern(spec) {
-            RunnerError::NoKernelMatches(spec.to_string())
-        } else {
-            RunnerError::NoKernelFile(spec.to_string())
+        return Err(match var {
+            Some(var) if !is_pattern(&path) => {
+                RunnerError::NoKernelFileFromVariable { spec: spec.to_string(), file: join(base, &path), var }
+            }
+            _ if is_pattern(spec) => RunnerError::NoKernelMatches(spec.to_string()),
+            _ => RunnerError::NoKernelFile(spec.to_string()),
         });
     }
     Ok(files)
+}
+
+/// A kernel path with `${NAME}` or `${NAME:-default}` replaced by the environment variable's
+/// value (or the default where it is unset or empty), as a shell does; and the variable's name.
+/// Test data that lives outside the repository (kvm-unit-tests' programs) is found so.
+fn expand_variables(spec: &str) -> Result<(String, Option<String>), RunnerError> {
+    let Some(start) = spec.find("${") else { return Ok((spec.to_string(), None)) };
+    let Some(len) = spec[start..].find('}') else { return Ok((spec.to_string(), None)) };
+    let inner = &spec[start + 2..start + len];
+    let (var, default) = match inner.split_once(":-") {
+        Some((v, d)) => (v, Some(d)),
+        None => (inner, None),
+    };
+    let value = match (std::env::var(var).ok().filter(|v| !v.is_empty()), default) {
+        (Some(v), _) => v,
+        (None, Some(d)) => d.to_string(),
+        (None, None) => return Err(RunnerError::UnsetVariable { spec: spec.to_string(), var: var.to_string() }),
+    };
+    Ok((format!("{}{value}{}", &spec[..start], &spec[start + len + 1..]), Some(var.to_string())))
 }
 
 /// A built-in profile name, a glob over them, a path (anything with `/` or ending in `.toml`, as
@@ -252,6 +274,32 @@ mod tests {
     use super::*;
     use crate::backend::BackendKind;
     use crate::runner::DEFAULT_TIMEOUT_S;
+
+    /// `${NAME:-default}` in a kernel path takes the variable or the default; a path that names
+    /// no file says which variable to set, and an unset variable without a default is an error.
+    #[test]
+    fn kernel_paths_take_environment_variables() {
+        let dir = std::env::temp_dir().join(format!("emon-matrix-vars-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("k.flat"), b"x").unwrap();
+        let base = Path::new("");
+        let d = dir.display().to_string();
+        let var = "EMON_TEST_MATRIX_VAR_SET";
+        std::env::set_var(var, &d);
+        assert_eq!(expand_kernel(&format!("${{{var}:-/nowhere}}/k.flat"), base).unwrap(), vec![format!("{d}/k.flat")]);
+        assert_eq!(expand_kernel(&format!("${{EMON_TEST_MATRIX_VAR_UNSET:-{d}}}/k.flat"), base).unwrap().len(), 1);
+        let e = expand_kernel("${EMON_TEST_MATRIX_VAR_UNSET:-/nowhere}/k.flat", base).unwrap_err().to_string();
+        assert_eq!(
+            e,
+            "/nowhere/k.flat: no such kernel file (from ${EMON_TEST_MATRIX_VAR_UNSET:-/nowhere}/k.flat: set EMON_TEST_MATRIX_VAR_UNSET to the directory that holds it)"
+        );
+        let e = expand_kernel("${EMON_TEST_MATRIX_VAR_UNSET}/k.flat", base).unwrap_err().to_string();
+        assert_eq!(
+            e,
+            "${EMON_TEST_MATRIX_VAR_UNSET}/k.flat: the environment variable EMON_TEST_MATRIX_VAR_UNSET is not set"
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 
     #[test]
     fn name_globs() {

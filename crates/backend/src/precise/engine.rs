@@ -159,16 +159,20 @@ mod fast_forward {
 
         /// Whether the engine may run now. It counts, and keeps the LBR stack's records, but does
         /// not write records to guest memory or report registers per instruction: while BTS
-        /// records, or a counter is PEBS-enabled, or one counts with an edge-detected CMASK (or
-        /// CMASK on reference ticks or the cache model, which the engine sums per block), every
-        /// instruction is stepped; and it runs 64-bit code only.
+        /// records, or one counter counts with an edge-detected CMASK (or CMASK on reference ticks
+        /// or the cache model, which the engine sums per block), every instruction is stepped; and
+        /// it runs 64-bit code only. A PEBS assist comes with a counter's overflow, and at CPL0
+        /// the engine stops short of every overflow, so the stepper retires the overflowing
+        /// instruction and writes the record with the registers right after it; at CPL3 the engine
+        /// runs up to the overflow itself (`Stop::Overflowed`), so PEBS-enabled user code is
+        /// stepped.
         fn engine_may_run(&self, cx: &Cx, mode: &CpuMode) -> bool {
             let pebs = cx.pmu.pebs_on() && cx.pmu.pebs_enable() != 0;
             self.engine.engine() == Engine::Tcg
                 && mode.bitness == 64
                 && self.counters.armed.iter().all(|a| a.sums_per_instruction())
                 && !self.branches.bts_on
-                && !pebs
+                && !(pebs && mode.cpl != 0)
         }
 
         /// One engine run from the vCPU's state, counting for the armed counters (and again,
@@ -187,7 +191,8 @@ mod fast_forward {
             if self.step.guest_breakpoints == Some(true) {
                 return Ok(None);
             }
-            let armed: Vec<_> = self.counters.armed.iter().map(|a| (*a, cx.pmu.distance_to_overflow(a.id))).collect();
+            let armed: Vec<_> =
+                self.counters.armed.iter().map(|a| (*a, cx.pmu.events_before_attention(a.id))).collect();
             loop {
                 let state = tcg::state_of(cx.vcpu, self.engine.tcg.wants)?;
                 if state.regs.rflags & RFLAGS_TF != 0 {

@@ -222,6 +222,9 @@ impl PmuOps for ArchPmu {
     fn pebs_due(&self) -> u64 {
         self.pebs.due
     }
+    fn pebs_armed(&self) -> u64 {
+        self.pebs.armed
+    }
     fn pebs_assisted(&mut self, s: &mut Shared, counters: u64, reset: &dyn Fn(CounterId) -> u64, threshold: bool) {
         self.assisted(s, counters, reset, threshold);
     }

@@ -455,6 +455,17 @@ impl Pmu {
         self.counter_ids().into_iter().map(|id| self.counter(id)).filter(|s| s.counting).collect()
     }
 
+    /// Events counter `id` may count before one of them needs the backend at its instruction:
+    /// the distance to its overflow, or 1 while its overflow has armed a PEBS assist, which the
+    /// first event after it triggers (SDM 18.6.1.1). An executor that runs code in bulk stops
+    /// short of that many.
+    pub fn events_before_attention(&self, id: CounterId) -> u64 {
+        if self.ops().pebs_armed() & id.status_mask() != 0 {
+            return 1;
+        }
+        self.distance_to_overflow(id)
+    }
+
     /// Events until counter `id` overflows: `2^width - value` (value 0 => `2^width`).
     /// Returns `u64::MAX` when that is `2^64` (a 64-bit counter at 0: "effectively never") and
     /// for a counter the profile does not declare.

@@ -223,6 +223,10 @@ pub trait PmuOps {
     fn pebs_due(&self) -> u64 {
         0
     }
+    /// PEBS-enabled counters whose overflow armed an assist not yet performed.
+    fn pebs_armed(&self) -> u64 {
+        0
+    }
     fn pebs_assisted(&mut self, _s: &mut Shared, _counters: u64, _reset: &dyn Fn(CounterId) -> u64, _threshold: bool) {}
     fn bts_records(&self, _cpl: u8) -> bool {
         false

@@ -192,15 +192,18 @@ impl Acc {
         if !self.tracked {
             return self.advance_clock(c);
         }
-        let ticks = self.clock.reference.ref_ticks_between(self.clock.cycles, c);
-        let cache = self.feed(None);
-        let b = &self.blocks[k as usize];
-        for (j, count) in self.counts.iter_mut().enumerate() {
-            *count += b.body[j] + if taken { b.last_taken[j] } else { b.last_not[j] };
-            if self.counting[j] {
-                *count += self.armed[j].semantics.dynamic(ticks, cache);
+        if !self.counts.is_empty() || self.cache.is_some() {
+            let ticks = self.clock.reference.ref_ticks_between(self.clock.cycles, c);
+            let cache = self.feed(None);
+            let b = &self.blocks[k as usize];
+            for (j, count) in self.counts.iter_mut().enumerate() {
+                *count += b.body[j] + if taken { b.last_taken[j] } else { b.last_not[j] };
+                if self.counting[j] {
+                    *count += self.armed[j].semantics.dynamic(ticks, cache);
+                }
             }
         }
+        let b = &self.blocks[k as usize];
         self.clock.cycles += c;
         self.cycles += c;
         if let Some(lbr) = &mut self.lbr {
