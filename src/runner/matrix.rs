@@ -478,8 +478,14 @@ mod tests {
         let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("resources/suites");
         for entry in std::fs::read_dir(&dir).unwrap() {
             let s = suite::load(&entry.unwrap().path()).unwrap();
-            let runs = expand_suite(&s, &cli(&[], &[])).unwrap();
-            assert!(!runs.is_empty(), "{}", s.origin);
+            match expand_suite(&s, &cli(&[], &[])) {
+                Ok(runs) => assert!(!runs.is_empty(), "{}", s.origin),
+                // Test data from outside the project (kvm-unit-tests' programs) that is not where
+                // the suite's default looks: scripts/test finds it or fails.
+                Err(RunnerError::InEntry { source, .. })
+                    if matches!(*source, RunnerError::NoKernelFileFromVariable { .. }) => {}
+                Err(e) => panic!("{}: {e}", s.origin),
+            }
         }
     }
 }
