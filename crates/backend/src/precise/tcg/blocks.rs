@@ -206,6 +206,9 @@ pub struct Block {
     /// and the run's cache model and loaded state (see [`decode_block`]).
     pub from: [Option<u64>; 2],
     pub decoded_for: (bool, Needs),
+    /// The size of the translated block it was decoded for (TCG translates code it has seen
+    /// written again, often to another size).
+    pub size: u32,
     /// The run that last entered it (its sums are that run's).
     pub seen: u64,
 }
@@ -310,6 +313,7 @@ pub fn decode_block(
         lines,
         from: [None; 2],
         decoded_for: (cache, loaded),
+        size: size as u32,
         seen: 0,
     }
 }

@@ -139,7 +139,13 @@ impl Acc {
     pub fn enter(&mut self, found: Option<u32>, addr: u64, size: u32, from: [Option<u64>; 2]) -> u32 {
         let wanted = (self.cache.is_some(), self.loaded);
         let k = match found {
-            Some(k) if self.blocks[k as usize].from == from && self.blocks[k as usize].decoded_for == wanted => k,
+            Some(k)
+                if self.blocks[k as usize].from == from
+                    && self.blocks[k as usize].decoded_for == wanted
+                    && self.blocks[k as usize].size == size =>
+            {
+                k
+            }
             _ => {
                 if self.blocks.len() >= MAX_BLOCKS {
                     self.blocks.clear();
@@ -363,7 +369,7 @@ pub fn on_block(uc: &mut Unicorn<'_, Data>, addr: u64, size: u32) {
     let data_stops = &data.stops;
     let Some(acc) = data.acc.as_mut() else { return };
     let k = match acc.index.get(&addr).copied() {
-        Some(k) if acc.blocks[k as usize].seen == acc.run => k,
+        Some(k) if acc.blocks[k as usize].seen == acc.run && acc.blocks[k as usize].size == size => k,
         found => match data.code.enter(&acc.mem, &acc.mode, addr, size) {
             Ok(from) => acc.enter(found, addr, size, from),
             Err(_) => {

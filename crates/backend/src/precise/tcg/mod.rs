@@ -320,7 +320,11 @@ impl Tcg {
         let (mut acc, stop, pc) = self.finish_run(started, mode)?;
         let data = self.uc.get_data_mut();
         data.decoded = acc.take_decoded();
-        data.code.end(&self.mem);
+        if data.code.end(&self.mem) {
+            // The run wrote code it had entered (Linux patches its own text): the blocks decoded
+            // from it are decoded again (TCG drops its own translations of it).
+            data.decoded = Decoded::default();
+        }
         if let Some(h) = hook {
             self.uc.remove_hook(h).map_err(uc_err("removing the code hook"))?;
         }

@@ -97,18 +97,24 @@ impl CodeSnapshot {
     }
 
     /// After a run: the pages it entered hold what the engine left in them (its own writes to
-    /// code it has translated are the engine's to handle).
-    pub fn end(&mut self, mem: &GuestMemoryMmap) {
+    /// code it has translated are TCG's to handle). Returns whether the run wrote to any of them:
+    /// what was decoded from them before is then old.
+    pub fn end(&mut self, mem: &GuestMemoryMmap) -> bool {
+        let mut written = false;
         for page in self.entered.drain() {
             if let Some(bytes) = self.pages.get_mut(&page) {
-                if mem.read_slice(bytes, GuestAddress(page)).is_err() {
+                if mem.read_slice(&mut self.scratch, GuestAddress(page)).is_err() {
                     self.stale = true;
+                } else if self.scratch != *bytes {
+                    bytes.copy_from_slice(&self.scratch);
+                    written = true;
                 }
             }
         }
         if self.pages.len() > MAX_CODE_PAGES {
             self.stale = true;
         }
+        written
     }
 
     /// Whether any page of the snapshot holds other bytes now (tests).

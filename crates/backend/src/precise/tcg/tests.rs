@@ -123,6 +123,32 @@ fn code_written_between_runs_is_translated_again() {
     assert_eq!((r.retired, r.state.regs.rip), (11, CODE + 7), "the new code ran: {r:?}");
 }
 
+/// Code the engine itself writes (as Linux patches its own text) is decoded again in the next
+/// run: the decoded blocks outlive a run only while their pages hold the same bytes.
+#[test]
+fn code_the_engine_writes_is_decoded_again() {
+    // CODE: nop; nop; nop; out dx, al.  CODE + 0x20: mov byte [CODE + 1], 0xEE (OUT); out dx, al.
+    let mut code = vec![0x90, 0x90, 0x90, 0xEE];
+    code.resize(0x20, 0x90);
+    code.extend([0xC6, 0x04, 0x25]);
+    code.extend(u32::try_from(CODE + 1).unwrap().to_le_bytes());
+    code.extend([0xEE, 0xEE]);
+    let (mem, regs, sregs, mode) = machine(&code);
+    let mut tcg = Tcg::new(&mem).unwrap();
+    let counters = [(armed(Semantics::Instructions), u64::MAX)];
+    let r = tcg.run(&CpuState::new(regs, sregs), mode, counting(&counters)).unwrap();
+    assert_eq!((r.retired, r.state.regs.rip), (3, CODE + 3), "three NOPs, then the OUT: {r:?}");
+    let patch = kvm_regs { rip: CODE + 0x20, ..regs };
+    let r = tcg.run(&CpuState::new(patch, sregs), mode, counting(&counters)).unwrap();
+    assert_eq!((r.retired, r.state.regs.rip), (1, CODE + 0x28), "the MOV patched the block: {r:?}");
+    let r = tcg.run(&CpuState::new(regs, sregs), mode, counting(&counters)).unwrap();
+    assert_eq!(
+        (r.stop, r.retired, r.state.regs.rip),
+        (Stop::Handover, 1, CODE + 1),
+        "one NOP, then the new OUT: {r:?}"
+    );
+}
+
 #[test]
 fn reference_cycles_follow_the_model_clock_through_loop_dot() {
     // mov ecx, 1000 (1 cycle); 999 taken LOOPs (2 cycles each) and the last (1): 2000 cycles.
