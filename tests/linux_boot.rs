@@ -341,9 +341,9 @@ fn debian_kernel() -> String {
 }
 
 /// Debian's vmlinux has the PVH note: booted through PVH (no decompression) it prints its banner,
-/// the command line and emon's memory map within seconds, then boots on at the host's emulation
-/// speed (`x86/fpu:` about 70 s in; README, "Distribution kernels"). The timeout ends the run
-/// long after the lines checked here.
+/// the command line and emon's memory map within seconds, and boots on to its root mount (about
+/// 38 s here; README, "Distribution kernels"). The timeout ends the run long after the lines
+/// checked here.
 #[test]
 fn debians_vmlinux_boots_through_pvh_to_its_banner_and_memory_map() {
     if !kvm_available() {
