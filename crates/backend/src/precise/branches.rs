@@ -65,14 +65,6 @@ impl LbrTail {
         }
         let keep = 2 * self.filter.depth.max(1) as usize;
         self.recorded += times;
-        if times == 1 {
-            if self.newest.len() == keep {
-                self.newest.pop_front();
-            }
-            self.newest.push_back(Branch { cycles: cycles.saturating_sub(self.last_cycles), ..b });
-            self.last_cycles = cycles;
-            return;
-        }
         let end = cycles + (times - 1) * every;
         // Only the newest `keep` of them can matter.
         let skipped = times.saturating_sub(keep as u64);

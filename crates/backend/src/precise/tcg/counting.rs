@@ -209,14 +209,14 @@ impl Acc {
                 }
             }
         }
-        let b = &self.blocks[k as usize];
-        self.clock.cycles += c;
-        self.cycles += c;
-        if let Some(lbr) = &mut self.lbr {
-            let (rip, last) = b.insns.last().expect("not empty");
-            if let Some(branch) = taken_branch(last, *rip, next, taken, to_cpl) {
-                lbr.take(branch, 1, self.clock.cycles, 0);
-            }
+        let branch = self
+            .lbr
+            .as_ref()
+            .and(self.blocks[k as usize].insns.last())
+            .and_then(|(rip, last)| taken_branch(last, *rip, next, taken, to_cpl));
+        self.advance_clock(c);
+        if let (Some(lbr), Some(branch)) = (&mut self.lbr, branch) {
+            lbr.take(branch, 1, self.clock.cycles, 0);
         }
     }
 
