@@ -263,6 +263,7 @@ fn run(args: RunArgs) -> Result<ExitCode, CliError> {
             Cpl0::Tcg => true,
             Cpl0::Auto => cpl0_speed.emulated(),
         },
+        user_in_engine: !vmm::exec_probe::syscall_enters_kernel()?,
     };
     let (backend, why) =
         backend::select(args.backend, &profile, args.allow_raw_events, vmm::kick::kick_signal(), precise);

@@ -76,6 +76,8 @@ pub enum KvmReport {
         cpl0: Result<vmm::exec_probe::Cpl0Speed, String>,
         /// Whether KVM keeps single-stepping across a KVM_SET_REGS that moves RIP.
         step_survives_set_regs: Result<bool, String>,
+        /// Whether SYSCALL from CPL3 enters the kernel here (README, "User mode (CPL3)").
+        syscall: Result<bool, String>,
         /// Per shipped profile, where a guest's CPUID differs from the table emon sets (README,
         /// "CPUID fidelity"), or why the probe failed.
         cpuid: Vec<(&'static str, Result<Vec<vmm::cpuid_probe::Override>, String>)>,
@@ -182,6 +184,7 @@ impl KvmReport {
         let guest_tsc = crate::backend::kvm::guest_tsc_settable(&kvm).map_err(|e| e.to_string());
         let cpl0 = vmm::exec_probe::cpl0().map_err(|e| e.to_string());
         let step_survives_set_regs = vmm::exec_probe::step_survives_set_regs().map_err(|e| e.to_string());
+        let syscall = vmm::exec_probe::syscall_enters_kernel().map_err(|e| e.to_string());
         let tsc = vmm::tsc_rate::TscRate::of_host(&kvm).map_err(|e| e.to_string());
         let cpuid = crate::profile::Profile::builtin_names()
             .into_iter()
@@ -206,6 +209,7 @@ impl KvmReport {
             guest_tsc,
             cpl0,
             step_survives_set_regs,
+            syscall,
             hw_breakpoints: vmm::rdpmc::hardware_breakpoints(&kvm),
         }
     }
@@ -333,7 +337,17 @@ impl fmt::Display for HostReport {
         writeln!(f, "{h_kvm}")?;
         match &self.kvm {
             KvmReport::Unavailable(msg) => writeln!(f, "  unavailable: {msg}")?,
-            KvmReport::Open { api_version, caps, error, guest_tsc, cpl0, step_survives_set_regs, cpuid, .. } => {
+            KvmReport::Open {
+                api_version,
+                caps,
+                error,
+                guest_tsc,
+                cpl0,
+                step_survives_set_regs,
+                syscall,
+                cpuid,
+                ..
+            } => {
                 writeln!(f, "  API version {api_version}")?;
                 if let Some(e) = error {
                     writeln!(f, "  emon run cannot use it: {e}")?;
@@ -368,6 +382,12 @@ impl fmt::Display for HostReport {
                     Err(e) => format!("unknown ({e})"),
                 };
                 writeln!(f, "  single-stepping: {step} (README, \"Registers between exits\")")?;
+                let syscall = match syscall {
+                    Ok(true) => "enters the kernel (measured): user mode runs in KVM while nothing counts".into(),
+                    Ok(false) => "stays at CPL3 at IA32_LSTAR (measured): the precise backend runs user mode in the TCG engine, completes SYSCALL itself and delivers user-mode faults, and the guest is not told of AVX and the other instruction sets the engine lacks".into(),
+                    Err(e) => format!("unknown ({e})"),
+                };
+                writeln!(f, "  SYSCALL from CPL3: {syscall} (README, \"User mode (CPL3)\")")?;
                 write_cpuid_fidelity(f, cpuid)?;
             }
         }

@@ -178,7 +178,11 @@ fn cpl0_in_kvm_or_in_the_engine_gives_the_same_output() {
             .and_then(|n| n.parse().ok())
             .unwrap_or_else(|| panic!("{guest}: {summary}"));
         assert!(in_engine > 0, "{guest}: no CPL0 code ran in the engine: {summary}");
-        assert!(!kvm.1["backend"]["summary"].as_str().unwrap().contains("with nothing counting"), "{guest}");
+        let kvm_summary = kvm.1["backend"]["summary"].as_str().unwrap();
+        assert!(
+            !kvm_summary.contains("nothing counting") || kvm_summary.contains("nothing counting, 0 CPL0"),
+            "{guest}"
+        );
     }
 }
 
@@ -202,7 +206,11 @@ fn pebs_records_are_the_same_under_both_engines() {
         let ((tcg, report), (step, _)) = (run("tcg"), run("step"));
         tcg.assert_status(0);
         step.assert_status(0);
-        assert_eq!(tcg.stdout, step.stdout, "{profile}: guest:pebs differs between the engines");
+        // Where emon runs the code it answers CPUID from its table, and where KVM runs it (the
+        // stepper, while nothing counts) this host may override bits such as DS (README, "CPUID
+        // fidelity"): the records are what must agree.
+        let records = |out: &str| out.lines().filter(|l| !l.starts_with("CPUID.")).collect::<Vec<_>>().join("\n");
+        assert_eq!(records(&tcg.stdout), records(&step.stdout), "{profile}: guest:pebs differs between the engines");
         let summary = report["backend"]["summary"].as_str().unwrap();
         assert!(!summary.contains("TCG engine: 0 of them"), "{profile}: the engine ran nothing: {summary}");
     }

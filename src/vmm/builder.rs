@@ -37,6 +37,8 @@ pub struct BuiltVm {
     pub cpuid_overrides: Vec<cpuid_probe::Override>,
     /// Where CPUID.15H's crystal is not the profile's, why (README, "Guest time").
     pub tsc_note: Option<String>,
+    /// The instruction sets the guest is not told of, if any.
+    pub isa_note: Option<String>,
 }
 
 /// Builds the VM `config` describes, up to the guest's first instruction.
@@ -45,7 +47,8 @@ pub fn build(config: VmConfig) -> Result<BuiltVm, VmmError> {
     let kvm = host::open()?;
     let vm = create_vm(&kvm)?;
     let mem = create_memory(&vm, ram)?;
-    let NewVcpu { fd, cpuid_overrides, ds: DebugStore { pebs, bts }, tsc_note } = create_vcpu(&kvm, &vm, &config)?;
+    let NewVcpu { fd, cpuid, cpuid_overrides, ds: DebugStore { pebs, bts }, tsc_note, isa_note } =
+        create_vcpu(&kvm, &vm, &config)?;
     let format = load_kernel(&fd, &mem, ram, &config)?;
     let bus = create_bus(&vm, ram, &config)?;
     let tracer = config.trace.as_deref().map(create_tracer).transpose()?;
@@ -57,6 +60,7 @@ pub fn build(config: VmConfig) -> Result<BuiltVm, VmmError> {
     let debug = GuestDebug::new(super::rdpmc::block_irq(&kvm));
     let mut cpu = KvmCpu::new(&kvm, fd, debug, xsave);
     cpu.step_survives_set_regs = super::exec_probe::step_survives_set_regs()?;
+    cpu.cpuid = cpuid;
     let vcpu = Vcpu {
         cpu,
         mem,
@@ -68,7 +72,7 @@ pub fn build(config: VmConfig) -> Result<BuiltVm, VmmError> {
         completer: Default::default(),
         catch,
     };
-    Ok(BuiltVm { vcpu, format, vm, kvm, cpuid_overrides, tsc_note })
+    Ok(BuiltVm { vcpu, format, vm, kvm, cpuid_overrides, tsc_note, isa_note })
 }
 
 /// CPUID.01H:EDX.DS, the debug store.
@@ -123,6 +127,8 @@ struct DebugStore {
 /// vCPU 0 with the profile's CPUID table and its local APIC wired as firmware leaves it.
 struct NewVcpu {
     fd: VcpuFd,
+    /// The CPUID table set.
+    cpuid: Vec<kvm_bindings::kvm_cpuid_entry2>,
     /// What a probe VM with the same table reads differently.
     cpuid_overrides: Vec<cpuid_probe::Override>,
     /// What of the Debug Store is presented: PEBS where the backend writes the profile's PEBS
@@ -131,6 +137,8 @@ struct NewVcpu {
     ds: DebugStore,
     /// Where leaf 15H gives the rate the vCPU's TSC runs at rather than the profile's.
     tsc_note: Option<String>,
+    /// The instruction sets the guest is not told of, if any (see `runs_user_in_engine`).
+    isa_note: Option<String>,
 }
 
 fn create_vcpu(kvm: &Kvm, vm: &VmFd, config: &VmConfig) -> Result<NewVcpu, VmmError> {
@@ -142,7 +150,9 @@ fn create_vcpu(kvm: &Kvm, vm: &VmFd, config: &VmConfig) -> Result<NewVcpu, VmmEr
         bts: allowed && pmu.version >= 1 && config.backend.records_branches(),
     };
     let tsc = TscRate::of_vcpu(&fd)?;
+    let hides = config.backend.runs_user_in_engine();
     let mut table = cpuid::guest_cpuid(kvm, &config.profile, ds.pebs || ds.bts, tsc)?;
+    let hidden = if hides { crate::backend::precise::tcg::hide_lacking(table.as_mut_slice()) } else { Vec::new() };
     let mut overrides = cpuid_probe::probe(kvm, &table)?;
     let ds_hidden = |o: &[cpuid_probe::Override]| {
         o.iter().any(|o| (o.leaf, o.register) == (1, 3) && o.table & !o.guest & LEAF1_EDX_DS != 0)
@@ -153,14 +163,24 @@ fn create_vcpu(kvm: &Kvm, vm: &VmFd, config: &VmConfig) -> Result<NewVcpu, VmmEr
         );
         ds = DebugStore::default();
         table = cpuid::guest_cpuid(kvm, &config.profile, false, tsc)?;
+        if hides {
+            crate::backend::precise::tcg::hide_lacking(table.as_mut_slice());
+        }
         overrides = cpuid_probe::probe(kvm, &table)?;
     }
     fd.set_cpuid2(&table).map_err(kvm_err("KVM_SET_CPUID2"))?;
+    let cpuid = table.as_slice().to_vec();
     setup_lapic(&fd)?;
     if let Some(revision) = config.profile.microcode {
         set_microcode_revision(&fd, revision)?;
     }
-    Ok(NewVcpu { fd, cpuid_overrides: overrides, ds, tsc_note: tsc.note(&config.profile.clock) })
+    let isa_note = (!hidden.is_empty()).then(|| {
+        format!(
+            "CPUID: {} not presented: user mode runs in emon's TCG engine on this host, which lacks them (README, \"User mode (CPL3)\")",
+            hidden.join(" ")
+        )
+    });
+    Ok(NewVcpu { fd, cpuid, cpuid_overrides: overrides, ds, tsc_note: tsc.note(&config.profile.clock), isa_note })
 }
 
 /// IA32_BIOS_SIGN_ID (SDM Vol. 4, Table 2-2): the guest reads the microcode update revision in

@@ -138,6 +138,64 @@ fn try_step_across_set_regs(kvm: &Kvm) -> Result<bool, VmmError> {
     Ok(step(&mut cpu)? == Some(HIGH_MEM_START + 4))
 }
 
+/// Whether SYSCALL executed at CPL3 enters the kernel as on hardware (SDM Vol. 2B, SYSCALL: CS
+/// from IA32_STAR[47:32], CPL 0, RIP from IA32_LSTAR), tried once per process on a throwaway
+/// long-mode VM with every page user-accessible: the vCPU starts at CPL3 on `syscall`, and LSTAR
+/// points at `hlt`. On hardware the HLT runs at CPL0 and exits to the VMM; kvm_pvm arrives at
+/// LSTAR still at CPL3, where HLT raises #GP and the VM, with no IDT, shuts down. The answer
+/// decides whether emon completes SYSCALL itself (README, "User mode (CPL3)").
+pub fn syscall_enters_kernel() -> Result<bool, VmmError> {
+    static MEASURED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    if let Some(s) = MEASURED.get() {
+        return Ok(*s);
+    }
+    let s = try_syscall(&super::host::open()?)?;
+    Ok(*MEASURED.get_or_init(|| s))
+}
+
+fn try_syscall(kvm: &Kvm) -> Result<bool, VmmError> {
+    use crate::x86::arch::{EFER_SCE, IA32_FMASK, IA32_LSTAR, IA32_STAR};
+    use kvm_bindings::{kvm_msr_entry, Msrs};
+    const USER: u64 = 1 << 2;
+    const LSTAR: u64 = HIGH_MEM_START + 0x100;
+    let vm = kvm.create_vm().map_err(kvm_err("KVM_CREATE_VM"))?;
+    let mem = super::builder::create_memory(&vm, PROBE_RAM)?;
+    let mut fd = vm.create_vcpu(0).map_err(kvm_err("KVM_CREATE_VCPU"))?;
+    boot::write(&mem, HIGH_MEM_START, &[0x0F, 0x05])?; // syscall
+    boot::write(&mem, LSTAR, &[0xF4])?; // hlt
+    let entry = Entry { mode: Mode::Long, rip: HIGH_MEM_START, rax: 0, rbx: 0, rdi: 0, rsi: 0, rsp: 0x8_0000 };
+    boot::enter(&fd, &mem, PROBE_RAM, &entry)?;
+    // The PML4, PDPT and PD entries that map the first 2 MiB (present, writable), user-accessible.
+    use super::layout::{PDPT_ADDR, PD_ADDR, PML4_ADDR};
+    for (at, e) in [(PML4_ADDR, PDPT_ADDR | 3), (PDPT_ADDR, PD_ADDR | 3), (PD_ADDR, 0x83)] {
+        boot::write(&mem, at, &(e | USER).to_le_bytes())?;
+    }
+    let msrs = [(IA32_STAR, 0x10u64 << 48 | 0x08 << 32), (IA32_LSTAR, LSTAR), (IA32_FMASK, 0)];
+    let entries: Vec<kvm_msr_entry> =
+        msrs.iter().map(|&(index, data)| kvm_msr_entry { index, data, ..Default::default() }).collect();
+    let msrs = Msrs::from_entries(&entries).map_err(|_| VmmError::Guest("the SYSCALL probe's MSRs".into()))?;
+    fd.set_msrs(&msrs).map_err(kvm_err("KVM_SET_MSRS"))?;
+    let mut sregs = fd.get_sregs().map_err(kvm_err("KVM_GET_SREGS"))?;
+    sregs.efer |= EFER_SCE;
+    sregs.cs.selector = 0x1B;
+    sregs.cs.dpl = 3;
+    for s in [&mut sregs.ss, &mut sregs.ds, &mut sregs.es] {
+        s.selector = 0x23;
+        s.dpl = 3;
+    }
+    fd.set_sregs(&sregs).map_err(kvm_err("KVM_SET_SREGS"))?;
+    loop {
+        return match fd.run().map_err(kvm_err("KVM_RUN"))? {
+            VcpuExit::Intr => continue,
+            VcpuExit::Hlt => {
+                let s = fd.get_sregs().map_err(kvm_err("KVM_GET_SREGS"))?;
+                Ok(s.cs.selector == 0x08 && s.cs.dpl == 0)
+            }
+            _ => Ok(false),
+        };
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -154,6 +212,14 @@ mod tests {
         regs.rip = HIGH_MEM_START + 3;
         cpu.set_regs(&regs).unwrap();
         assert_eq!(step(&mut cpu).unwrap(), Some(HIGH_MEM_START + 4), "one instruction, then the debug exit");
+    }
+
+    /// The probe answers on any host (true on hardware-virtualized KVM, false on kvm_pvm), and
+    /// agrees with itself.
+    #[test]
+    fn the_syscall_probe_answers() {
+        let kvm = super::super::host::open().unwrap();
+        assert_eq!(try_syscall(&kvm).unwrap(), syscall_enters_kernel().unwrap());
     }
 
     #[test]

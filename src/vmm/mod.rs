@@ -88,7 +88,8 @@ pub struct VmConfig {
 pub fn run(config: VmConfig) -> Result<RunReport, VmmError> {
     let timeout = config.timeout;
     // `_vm` and `_kvm` stay open until the run is over.
-    let builder::BuiltVm { mut vcpu, format, vm: _vm, kvm: _kvm, cpuid_overrides, tsc_note } = builder::build(config)?;
+    let builder::BuiltVm { mut vcpu, format, vm: _vm, kvm: _kvm, cpuid_overrides, tsc_note, isa_note } =
+        builder::build(config)?;
     kick::install_handler()?;
     let stop = vcpu.stop.clone();
     let done = EventFd::new(libc::EFD_NONBLOCK).map_err(VmmError::EventFd)?;
@@ -111,5 +112,6 @@ pub fn run(config: VmConfig) -> Result<RunReport, VmmError> {
     let mut report = RunReport::collect(stop, format, started.elapsed(), vcpu);
     report.cpuid_overrides = cpuid_overrides;
     report.tsc_note = tsc_note;
+    report.isa_note = isa_note;
     Ok(report)
 }

@@ -34,6 +34,8 @@ pub struct RunReport {
     /// Where CPUID.15H's crystal is not the profile's: the rate of the guest's TSC (README,
     /// "Guest time").
     pub tsc_note: Option<String>,
+    /// The instruction sets the guest is not told of, if any (user mode in the TCG engine).
+    pub isa_note: Option<String>,
     /// The guest kernel's `Kernel panic - not syncing:` line, if its console printed one.
     pub guest_panic: Option<String>,
     /// Events written to the `--trace` file, and the error writing it, if any.
@@ -62,6 +64,7 @@ impl RunReport {
             rdpmc: vcpu.catch.stats,
             cpuid_overrides: Vec::new(),
             tsc_note: None,
+            isa_note: None,
             guest_panic,
             trace_events: tracer.as_ref().map_or(0, |t| t.events),
             trace_error: tracer.as_ref().and_then(|t| t.error.clone()),
@@ -102,7 +105,13 @@ impl RunReport {
             backend += &format!("; {n}");
         }
         let rdpmc = self.rdpmc.summary().map(|s| format!(", {s}")).unwrap_or_default();
-        let cpuid = self.cpuid_note().iter().chain(&self.tsc_note).map(|n| format!("; {n}")).collect::<String>();
+        let cpuid = self
+            .cpuid_note()
+            .iter()
+            .chain(&self.tsc_note)
+            .chain(&self.isa_note)
+            .map(|n| format!("; {n}"))
+            .collect::<String>();
         format!(
             "emon: {why} after {:.2} s, {} exits, {} PMU MSR accesses, {} #GP injected{rdpmc}, backend {backend}{cpuid} (status {})",
             self.elapsed.as_secs_f64(),

@@ -105,6 +105,12 @@ pub trait Backend: Send {
     fn writes_pebs(&self) -> bool {
         false
     }
+    /// Does this backend run user-mode code in the TCG engine whatever counts (a host that does
+    /// not enter the kernel on SYSCALL from CPL3)? The guest is then not told of instruction
+    /// sets the engine lacks.
+    fn runs_user_in_engine(&self) -> bool {
+        false
+    }
 }
 
 /// The counters `r` marks, in IA32_PERF_GLOBAL_CTRL bit order (GP counters, then fixed).
@@ -146,6 +152,7 @@ pub fn select(
         Box::new(
             precise::Precise::with_engine(precise.engine)
                 .with_cpl0_in_engine(precise.cpl0_in_engine)
+                .with_user_in_engine(precise.user_in_engine)
                 .with_ref_clock(profile.clock)
                 .with_cache(&profile.cache),
         )

@@ -48,6 +48,11 @@ pub trait Vcpu {
     /// under has ended.
     fn end_interrupt_shadow(&mut self) -> Result<(), VcpuError>;
     /// The guest's own DR7 (its breakpoints, which only KVM makes fire).
+    /// The vCPU's CPUID table as KVM holds it (with the bits KVM keeps up to date as the guest
+    /// runs, such as OSXSAVE); empty where there is none to read.
+    fn cpuid_entries(&mut self) -> Result<Vec<kvm_bindings::kvm_cpuid_entry2>, VcpuError> {
+        Ok(Vec::new())
+    }
     fn guest_dr7(&mut self) -> Result<u64, VcpuError> {
         Ok(0)
     }

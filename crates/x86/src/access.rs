@@ -94,22 +94,7 @@ pub fn data_accesses(
     }
     let flush = matches!(m, Mnemonic::Clflush | Mnemonic::Clflushopt);
     let locked = i.has_lock_prefix() || m == Mnemonic::Xchg;
-    // A register's value as an address component: segment bases, and general-purpose registers
-    // of any width read from their 64-bit register. Nothing else (RIP-relative operands come
-    // resolved from iced-x86).
-    let value = |r: Register| -> Option<u64> {
-        match r {
-            Register::ES | Register::CS | Register::SS | Register::DS => Some(0),
-            Register::FS => Some(fs_base),
-            Register::GS => Some(gs_base),
-            Register::AH | Register::CH | Register::DH | Register::BH => Some(reg(r.full_register()) >> 8 & 0xFF),
-            _ if r.is_gpr() => {
-                let bits = 8 * r.size() as u32;
-                Some(reg(r.full_register()) & u64::MAX.checked_shr(64 - bits).unwrap_or(u64::MAX))
-            }
-            _ => None,
-        }
-    };
+    let value = |r: Register| component(r, &reg, fs_base, gs_base);
     INFO.with(|factory| {
         let mut factory = factory.borrow_mut();
         let info = factory.info(i);
@@ -140,6 +125,30 @@ pub fn data_accesses(
         }
         Ok(accesses)
     })
+}
+
+/// The linear address of `i`'s explicit memory operand, whatever its size (XSAVE's area
+/// included); `None` without one.
+pub fn operand_address(i: &Instruction, reg: impl Fn(Register) -> u64, fs_base: u64, gs_base: u64) -> Option<u64> {
+    let n = (0..i.op_count()).find(|&n| i.op_kind(n) == OpKind::Memory)?;
+    i.virtual_address(n, 0, |r, _, _| component(r, &reg, fs_base, gs_base))
+}
+
+/// A register's value as an address component: segment bases, and general-purpose registers of
+/// any width read from their 64-bit register. Nothing else (RIP-relative operands come resolved
+/// from iced-x86).
+fn component(r: Register, reg: &impl Fn(Register) -> u64, fs_base: u64, gs_base: u64) -> Option<u64> {
+    match r {
+        Register::ES | Register::CS | Register::SS | Register::DS => Some(0),
+        Register::FS => Some(fs_base),
+        Register::GS => Some(gs_base),
+        Register::AH | Register::CH | Register::DH | Register::BH => Some(reg(r.full_register()) >> 8 & 0xFF),
+        _ if r.is_gpr() => {
+            let bits = 8 * r.size() as u32;
+            Some(reg(r.full_register()) & u64::MAX.checked_shr(64 - bits).unwrap_or(u64::MAX))
+        }
+        _ => None,
+    }
 }
 
 /// How many loads and stores `i` makes, as iced-x86 lists its memory operands (explicit and
@@ -402,6 +411,9 @@ mod tests {
         assert_eq!(acc64(&[0xF3, 0xA6]), Err(UnknownAccesses::Rep)); // repe cmpsb
         assert_eq!(acc64(&[0x0F, 0xAE, 0x20]), Err(UnknownAccesses::StateSize)); // xsave [rax]
         assert_eq!(acc64(&[0x0F, 0xAE, 0x28]), Err(UnknownAccesses::StateSize)); // xrstor [rax]
+        let xrstor = Decoder::with_ip(64, &[0x48, 0x0F, 0xAE, 0x6F, 0x40], 0, DecoderOptions::NONE).decode();
+        let regs = |r: Register| if r == Register::RDI { 0x1000 } else { 0 };
+        assert_eq!(operand_address(&xrstor, regs, 0, 0), Some(0x1040), "xrstor64 [rdi+0x40]");
         let gather = [0xC4, 0xE2, 0x75, 0x92, 0x04, 0x90]; // vgatherdps ymm0, [rax+ymm2*4], ymm1
         assert_eq!(acc64(&gather), Err(UnknownAccesses::Vsib));
         assert_eq!(max_lines(&decode(&gather, 64), 64), Err(UnknownAccesses::Vsib));

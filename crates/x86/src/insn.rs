@@ -59,6 +59,16 @@ pub enum Special {
     /// vCPU's counted code cannot observe: emon retires them itself, because some hosts lose the
     /// single-step trap after them (kvm_pvm), and with it the RDTSC that usually follows.
     Fence,
+    /// XSAVE, XSAVEOPT, XSAVEC and XRSTOR: QEMU's TCG lacks XSAVEC, the compacted form and every
+    /// component beyond SSE (AVX), and some hosts' KVM emulates none of them at CPL0 (kvm_pvm
+    /// raises #UD): emon completes them itself.
+    Xsave,
+    /// SYSCALL from CPL3 does not enter the kernel on some hosts (kvm_pvm: RIP moves to
+    /// IA32_LSTAR at CPL3): emon completes it there.
+    Syscall,
+    /// CPUID: some hosts override the table the VMM gives KVM (README, "CPUID fidelity"); where
+    /// emon runs user-mode code in the TCG engine, it answers from that table itself.
+    Cpuid,
 }
 
 /// A decoded guest instruction.
@@ -200,6 +210,9 @@ pub fn of(i: &Instruction) -> Insn {
         Rdmsr => Special::Rdmsr,
         Wrmsr => Special::Wrmsr,
         Lfence | Mfence | Sfence => Special::Fence,
+        Xsave | Xsave64 | Xsaveopt | Xsaveopt64 | Xsavec | Xsavec64 | Xrstor | Xrstor64 => Special::Xsave,
+        Syscall => Special::Syscall,
+        Cpuid => Special::Cpuid,
         _ => Special::None,
     };
     let changes_mode = is_far_transfer(i)
@@ -406,6 +419,7 @@ mod tests {
         assert_eq!(d(&[0x0F, 0x01, 0xF9]).special, Special::Rdtscp);
         assert_eq!(d(&[0x0F, 0x32]).special, Special::Rdmsr);
         assert_eq!(d(&[0x0F, 0xAE, 0xE8]).special, Special::Fence);
+        assert_eq!(d(&[0x48, 0x0F, 0xAE, 0x2F]).special, Special::Xsave);
         assert_eq!(d(&[0x0F, 0x30]).class_cycles, EXITING_CYCLES); // wrmsr
         assert_eq!(d(&[0x48, 0xF7, 0xF1]).class_cycles, DIV_CYCLES); // div rcx
         assert_eq!(d(&[0x48, 0x8B, 0x03]).mem_operands, 1); // mov rax, [rbx]

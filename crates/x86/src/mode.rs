@@ -48,6 +48,14 @@ pub fn segment_from_descriptor(d: u64, selector: u16) -> kvm_segment {
     }
 }
 
+/// What a user-mode access does, for its page-fault error code.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UserAccess {
+    Read,
+    Write,
+    Fetch,
+}
+
 impl CpuMode {
     pub fn from_sregs(s: &kvm_sregs) -> CpuMode {
         let bitness = if s.efer & EFER_LMA != 0 && s.cs.l == 1 {
@@ -154,6 +162,49 @@ impl CpuMode {
         }
         let pte = read32((pde & 0xFFFF_F000) + ((la >> 12) & 0x3FF) * 4)?;
         (pte & PRESENT != 0).then_some((pte & 0xFFFF_F000) | (la & 0xFFF))
+    }
+
+    /// The error code of the page fault a user-mode (CPL3) access of `kind` to linear address
+    /// `la` raises under 4-level paging, or `None` if it does not fault (SDM Vol. 3A 4.6 and
+    /// 4.7): P where the translation was present (a protection violation), W/R for a write, U/S
+    /// always, RSVD for a reserved bit set, I/D for a fetch with EFER.NXE.
+    pub fn user_page_fault(&self, mem: &GuestMemoryMmap, la: u64, kind: UserAccess) -> Option<u32> {
+        const WRITABLE: u64 = 1 << 1;
+        const USER: u64 = 1 << 2;
+        const XD: u64 = 1 << 63;
+        const EFER_NXE: u64 = 1 << 11;
+        let code = |present: bool, rsvd: bool| {
+            u32::from(present)
+                | u32::from(kind == UserAccess::Write) << 1
+                | 1 << 2
+                | u32::from(rsvd) << 3
+                | u32::from(kind == UserAccess::Fetch && self.efer & EFER_NXE != 0) << 4
+        };
+        if self.cr0 & CR0_PG == 0 || self.efer & EFER_LMA == 0 {
+            return None;
+        }
+        let mut table = self.cr3 & ADDR_MASK;
+        let (mut user, mut writable, mut exec) = (true, true, true);
+        for (level, shift) in [(4, 39), (3, 30), (2, 21), (1, 12)] {
+            let Ok(e) = mem.read_obj::<u64>(GuestAddress(table + ((la >> shift) & 0x1FF) * 8)) else {
+                return Some(code(false, false));
+            };
+            if e & PRESENT == 0 {
+                return Some(code(false, false));
+            }
+            if level == 4 && e & PAGE_SIZE_BIT != 0 {
+                return Some(code(true, true));
+            }
+            user &= e & USER != 0;
+            writable &= e & WRITABLE != 0;
+            exec &= self.efer & EFER_NXE == 0 || e & XD == 0;
+            if level == 1 || e & PAGE_SIZE_BIT != 0 {
+                break;
+            }
+            table = e & ADDR_MASK;
+        }
+        let denied = !user || kind == UserAccess::Write && !writable || kind == UserAccess::Fetch && !exec;
+        denied.then(|| code(true, false))
     }
 
     /// Up to 15 bytes of code at linear address `la` (fewer if a page is unmapped).

@@ -1,4 +1,4 @@
-//! User mode (CPL3): a known user-mode function counted with USR-only, OS-only and both on GP and fixed counters, and an overflow PMI taken from user mode with zero skid.
+//! User mode (CPL3): a known user-mode function counted with USR-only, OS-only and both on GP and fixed counters, an overflow PMI taken from user mode with zero skid, and SYSCALL/SYSRETQ round trips counted exactly at each level.
 #![no_std]
 #![no_main]
 
@@ -29,9 +29,53 @@ global_asm!(
     n = const N,
 );
 
+/// SYSCALL round trips of the user function `user_syscalls`.
+const SYSCALLS: u64 = 100;
+/// Its user instructions before the HLT: `mov ebx, SYSCALLS`, then SYSCALLS x (`syscall`; `dec
+/// ebx`; `jnz`). The kernel's entry runs 2 per call: `lock inc` and `sysretq`.
+const SYSCALL_USER_INSNS: u64 = 1 + 3 * SYSCALLS;
+
+static SYSCALLS_SEEN: AtomicU64 = AtomicU64::new(0);
+
+global_asm!(
+    ".global user_syscalls",
+    "user_syscalls:",
+    "mov ebx, {n}",
+    "2: syscall",
+    "dec ebx",
+    "jnz 2b",
+    "hlt", // #GP at CPL3: back to the kernel
+    ".global syscall_entry",
+    "syscall_entry:",
+    "lock inc qword ptr [rip + {seen}]",
+    "sysretq",
+    n = const SYSCALLS,
+    seen = sym SYSCALLS_SEEN,
+);
+
 extern "C" {
     fn user_fn();
     fn user_fn_loop();
+    fn user_syscalls();
+    fn syscall_entry();
+}
+
+const IA32_EFER: u32 = 0xC000_0080;
+const IA32_STAR: u32 = 0xC000_0081;
+const IA32_LSTAR: u32 = 0xC000_0082;
+const IA32_FMASK: u32 = 0xC000_0084;
+/// EFER.SCE: SYSCALL and SYSRET enabled.
+const EFER_SCE: u64 = 1;
+
+/// SYSCALL enters `syscall_entry` at CPL0 with the kernel's selectors, and SYSRETQ returns to
+/// the user's (SDM Vol. 2B: CS from STAR[47:32], SS that + 8; SYSRETQ's CS from STAR[63:48] + 16,
+/// SS that + 8), with IF masked.
+fn enable_syscall() {
+    wrmsr(IA32_EFER, rdmsr(IA32_EFER) | EFER_SCE);
+    let sysret_base = u64::from(idt::USER_DS & !3) - 8;
+    wrmsr(IA32_STAR, sysret_base << 48 | u64::from(idt::KERNEL_CS) << 32);
+    wrmsr(IA32_LSTAR, syscall_entry as *const () as u64);
+    wrmsr(IA32_FMASK, 1 << 9);
 }
 
 /// Runs `user_fn` at CPL3 until its HLT raises #GP; returns the vector.
@@ -125,5 +169,33 @@ fn main(_boot: &emon_guest::BootInfo) -> i32 {
         user_fn_loop as *const () as u64,
         "zero skid: the PMI comes right after the overflowing instruction"
     );
+
+    // SYSCALL and SYSRETQ: PMC0 USR, PMC1 OS, PMC2 (where there is one) both.
+    enable_syscall();
+    for i in 0..used {
+        wrmsr(IA32_PMC0 + i, 0);
+    }
+    wrmsr(IA32_PERFEVTSEL0, usr);
+    wrmsr(IA32_PERFEVTSEL0 + 1, os);
+    let mut global = 0b11;
+    if both {
+        wrmsr(IA32_PERFEVTSEL0 + 2, usr | os);
+        global |= 0b100;
+    }
+    wrmsr(IA32_PERF_GLOBAL_CTRL, global);
+    let v = user::run_user(user_syscalls, 0);
+    wrmsr(IA32_PERF_GLOBAL_CTRL, 0);
+    check_eq!(v, 13u8, "SYSCALL run: back from user mode through #GP");
+    check_eq!(SYSCALLS_SEEN.load(SeqCst), SYSCALLS, "every SYSCALL entered the kernel at LSTAR");
+    let (u, o) = (rdmsr(IA32_PMC0), rdmsr(IA32_PMC0 + 1));
+    println!("syscalls: user {} os {}", dec(u), dec(o));
+    check_eq!(u, SYSCALL_USER_INSNS, "USR counts {} user instructions, each SYSCALL once", dec(SYSCALL_USER_INSNS));
+    check!(o >= 2 * SYSCALLS, "OS counts the entry's 2 instructions per call and the #GP's ({})", dec(o));
+    if both {
+        check_eq!(rdmsr(IA32_PMC0 + 2), u + o, "USR|OS counts both across SYSCALL and SYSRETQ");
+    }
+    for i in 0..used {
+        wrmsr(IA32_PERFEVTSEL0 + i, 0);
+    }
     emon_guest::summary()
 }

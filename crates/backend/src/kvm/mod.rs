@@ -101,12 +101,19 @@ pub struct KvmCpu {
     /// This KVM keeps single-stepping across a KVM_SET_REGS that moves RIP (kvm_pvm does; KVM on
     /// VMX and SVM does not): measured by the VMM, assumed not until told.
     pub step_survives_set_regs: bool,
+    /// The CPUID table the VMM set (KVM_SET_CPUID2), which some hosts override in KVM's copy.
+    pub cpuid: Vec<kvm_bindings::kvm_cpuid_entry2>,
 }
+
+/// CPUID bits KVM updates as the guest runs: CPUID.01H:ECX.OSXSAVE (CR4.OSXSAVE) and
+/// CPUID.(EAX=07H,ECX=0):ECX.OSPKE (CR4.PKE), as (leaf, register 0-3, mask); and the XSAVE area
+/// sizes of leaf 0DH's sub-leaves 0 and 1 in EBX, which follow XCR0 and IA32_XSS.
+const LIVE_CPUID: [(u32, usize, u32); 3] = [(1, 2, 1 << 27), (7, 2, 1 << 4), (0xD, 1, u32::MAX)];
 
 impl KvmCpu {
     pub fn new(kvm: &kvm_ioctls::Kvm, mut fd: VcpuFd, debug: GuestDebug, xsave: Option<xsave::XsaveAbi>) -> KvmCpu {
         let regs = regs::RegCache::new(kvm, &mut fd);
-        KvmCpu { fd, debug, xsave, regs, step_survives_set_regs: false }
+        KvmCpu { fd, debug, xsave, regs, step_survives_set_regs: false, cpuid: Vec::new() }
     }
 
     /// The vCPU with its guest memory, as the backends drive it.
@@ -221,6 +228,31 @@ impl Vcpu for KvmVcpu<'_> {
             .fd
             .set_mp_state(kvm_mp_state { mp_state: KVM_MP_STATE_HALTED })
             .map_err(VcpuError::op("KVM_SET_MP_STATE"))
+    }
+
+    /// The table the VMM set, with the bits KVM keeps up to date taken from KVM's copy.
+    fn cpuid_entries(&mut self) -> Result<Vec<kvm_bindings::kvm_cpuid_entry2>, VcpuError> {
+        let mut table = self.cpu.cpuid.clone();
+        if table.is_empty() {
+            return Ok(table);
+        }
+        let live =
+            self.cpu.fd.get_cpuid2(kvm_bindings::KVM_MAX_CPUID_ENTRIES).map_err(VcpuError::op("KVM_GET_CPUID2"))?;
+        for e in table.iter_mut() {
+            let Some(l) = live.as_slice().iter().find(|l| (l.function, l.index) == (e.function, e.index)) else {
+                continue;
+            };
+            for &(leaf, reg, mask) in &LIVE_CPUID {
+                if leaf == e.function && (leaf != 0xD || e.index <= 1) && (leaf != 7 || e.index == 0) {
+                    let (mine, theirs) = match reg {
+                        1 => (&mut e.ebx, l.ebx),
+                        _ => (&mut e.ecx, l.ecx),
+                    };
+                    *mine = *mine & !mask | theirs & mask;
+                }
+            }
+        }
+        Ok(table)
     }
 
     fn guest_dr7(&mut self) -> Result<u64, VcpuError> {

@@ -94,7 +94,7 @@ fn xcr0(fd: &VcpuFd) -> Result<u64, kvm_ioctls::Error> {
 pub fn get(fd: &VcpuFd, abi: Option<XsaveAbi>) -> Result<Fpu, kvm_ioctls::Error> {
     match abi {
         Some(abi) => Ok(Fpu::from_xsave(Image::get(fd, abi)?.bytes(), xcr0(fd)?)),
-        None => Ok(Fpu { legacy: Box::new(legacy_of(&fd.get_fpu()?)), xcr0: 1 }),
+        None => Ok(Fpu::legacy_only(Box::new(legacy_of(&fd.get_fpu()?)), 1)),
     }
 }
 

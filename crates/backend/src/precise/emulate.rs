@@ -5,13 +5,16 @@
 use super::stepper::Pending;
 use super::Precise;
 use crate::{BackendError, Cx, Next};
-use emon_x86::arch::GP_VECTOR;
+use emon_x86::arch::{EFER_SCE, GP_VECTOR, IA32_FMASK, IA32_LSTAR, IA32_STAR, UD_VECTOR};
 use emon_x86::arch::{IA32_TSC, IA32_TSC_AUX, IA32_TSC_DEADLINE};
 use emon_x86::insn::{Insn, Special};
 use emon_x86::mode::CpuMode;
 
 /// CR4.TSD: RDTSC and RDTSCP fault above CPL0 (SDM Vol. 3A 2.5).
 const CR4_TSD: u64 = 1 << 2;
+/// RFLAGS.RF, and bit 1, always set (SDM Vol. 1, 3.4.3).
+const RFLAGS_RF: u64 = 1 << 16;
+const RFLAGS_FIXED: u64 = 1 << 1;
 
 impl Precise {
     /// Completes the pending instruction `i` if it is one emon completes, and says what the VMM
@@ -30,6 +33,20 @@ impl Precise {
             Special::Rdtsc | Special::Rdtscp if virtual_time => self.emulate_tsc_read(cx, p, i, mode)?,
             Special::Fence => {
                 let regs = cx.vcpu.regs()?;
+                self.complete(cx, p, i, regs)?
+            }
+            #[cfg(feature = "tcg")]
+            Special::Xsave => return self.emulate_xsave(cx, p, i),
+            Special::Syscall if p.cpl == 3 && self.user_in_engine => self.emulate_syscall(cx, p, i, mode)?,
+            // User mode on a host where it runs in the engine (README, "User mode (CPL3)").
+            Special::Cpuid if p.cpl == 3 && self.user_in_engine() => {
+                let table = cx.vcpu.cpuid_entries()?;
+                if table.is_empty() {
+                    return Ok(None);
+                }
+                let mut regs = cx.vcpu.regs()?;
+                let [a, b, c, d] = cpuid(&table, regs.rax as u32, regs.rcx as u32);
+                (regs.rax, regs.rbx, regs.rcx, regs.rdx) = (a.into(), b.into(), c.into(), d.into());
                 self.complete(cx, p, i, regs)?
             }
             // RDMSR and WRMSR at CPL0 (at CPL3 they are a #GP, which KVM raises).
@@ -65,10 +82,57 @@ impl Precise {
 
     /// The pending instruction raises #GP(0), as on hardware, and does not retire.
     fn raise_gp(&mut self, cx: &mut Cx, p: &mut Pending) -> Result<Next, BackendError> {
-        cx.vcpu.inject_exception(GP_VECTOR, Some(0))?;
+        self.raise(cx, p, GP_VECTOR, Some(0))
+    }
+
+    /// The pending instruction raises exception `vector`, as on hardware, and does not retire.
+    fn raise(&mut self, cx: &mut Cx, p: &mut Pending, vector: u8, code: Option<u32>) -> Result<Next, BackendError> {
+        cx.vcpu.inject_exception(vector, code)?;
         p.expect_event = true;
         self.step.pending = Some(p.clone());
         Ok(Next::Run)
+    }
+
+    /// SYSCALL at CPL3 on a host that does not enter the kernel on it (SDM Vol. 2B, SYSCALL, in
+    /// 64-bit mode): RCX takes the next RIP and R11 RFLAGS, RFLAGS is masked with IA32_FMASK,
+    /// CS and SS take IA32_STAR[47:32] (RPL cleared) and that plus 8 with flat descriptors at
+    /// DPL 0, and RIP takes IA32_LSTAR. #UD without EFER.SCE or outside 64-bit mode.
+    fn emulate_syscall(
+        &mut self,
+        cx: &mut Cx,
+        p: &mut Pending,
+        i: &Insn,
+        mode: &CpuMode,
+    ) -> Result<Next, BackendError> {
+        let mut sregs = cx.vcpu.sregs()?;
+        if sregs.efer & EFER_SCE == 0 || mode.bitness != 64 {
+            return self.raise(cx, p, UD_VECTOR, None);
+        }
+        let [star, lstar, fmask]: [u64; 3] =
+            cx.vcpu.get_msrs(&[IA32_STAR, IA32_LSTAR, IA32_FMASK])?.try_into().expect("three MSRs");
+        let mut regs = cx.vcpu.regs()?;
+        regs.rcx = p.rip + i.len as u64;
+        regs.r11 = regs.rflags & !RFLAGS_RF;
+        regs.rflags = regs.rflags & !fmask & !RFLAGS_RF | RFLAGS_FIXED;
+        regs.rip = lstar;
+        let selector = (star >> 32) as u16 & !3;
+        let flat = kvm_bindings::kvm_segment {
+            base: 0,
+            limit: 0xFFFF_FFFF,
+            present: 1,
+            dpl: 0,
+            s: 1,
+            g: 1,
+            ..Default::default()
+        };
+        sregs.cs = kvm_bindings::kvm_segment { selector, type_: 11, l: 1, ..flat };
+        sregs.ss = kvm_bindings::kvm_segment { selector: selector + 8, type_: 3, db: 1, ..flat };
+        cx.vcpu.set_sregs(&sregs)?;
+        cx.vcpu.set_regs(&regs)?;
+        self.step.mode = None;
+        self.stats.syscalls += 1;
+        self.retire_one(cx, p, (i, p.rip, p.cpl), lstar, true)?;
+        Ok(Next::Retired)
     }
 
     fn emulate_hlt(&mut self, cx: &mut Cx, p: &Pending, i: &Insn) -> Result<Next, BackendError> {
@@ -133,6 +197,38 @@ impl Precise {
         self.complete(cx, p, i, regs)
     }
 
+    /// XSAVE, XSAVEOPT, XSAVEC and XRSTOR, which neither QEMU's TCG nor every host's KVM runs
+    /// whole (see [`super::tcg::complete_xsave`]): completed on the vCPU's XSAVE state, or the
+    /// exception they raise delivered; `None` for a #PF (whose error code emon does not derive:
+    /// KVM runs the instruction and raises it).
+    #[cfg(feature = "tcg")]
+    fn emulate_xsave(&mut self, cx: &mut Cx, p: &mut Pending, i: &Insn) -> Result<Option<Next>, BackendError> {
+        use super::tcg::{self, Completed, Needs};
+        let before = tcg::state_of(cx.vcpu, Needs { fpu: true, msrs: false })?;
+        let done = match tcg::complete_xsave(cx.vcpu.memory(), &before) {
+            Ok(done) => done,
+            Err(e) => {
+                tracing::debug!("{e}: KVM runs it");
+                return Ok(None);
+            }
+        };
+        match done {
+            Some(Completed::Retired(after)) => {
+                tcg::write_back(cx.vcpu, &before, &after)?;
+                self.retire_one(cx, p, (i, p.rip, p.cpl), after.regs.rip, true)?;
+                Ok(Some(Next::Retired))
+            }
+            // #UD, #NM: no error code; #GP(0) (SDM Vol. 1, 13.8 and 13.10).
+            Some(Completed::Fault { vector: v @ (6 | 7 | 13) }) => {
+                cx.vcpu.inject_exception(v as u8, (v == 13).then_some(0))?;
+                p.expect_event = true;
+                self.step.pending = Some(p.clone());
+                Ok(Some(Next::Run))
+            }
+            _ => Ok(None),
+        }
+    }
+
     fn emulate_rdpmc(&mut self, cx: &mut Cx, p: &mut Pending, i: &Insn, mode: &CpuMode) -> Result<Next, BackendError> {
         self.stats.rdpmc += 1;
         let mut regs = cx.vcpu.regs()?;
@@ -144,5 +240,50 @@ impl Precise {
             }
             Err(_) => self.raise_gp(cx, p),
         }
+    }
+}
+
+/// CPUID leaf `leaf`, sub-leaf `subleaf`, from a KVM table (SDM Vol. 2A, CPUID): a sub-leaf
+/// counts only where the entry says its index is significant; a leaf above the highest basic
+/// (or extended) leaf returns the highest basic leaf's data, as Intel processors do; a leaf in
+/// range with no entry reads zero.
+pub fn cpuid(table: &[kvm_bindings::kvm_cpuid_entry2], leaf: u32, subleaf: u32) -> [u32; 4] {
+    let find = |leaf: u32, subleaf: u32| {
+        table.iter().find(|e| {
+            e.function == leaf && (e.flags & kvm_bindings::KVM_CPUID_FLAG_SIGNIFCANT_INDEX == 0 || e.index == subleaf)
+        })
+    };
+    let max = |base: u32| find(base, 0).map_or(0, |e| e.eax);
+    let (max_basic, max_ext) = (max(0), max(0x8000_0000));
+    let leaf =
+        if leaf > max_basic && leaf < 0x8000_0000 || leaf > max_ext && leaf >= 0x8000_0000 { max_basic } else { leaf };
+    find(leaf, subleaf).map_or([0; 4], |e| [e.eax, e.ebx, e.ecx, e.edx])
+}
+
+#[cfg(test)]
+mod cpuid_tests {
+    use super::cpuid;
+    use kvm_bindings::{kvm_cpuid_entry2, KVM_CPUID_FLAG_SIGNIFCANT_INDEX};
+
+    fn e(function: u32, index: u32, eax: u32, flags: u32) -> kvm_cpuid_entry2 {
+        kvm_cpuid_entry2 { function, index, eax, flags, ..Default::default() }
+    }
+
+    #[test]
+    fn answers_as_intel_processors_do() {
+        let sig = KVM_CPUID_FLAG_SIGNIFCANT_INDEX;
+        let t = [
+            e(0, 0, 0xD, 0),
+            e(1, 0, 0x506E3, 0),
+            e(0xD, 0, 7, sig),
+            e(0xD, 1, 0xF, sig),
+            e(0x8000_0000, 0, 0x8000_0008, 0),
+        ];
+        assert_eq!(cpuid(&t, 1, 9)[0], 0x506E3, "index ignored where it is not significant");
+        assert_eq!(cpuid(&t, 0xD, 1)[0], 0xF);
+        assert_eq!(cpuid(&t, 0xD, 2), [0; 4], "no such sub-leaf");
+        assert_eq!(cpuid(&t, 0x20, 0)[0], 7, "beyond the highest basic leaf: the highest basic leaf's data");
+        assert_eq!(cpuid(&t, 0x8000_0009, 0)[0], 7, "beyond the highest extended leaf too");
+        assert_eq!(cpuid(&t, 5, 0), [0; 4], "in range, no entry");
     }
 }

@@ -114,6 +114,8 @@ mod fast_forward {
     use super::Engine;
     use crate::{BackendError, Cx, Next};
     use emon_x86::arch::GP_VECTOR;
+    /// #PF (SDM Vol. 3A 6.15).
+    const PF_VECTOR: u8 = 14;
     use emon_x86::mode::CpuMode;
     use std::time::{Duration, Instant};
 
@@ -147,11 +149,11 @@ mod fast_forward {
             let first = iced_x86::Decoder::with_ip(64, &bytes, rip, iced_x86::DecoderOptions::NONE).decode();
             // Not worth entering the engine for an instruction it would hand back at once.
             if tcg::classify(&first, &mut iced_x86::InstructionInfoFactory::new()) == Class::HandedOver {
-                return if user { self.user_mode_handover(cx, &first) } else { Ok(None) };
+                return if user { self.user_mode_handover(cx, &first, mode, None) } else { Ok(None) };
             }
             let Some((before, run)) = self.engine_run(cx, mode)? else { return Ok(None) };
             if run.retired == 0 {
-                return if user { self.user_mode_handover(cx, &first) } else { Ok(None) };
+                return if user { self.user_mode_handover(cx, &first, mode, run.fault) } else { Ok(None) };
             }
             self.take_run(cx, &before, run)?;
             Ok(Some(Next::Retired))
@@ -269,7 +271,10 @@ mod fast_forward {
                 self.stats.engine_retired += run.retired;
                 self.clock.cycles += run.cycles;
             } else {
-                self.stats.free_engine += run.retired;
+                match CpuMode::from_sregs(&before.sregs).cpl {
+                    0 => self.stats.free_engine += run.retired,
+                    _ => self.stats.free_user += run.retired,
+                }
             }
             if run.used != Needs::NONE {
                 self.engine.tcg.unused_runs = 0;
@@ -297,21 +302,82 @@ mod fast_forward {
             Ok(())
         }
 
-        /// User mode in the engine reached an instruction the engine does not run. Privileged
-        /// ones raise #GP(0) at CPL3 (SDM Vol. 3A 5.9): emon delivers it, and the vCPU enters the
-        /// kernel's handler, which it can step. RDPMC is emulated as when stepping. Anything else
-        /// is stepped, which this host may not do (the run then says NOT EXACT).
-        fn user_mode_handover(&mut self, cx: &mut Cx, i: &iced_x86::Instruction) -> Result<Option<Next>, BackendError> {
+        /// User mode in the engine reached an instruction the engine does not run, or that
+        /// faulted there (`fault`: the exception, where the engine said which). Privileged ones
+        /// raise #GP(0) at CPL3 (SDM Vol. 3A 5.9); a page fault and the exceptions the engine
+        /// names are raised as on the CPU: emon delivers them, and the vCPU enters the kernel's
+        /// handler, which it can step, without running a user instruction in KVM (which cannot
+        /// step it on some hosts, and whose view of the page tables may lag the engine's writes).
+        /// RDPMC is emulated as when stepping. Anything else is stepped, which such a host may
+        /// not do (the run then says NOT EXACT).
+        fn user_mode_handover(
+            &mut self,
+            cx: &mut Cx,
+            i: &iced_x86::Instruction,
+            mode: &CpuMode,
+            fault: Option<u32>,
+        ) -> Result<Option<Next>, BackendError> {
             use iced_x86::Mnemonic::*;
-            let iopl = (cx.vcpu.regs()?.rflags >> 12) & 3;
+            let regs = cx.vcpu.regs()?;
+            let iopl = (regs.rflags >> 12) & 3;
             let privileged = i.is_privileged()
                 || matches!(i.mnemonic(), Hlt | Rdmsr | Wrmsr)
                 || (iopl < 3
                     && matches!(i.mnemonic(), Cli | Sti | In | Out | Insb | Insw | Insd | Outsb | Outsw | Outsd));
-            if privileged {
-                cx.vcpu.inject_exception(GP_VECTOR, Some(0))?;
-                self.step.expect_event = true;
-                return Ok(Some(Next::Retired));
+            let (vector, code) = if privileged {
+                (GP_VECTOR, Some(0))
+            } else if let Some((code, cr2)) = self.user_page_fault(cx, i, mode, &regs)? {
+                let mut sregs = cx.vcpu.sregs()?;
+                sregs.cr2 = cr2;
+                cx.vcpu.set_sregs(&sregs)?;
+                (PF_VECTOR, Some(code))
+            } else {
+                match fault {
+                    // #DE, #UD, #MF, #XM: no error code; #SS, #GP, #AC: 0 for a memory operand
+                    // or an alignment check (SDM Vol. 3A 6.15).
+                    Some(v @ (0 | 6 | 16 | 19)) => (v as u8, None),
+                    Some(v @ (12 | 13 | 17)) => (v as u8, Some(0)),
+                    _ => return Ok(None),
+                }
+            };
+            cx.vcpu.inject_exception(vector, code)?;
+            self.step.expect_event = true;
+            Ok(Some(Next::Retired))
+        }
+
+        /// The page fault user-mode instruction `i` raises, if it does: its error code and the
+        /// address CR2 takes (the first byte it cannot reach). The fetch comes first, then its
+        /// data accesses in order.
+        fn user_page_fault(
+            &self,
+            cx: &mut Cx,
+            i: &iced_x86::Instruction,
+            mode: &CpuMode,
+            regs: &kvm_bindings::kvm_regs,
+        ) -> Result<Option<(u32, u64)>, BackendError> {
+            use emon_x86::access::{self, AccessKind};
+            use emon_x86::mode::UserAccess;
+            let sregs = cx.vcpu.sregs()?;
+            let mut spans = vec![(i.ip(), i.len().max(1) as u64, UserAccess::Fetch)];
+            if let Ok(accesses) = access::data_accesses(i, |r| access::gpr(regs, r), sregs.fs.base, sregs.gs.base) {
+                spans.extend(accesses.iter().map(|a| {
+                    let kind = match a.kind {
+                        AccessKind::Read | AccessKind::Flush => UserAccess::Read,
+                        _ => UserAccess::Write,
+                    };
+                    (a.linear, u64::from(a.size.max(1)), kind)
+                }));
+            }
+            let mem = cx.vcpu.memory();
+            for (start, len, kind) in spans {
+                let mut page = start & !0xFFF;
+                while page < start.saturating_add(len) {
+                    let at = page.max(start);
+                    if let Some(code) = mode.user_page_fault(mem, at, kind) {
+                        return Ok(Some((code, at)));
+                    }
+                    page += 0x1000;
+                }
             }
             Ok(None)
         }

@@ -57,6 +57,10 @@ pub struct Options {
     /// CPL0 code runs in the TCG engine while nothing counts too (README, "CPL0 code in the TCG
     /// engine").
     pub cpl0_in_engine: bool,
+    /// User-mode code runs in the TCG engine while nothing counts too, and emon completes
+    /// SYSCALL: the host does not enter the kernel on SYSCALL from CPL3 (README, "User mode
+    /// (CPL3)").
+    pub user_in_engine: bool,
 }
 
 /// RFLAGS.TF: the guest single-steps itself.
@@ -83,9 +87,14 @@ pub struct Stats {
     /// Instructions run with nothing counting because the engine runs this host's CPL0 code
     /// (in the engine, and stepped in KVM where the engine handed them over).
     pub free_engine: u64,
+    /// User-mode instructions run in the engine with nothing counting (where the host does not
+    /// enter the kernel on SYSCALL).
+    pub free_user: u64,
     pub free_stepped: u64,
     /// RDMSR/WRMSR of IA32_TSC_DEADLINE translated between the model's and KVM's guest TSC.
     pub tsc_deadlines: u64,
+    /// SYSCALLs from user mode emon completed (where the host does not enter the kernel).
+    pub syscalls: u64,
     /// RDTSC, RDTSCP and RDMSR(IA32_TSC) answered from the modelled guest time.
     pub tsc_reads: u64,
     /// RDTSC, RDTSCP or RDMSR that retired in counted code without their own single-step trap,
@@ -108,6 +117,9 @@ pub struct Precise {
     /// Runs CPL0 code in the TCG engine even while nothing counts (a host whose KVM only
     /// emulates it: README, "CPL0 code in the TCG engine").
     cpl0_in_engine: bool,
+    /// Runs user-mode code in the TCG engine even while nothing counts, and completes SYSCALL
+    /// from CPL3 (a host that does not enter the kernel on it: README, "User mode (CPL3)").
+    user_in_engine: bool,
     pub stats: Stats,
 }
 
@@ -135,6 +147,7 @@ impl Precise {
             engine: EngineSlot::new(engine),
             counting: false,
             cpl0_in_engine: false,
+            user_in_engine: false,
             stats: Stats::default(),
         }
     }
@@ -146,9 +159,26 @@ impl Precise {
         self
     }
 
+    /// Runs user-mode code in the TCG engine even while nothing counts, and completes SYSCALL
+    /// from CPL3 (where the TCG engine is built in and chosen).
+    pub fn with_user_in_engine(mut self, on: bool) -> Precise {
+        self.user_in_engine = on;
+        self
+    }
+
     /// Whether CPL0 code runs in the TCG engine while nothing counts.
     pub fn cpl0_in_engine(&self) -> bool {
         self.cpl0_in_engine && self.engine.engine() == Engine::Tcg
+    }
+
+    /// Whether user-mode code runs in the TCG engine while nothing counts.
+    pub fn user_in_engine(&self) -> bool {
+        self.user_in_engine && self.engine.engine() == Engine::Tcg
+    }
+
+    /// Whether some code runs in the TCG engine while nothing counts.
+    fn runs_free_in_engine(&self) -> bool {
+        self.cpl0_in_engine() || self.user_in_engine()
     }
 
     /// The engine that runs counted code.
@@ -199,7 +229,7 @@ impl Precise {
             if counting && !self.step.stepping {
                 self.set_stepping(cx, true)?;
             }
-            if !counting && !self.step.stepping && self.cpl0_in_engine() {
+            if !counting && !self.step.stepping && self.runs_free_in_engine() {
                 // KVM ran free since the last boundary (it may have left 32-bit code or user
                 // mode): the engine takes over after this instruction if it takes the code.
                 self.step.mode = None;
@@ -213,8 +243,8 @@ impl Precise {
         if counting != self.counting {
             self.set_counting(cx, counting)?;
         }
-        // Nothing counts, but this host's CPL0 code runs in the engine.
-        let executing = !counting && self.cpl0_in_engine() && self.engine_takes(cx)?;
+        // Nothing counts, but this host's CPL0 (or user) code runs in the engine.
+        let executing = !counting && self.runs_free_in_engine() && self.engine_takes(cx)?;
         if !counting && !executing {
             if self.step.stepping {
                 self.set_stepping(cx, false)?;
@@ -237,12 +267,17 @@ impl Precise {
         self.pend(cx, rip, &mode)
     }
 
-    /// Whether the engine takes the code at the boundary while nothing counts: 64-bit CPL0 code,
-    /// unless the guest single-steps itself (RFLAGS.TF) or has breakpoints on (DR7), which only
-    /// KVM makes fire.
+    /// Whether the engine takes the code at the boundary while nothing counts: 64-bit CPL0 code
+    /// (and user code where [`Self::user_in_engine`]), unless the guest single-steps itself
+    /// (RFLAGS.TF) or has breakpoints on (DR7), which only KVM makes fire.
     fn engine_takes(&mut self, cx: &mut Cx) -> Result<bool, BackendError> {
         let mode = self.mode(cx)?;
-        if mode.cpl != 0 || mode.bitness != 64 || cx.vcpu.regs()?.rflags & RFLAGS_TF != 0 {
+        let level = match mode.cpl {
+            0 => self.cpl0_in_engine(),
+            3 => self.user_in_engine(),
+            _ => false,
+        };
+        if !level || mode.bitness != 64 || cx.vcpu.regs()?.rflags & RFLAGS_TF != 0 {
             return Ok(false);
         }
         if !self.step.stepping || self.step.guest_breakpoints.is_none() {
@@ -360,6 +395,10 @@ impl Backend for Precise {
         true
     }
 
+    fn runs_user_in_engine(&self) -> bool {
+        self.user_in_engine()
+    }
+
     fn reprogrammed(&self) -> u64 {
         self.counters.reprogrammed
     }
@@ -381,10 +420,10 @@ impl Backend for Precise {
             self.ds.pebs_full,
             s.arm_changes,
             self.counters.reprogrammed
-        ) + &if self.cpl0_in_engine() {
+        ) + &if self.runs_free_in_engine() {
             format!(
-                "; with nothing counting, {} CPL0 instructions ran in the TCG engine and {} in KVM (handed over)",
-                s.free_engine, s.free_stepped
+                "; with nothing counting, {} CPL0 instructions ran in the TCG engine and {} in KVM (handed over), {} user-mode instructions in the engine and {} SYSCALLs from user mode completed",
+                s.free_engine, s.free_stepped, s.free_user, s.syscalls
             )
         } else {
             String::new()

@@ -45,15 +45,15 @@ pub enum Class {
 
 /// Instructions that must go through KVM or the VMM, by mnemonic: they read or set state the
 /// engine does not hold or must not change behind KVM's back (the TSC, MSRs, CPUID, I/O,
-/// RFLAGS.IF with an interrupt window, the TLB KVM keeps for the guest), deliver an event through
-/// the IDT, or wait.
+/// RFLAGS.IF with an interrupt window, the TLB KVM keeps for the guest, the state components
+/// beyond SSE that XSAVE and XRSTOR move), deliver an event through the IDT, or wait.
 const HANDED_OVER: &[Mnemonic] = {
     use Mnemonic::*;
     &[
         Cpuid, Rdtsc, Rdtscp, Rdpmc, Rdmsr, Wrmsr, In, Out, Insb, Insw, Insd, Outsb, Outsw, Outsd, Hlt, Sti, Popf,
         Popfq, Popfd, Iret, Iretd, Syscall, Sysret, Sysretq, Sysenter, Sysexit, Int, Int1, Int3, Into, Ud0, Ud1, Ud2,
         Retf, Lss, Lfs, Lgs, Lds, Les, Xsetbv, Rdseed, Rdpid, Wbinvd, Invd, Monitor, Mwait, Umonitor, Umwait, Tpause,
-        Enqcmd, Serialize, Invlpg, Invpcid,
+        Enqcmd, Serialize, Invlpg, Invpcid, Xsave, Xsave64, Xsaveopt, Xsaveopt64, Xsavec, Xsavec64, Xrstor, Xrstor64,
     ]
 };
 
@@ -113,14 +113,80 @@ const ENGINE_FEATURES: &[CpuidFeature] = {
     ]
 };
 
+/// CPUID bits of what [`ENGINE_FEATURES`] leaves out (and of XSAVES, XRSTORS and the state
+/// components only they or VEX/EVEX code use), as (leaf, sub-leaf, register: 0-3 for EAX-EDX,
+/// bit, name): where user code runs in the engine the guest is not told of them (see
+/// [`hide_lacking`]).
+const LACKING_CPUID: &[(u32, u32, usize, u32, &str)] = &[
+    (1, 0, 2, 12, "FMA"),
+    (1, 0, 2, 28, "AVX"),
+    (1, 0, 2, 29, "F16C"),
+    (7, 0, 1, 5, "AVX2"),
+    (7, 0, 1, 16, "AVX512F"),
+    (7, 0, 1, 17, "AVX512DQ"),
+    (7, 0, 1, 18, "RDSEED"),
+    (7, 0, 1, 21, "AVX512_IFMA"),
+    (7, 0, 1, 26, "AVX512PF"),
+    (7, 0, 1, 27, "AVX512ER"),
+    (7, 0, 1, 28, "AVX512CD"),
+    (7, 0, 1, 29, "SHA"),
+    (7, 0, 1, 30, "AVX512BW"),
+    (7, 0, 1, 31, "AVX512VL"),
+    (7, 0, 2, 1, "AVX512_VBMI"),
+    (7, 0, 2, 6, "AVX512_VBMI2"),
+    (7, 0, 2, 8, "GFNI"),
+    (7, 0, 2, 9, "VAES"),
+    (7, 0, 2, 10, "VPCLMULQDQ"),
+    (7, 0, 2, 11, "AVX512_VNNI"),
+    (7, 0, 2, 12, "AVX512_BITALG"),
+    (7, 0, 2, 14, "AVX512_VPOPCNTDQ"),
+    (7, 0, 3, 2, "AVX512_4VNNIW"),
+    (7, 0, 3, 3, "AVX512_4FMAPS"),
+    (7, 0, 3, 8, "AVX512_VP2INTERSECT"),
+    (7, 0, 3, 22, "AMX_BF16"),
+    (7, 0, 3, 23, "AVX512_FP16"),
+    (7, 0, 3, 24, "AMX_TILE"),
+    (7, 0, 3, 25, "AMX_INT8"),
+    (7, 1, 0, 4, "AVX_VNNI"),
+    (7, 1, 0, 5, "AVX512_BF16"),
+    (0xD, 0, 0, 2, "XCR0.AVX"),
+    (0xD, 0, 0, 5, "XCR0.opmask"),
+    (0xD, 0, 0, 6, "XCR0.ZMM_Hi256"),
+    (0xD, 0, 0, 7, "XCR0.Hi16_ZMM"),
+    (0xD, 0, 0, 17, "XCR0.XTILECFG"),
+    (0xD, 0, 0, 18, "XCR0.XTILEDATA"),
+    (0xD, 1, 0, 3, "XSAVES"),
+];
+
+/// Clears from a CPUID table what the engine cannot run (see [`LACKING_CPUID`]), and says what
+/// was set.
+pub fn hide_lacking(table: &mut [kvm_bindings::kvm_cpuid_entry2]) -> Vec<&'static str> {
+    let mut hidden = Vec::new();
+    for &(leaf, subleaf, reg, bit, name) in LACKING_CPUID {
+        let sub_matches = |e: &kvm_bindings::kvm_cpuid_entry2| {
+            e.flags & kvm_bindings::KVM_CPUID_FLAG_SIGNIFCANT_INDEX == 0 || e.index == subleaf
+        };
+        for e in table.iter_mut().filter(|e| e.function == leaf && sub_matches(e)) {
+            let r = match reg {
+                0 => &mut e.eax,
+                1 => &mut e.ebx,
+                2 => &mut e.ecx,
+                _ => &mut e.edx,
+            };
+            if *r & 1 << bit != 0 {
+                *r &= !(1 << bit);
+                hidden.push(name);
+            }
+        }
+    }
+    hidden
+}
+
 /// Instructions that read or write the x87/SSE state or XCR0 without naming an x87, MMX or XMM
 /// register.
 const FPU_STATE: &[Mnemonic] = {
     use Mnemonic::*;
-    &[
-        Ldmxcsr, Stmxcsr, Fxsave, Fxsave64, Fxrstor, Fxrstor64, Xsave, Xsave64, Xsaveopt, Xsaveopt64, Xrstor, Xrstor64,
-        Xgetbv,
-    ]
+    &[Ldmxcsr, Stmxcsr, Fxsave, Fxsave64, Fxrstor, Fxrstor64, Xgetbv]
 };
 
 /// Whether the engine may run `i` (see [`Class`]).
@@ -131,6 +197,10 @@ pub fn classify(i: &Instruction, info: &mut InstructionInfoFactory) -> Class {
     // new privilege level, and the VMM writes the segments back and ends NMI blocking.
     if i.code() == Code::Iretq {
         return Class::Runs(Needs::NONE);
+    }
+    // SYSRETQ too, for the same reason (QEMU's is SDM Vol. 2B's, from IA32_STAR).
+    if i.code() == Code::Sysretq {
+        return Class::Runs(Needs { fpu: false, msrs: true });
     }
     let far = i.is_jmp_far() || i.is_call_far() || i.is_jmp_far_indirect() || i.is_call_far_indirect();
     let plain_flow = matches!(
@@ -189,6 +259,8 @@ pub struct Block {
     pub stops_at: Option<u64>,
     /// Its last instruction is IRETQ.
     pub ends_in_iret: bool,
+    /// Its last instruction is SYSRETQ.
+    pub ends_in_sysret: bool,
     /// The block is `loop .` alone (LOOP to itself, counting in RCX): see `loop_ahead`.
     pub self_loop: bool,
     /// Per armed counter: the events of every instruction but the last.
@@ -267,6 +339,7 @@ pub fn decode_block(
     let mut lines = 0;
     let mut self_loop = false;
     let mut ends_in_iret = false;
+    let mut ends_in_sysret = false;
     let mut d = Decoder::with_ip(64, &bytes, addr, DecoderOptions::NONE);
     let mut info = InstructionInfoFactory::new();
     while d.ip() < addr + size as u64 {
@@ -280,6 +353,7 @@ pub fn decode_block(
                 insns_need = insns_need.union(n);
                 self_loop = i.code() == Code::Loop_rel8_64_RCX && i.near_branch_target() == i.ip();
                 ends_in_iret = i.code() == Code::Iretq;
+                ends_in_sysret = i.code() == Code::Sysretq;
                 insns.push((i.ip(), insn::of(&i)));
             }
             (false, Class::Runs(n), Some(_)) => {
@@ -303,6 +377,7 @@ pub fn decode_block(
         insns_need,
         stops_at,
         ends_in_iret,
+        ends_in_sysret,
         self_loop,
         body: Vec::new(),
         last_taken: Vec::new(),

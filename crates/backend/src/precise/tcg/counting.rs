@@ -52,10 +52,11 @@ pub struct Acc {
     /// armed counter, the cache model or the LBR stack (without, retiring a block is a sum).
     pub tracked: bool,
     pub stop: Option<Stop>,
-    /// The privilege level the run counts at (the USR/OS filters), and whether an IRETQ has
-    /// retired (the next block may be at another level).
+    /// The privilege level the run counts at (the USR/OS filters), and whether an IRETQ or a
+    /// SYSRETQ has retired (the next block may be at another level).
     pub cpl: u8,
     pub iret: bool,
+    pub sysret: bool,
     /// Instruction-at-a-time execution near an overflow: the block hook stands aside.
     pub single: bool,
     /// The cache model (while an LLC event counts), and the data accesses of the instructions
@@ -112,6 +113,7 @@ impl Acc {
             stop: None,
             cpl: mode.cpl,
             iret: false,
+            sysret: false,
             single: false,
             accesses: Vec::new(),
             decoded: FxHashMap::default(),
@@ -184,6 +186,7 @@ impl Acc {
     pub fn retire_block(&mut self, k: u32, next: u64, to_cpl: u8) {
         let b = &self.blocks[k as usize];
         self.iret |= b.ends_in_iret;
+        self.sysret |= b.ends_in_sysret;
         let Some((rip, last)) = b.insns.last() else { return };
         if !last.retired_at(*rip, next) {
             // The block ends in a REP string instruction that only ended an iteration (TCG runs
@@ -345,17 +348,20 @@ pub fn on_block(uc: &mut Unicorn<'_, Data>, addr: u64, size: u32) {
         return;
     }
     let prev = acc.current.take();
-    // The CPL the block before this one left: the run's, unless it ended in IRETQ.
-    let after_iret = prev.is_some_and(|p| acc.blocks[p as usize].ends_in_iret);
+    // The CPL the block before this one left: the run's, unless it ended in IRETQ or SYSRETQ.
+    let after_iret = prev.is_some_and(|p| {
+        let b = &acc.blocks[p as usize];
+        b.ends_in_iret || b.ends_in_sysret
+    });
     let cs = if after_iret { uc.reg_read(RegisterX86::CS).ok() } else { None };
     let Some(acc) = uc.get_data_mut().acc.as_mut() else { return };
     if let Some(prev) = prev {
         let to_cpl = cs.map_or(acc.cpl, |cs| (cs & 3) as u8);
         acc.retire_block(prev, addr, to_cpl);
     }
-    if acc.iret {
-        // An IRETQ may have changed the privilege level, or set RFLAGS.TF (the guest then
-        // single-steps itself, which only KVM makes trap).
+    if acc.iret || acc.sysret {
+        // An IRETQ or SYSRETQ may have changed the privilege level, or set RFLAGS.TF (the guest
+        // then single-steps itself, which only KVM makes trap).
         let cpl = uc.reg_read(RegisterX86::CS).map_or(0, |cs| (cs & 3) as u8);
         let tf = uc.reg_read(RegisterX86::RFLAGS).is_ok_and(|f| f & RFLAGS_TF != 0);
         let Some(acc) = uc.get_data_mut().acc.as_mut() else { return };

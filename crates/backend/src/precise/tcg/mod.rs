@@ -31,7 +31,7 @@ mod xsave;
 use super::branches::LbrTail;
 use super::cache::CacheModel;
 use super::events::Armed;
-pub use blocks::{classify, runs_in_engine, Class, Needs};
+pub use blocks::{classify, hide_lacking, runs_in_engine, Class, Needs};
 use counting::{on_block, on_insn, on_stop, Acc, Decoded};
 use emon_pmu::profile::{Clock, MIN_CACHE_LINE};
 use emon_x86::access;
@@ -45,6 +45,7 @@ use std::time::Instant;
 use unicorn_engine::unicorn_const::{uc_error, Arch, Mode, Prot};
 use unicorn_engine::{RegisterX86, UcHookId, Unicorn, X86CpuModel};
 use vm_memory::{GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion};
+pub use xsave::complete as complete_xsave;
 
 /// Instructions one engine run retires at most before handing back to KVM (about 30 ms here).
 pub const BUDGET: u64 = 10_000_000;
@@ -118,6 +119,8 @@ pub struct Run {
     pub cache: Option<CacheModel>,
     /// The LBR records given in [`Counting::lbr`], with the run's.
     pub lbr: Option<LbrTail>,
+    /// The exception that stopped the run, where the engine said which.
+    pub fault: Option<u32>,
 }
 
 /// What the hooks work on: a run's counting state, or the bounds of a trampoline (see
@@ -329,7 +332,7 @@ impl Tcg {
             self.uc.remove_hook(h).map_err(uc_err("removing the code hook"))?;
         }
         let cpl = state::cpl(&self.uc)?;
-        let after = state::collect(&mut self.uc, &self.mem, state, pc, (acc.used, acc.iret))?;
+        let after = state::collect(&mut self.uc, &self.mem, state, pc, (acc.used, acc.iret || acc.sysret))?;
         Ok(Run {
             retired: acc.retired,
             cycles: acc.cycles,
@@ -341,6 +344,7 @@ impl Tcg {
             used: acc.used,
             cache: acc.cache,
             lbr: acc.lbr,
+            fault: self.uc.get_data().fault,
         })
     }
 

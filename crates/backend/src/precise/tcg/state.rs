@@ -259,7 +259,7 @@ pub fn store_fpu(uc: &mut Unicorn<'static, Data>, s: &kvm_sregs) -> Result<Fpu, 
         xcr0 = (hi << 32) | (lo & 0xFFFF_FFFF);
     }
     uc.reg_write(RegisterX86::CR0, s.cr0).map_err(uc_err("loading CR0"))?;
-    Ok(Fpu { legacy, xcr0 })
+    Ok(Fpu::legacy_only(legacy, xcr0))
 }
 
 /// Enters CPL3 with the state's CS, SS, RIP, RSP and RFLAGS through an IRETQ at CPL0, which
@@ -300,8 +300,8 @@ fn leave_user(uc: &mut Unicorn<'static, Data>) -> Result<(), TcgError> {
 
 /// The state after a run that started from `before` and stopped at `pc`: the general registers,
 /// RIP and RFLAGS the engine holds, and FS's and GS's bases; the segments where `moved` (an
-/// IRETQ retired: a selector it loaded is decoded from the guest's GDT, as the processor loaded
-/// it); the MSRs and the x87/SSE state where the run had them and `used` says its code may have
+/// IRETQ or SYSRETQ retired: a selector it loaded is decoded from the guest's GDT, as IRETQ
+/// loads it; SYSRETQ loads fixed descriptors, SDM Vol. 2B, which a flat GDT holds too); the MSRs and the x87/SSE state where the run had them and `used` says its code may have
 /// changed them. The control registers and EFER are `before`'s: the engine hands over every
 /// instruction that writes them. Reading the x87/SSE state clobbers the engine's general
 /// registers and leaves it at CPL0.
@@ -350,7 +350,10 @@ pub fn collect(
         out.msrs = Some(SysMsrs::from_values(v));
     }
     if used.fpu && before.fpu.is_some() {
-        out.fpu = Some(store_fpu(uc, &out.sregs)?);
+        // The engine holds the x87/SSE state only; the other components are as they were.
+        let mut f = store_fpu(uc, &out.sregs)?;
+        f.ext = before.fpu.as_ref().map(|b| b.ext.clone()).unwrap_or_default();
+        out.fpu = Some(f);
     }
     Ok(out)
 }

@@ -378,7 +378,7 @@ fn fpu(xmm0: u128) -> Fpu {
     legacy[0..2].copy_from_slice(&0x037Fu16.to_le_bytes());
     legacy[24..28].copy_from_slice(&0x1F80u32.to_le_bytes());
     legacy[160..176].copy_from_slice(&xmm0.to_le_bytes());
-    Fpu { legacy, xcr0: 1 }
+    Fpu::legacy_only(legacy, 1)
 }
 
 /// SSE code needs the x87/SSE state: without it the run stops before it and says so; with it the

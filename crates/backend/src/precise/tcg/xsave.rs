@@ -1,13 +1,16 @@
-//! XSAVEC and the compacted form of XRSTOR, which QEMU's TCG lacks (it raises #UD for XSAVEC and
-//! #GP for a compacted area) although this host shows the guest XSAVEC whatever emon's CPUID table
-//! says, and Linux uses both once it sees it. emon completes them itself for x87 and SSE state
-//! (`emon_x86::fpu`), the only components of an XCR0 the engine can run with.
+//! XSAVE, XSAVEOPT, XSAVEC and XRSTOR, completed by emon: QEMU's TCG lacks XSAVEC, the compacted
+//! form and every state component beyond SSE (it would drop AVX's upper halves without a word),
+//! and this host's KVM does not emulate them at CPL0 (it raises #UD), although this host shows
+//! the guest AVX and XSAVEC whatever emon's CPUID table says. emon moves every component the
+//! host's leaf 0DH describes, between guest memory and the vCPU's XSAVE image
+//! (`emon_x86::fpu`).
 use super::{Completed, CpuState, TcgError};
 use emon_x86::access;
 use emon_x86::arch::{CR0_TS, CR4_OSXSAVE, GP_VECTOR, UD_VECTOR};
-use emon_x86::fpu::{self, XsaveFault, AREA};
+use emon_x86::fpu::{self, Form, Layout, XsaveFault, AREA};
 use emon_x86::mode::CpuMode;
 use iced_x86::{Decoder, DecoderOptions, Mnemonic};
+use std::sync::OnceLock;
 use vm_memory::GuestMemoryMmap;
 
 /// #NM, the device-not-available exception.
@@ -15,61 +18,75 @@ const NM_VECTOR: u32 = 7;
 /// #PF.
 const PF_VECTOR: u32 = 14;
 
-/// Completes the XSAVEC or compacted XRSTOR at `state`'s RIP, if that is what is there (with
-/// the x87/SSE state in `state`); `None` for any other instruction (a standard-form XRSTOR runs
-/// in the engine).
+/// The host's layout of the state components (KVM's XSAVE image uses it).
+fn layout() -> &'static Layout {
+    static LAYOUT: OnceLock<Layout> = OnceLock::new();
+    LAYOUT.get_or_init(Layout::host)
+}
+
+/// Completes the XSAVE-family instruction at `state`'s RIP, if that is what is there (with the
+/// vCPU's whole x87/SSE/XSAVE state in `state`); `None` for any other instruction.
 pub fn complete(mem: &GuestMemoryMmap, state: &CpuState) -> Result<Option<Completed>, TcgError> {
     let (Some(f), mode) = (&state.fpu, CpuMode::from_sregs(&state.sregs)) else { return Ok(None) };
     let rip = state.regs.rip;
     let bytes = mode.fetch(mem, rip);
     let i = Decoder::with_ip(mode.bitness, &bytes, rip, DecoderOptions::NONE).decode();
+    use Mnemonic::*;
     let (save, rex_w) = match i.mnemonic() {
-        Mnemonic::Xsavec => (true, false),
-        Mnemonic::Xsavec64 => (true, true),
-        Mnemonic::Xrstor => (false, false),
-        Mnemonic::Xrstor64 => (false, true),
+        Xsave | Xsaveopt => (Some(Form::Standard), false),
+        Xsave64 | Xsaveopt64 => (Some(Form::Standard), true),
+        Xsavec => (Some(Form::Compacted), false),
+        Xsavec64 => (Some(Form::Compacted), true),
+        Xrstor => (None, false),
+        Xrstor64 => (None, true),
         _ => return Ok(None),
     };
-    let fault = |vector: u8| Ok(Some(Completed::Fault { vector: u32::from(vector) }));
-    // SDM Vol. 1, 13.10 and 13.8: #UD without CR4.OSXSAVE, #NM with CR0.TS, #GP unaligned.
+    let fault = |vector: u32| Ok(Some(Completed::Fault { vector }));
+    // SDM Vol. 1, 13.7-13.10: #UD without CR4.OSXSAVE, #NM with CR0.TS, #GP unaligned.
     if state.sregs.cr4 & CR4_OSXSAVE == 0 {
-        return fault(UD_VECTOR);
+        return fault(u32::from(UD_VECTOR));
     }
     if state.sregs.cr0 & CR0_TS != 0 {
-        return Ok(Some(Completed::Fault { vector: NM_VECTOR }));
+        return fault(NM_VECTOR);
     }
     let (fs, gs) = (state.sregs.fs.base, state.sregs.gs.base);
-    let Some(ea) = access::data_accesses(&i, |r| access::gpr(&state.regs, r), fs, gs)
-        .ok()
-        .and_then(|a| a.first().map(|a| a.linear))
-    else {
+    let Some(ea) = access::operand_address(&i, |r| access::gpr(&state.regs, r), fs, gs) else {
         return Ok(None);
     };
     if ea % 64 != 0 {
-        return fault(GP_VECTOR);
-    }
-    let mut area = vec![0u8; AREA];
-    if mode.read_linear(mem, ea, &mut area).is_none() {
-        return Ok(Some(Completed::Fault { vector: PF_VECTOR }));
-    }
-    if !save && !fpu::compacted(&area) {
-        return Ok(None);
+        return fault(u32::from(GP_VECTOR));
     }
     let rfbm = (state.regs.rdx << 32 | state.regs.rax & 0xFFFF_FFFF) & f.xcr0;
+    let mut head = vec![0u8; AREA];
+    if mode.read_linear(mem, ea, &mut head).is_none() {
+        return fault(PF_VECTOR);
+    }
+    let size = match save {
+        Some(form) => layout().size(form, rfbm),
+        None if fpu::compacted(&head) => {
+            layout().size(Form::Compacted, u64::from_le_bytes(head[520..528].try_into().expect("8 bytes")))
+        }
+        None => layout().size(Form::Standard, rfbm),
+    };
+    let mut area = vec![0u8; size];
+    if mode.read_linear(mem, ea, &mut area).is_none() {
+        return fault(PF_VECTOR);
+    }
     let mut after = state.clone();
-    let done = if save {
-        f.xsavec(rfbm, rex_w, &mut area).and_then(|()| mode.write_linear(mem, ea, &area).ok_or(XsaveFault::Gp))
-    } else {
-        f.xrstor_compacted(rfbm, rex_w, &area).map(|g| after.fpu = Some(g))
+    let done = match save {
+        Some(form) => f
+            .xsave(form, rfbm, rex_w, layout(), &mut area)
+            .and_then(|()| mode.write_linear(mem, ea, &area).ok_or(XsaveFault::Gp)),
+        None => f.xrstor(rfbm, rex_w, layout(), &area).map(|g| after.fpu = Some(g)),
     };
     match done {
         Ok(()) => {
             after.regs.rip = rip + i.len() as u64;
             Ok(Some(Completed::Retired(after)))
         }
-        Err(XsaveFault::Gp) => fault(GP_VECTOR),
+        Err(XsaveFault::Gp) => fault(u32::from(GP_VECTOR)),
         Err(XsaveFault::Unsupported) => {
-            Err(TcgError::Unsupported("XSAVEC/XRSTOR of state components beyond x87 and SSE"))
+            Err(TcgError::Unsupported("XSAVE/XRSTOR of a state component this host's CPUID leaf 0DH does not describe"))
         }
     }
 }
