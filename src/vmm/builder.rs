@@ -150,9 +150,17 @@ fn create_vcpu(kvm: &Kvm, vm: &VmFd, config: &VmConfig) -> Result<NewVcpu, VmmEr
         bts: allowed && pmu.version >= 1 && config.backend.records_branches(),
     };
     let tsc = TscRate::of_vcpu(&fd)?;
-    let hides = config.backend.runs_user_in_engine();
-    let mut table = cpuid::guest_cpuid(kvm, &config.profile, ds.pebs || ds.bts, tsc)?;
-    let hidden = if hides { crate::backend::precise::tcg::hide_lacking(table.as_mut_slice()) } else { Vec::new() };
+    // The table, without what the TCG engine lacks where user mode runs there; and what that hid.
+    let table_for = |ds: bool| -> Result<_, VmmError> {
+        let mut table = cpuid::guest_cpuid(kvm, &config.profile, ds, tsc)?;
+        let hidden = if config.backend.runs_user_in_engine() {
+            crate::backend::precise::tcg::hide_lacking(table.as_mut_slice())
+        } else {
+            Vec::new()
+        };
+        Ok((table, hidden))
+    };
+    let (mut table, mut hidden) = table_for(ds.pebs || ds.bts)?;
     let mut overrides = cpuid_probe::probe(kvm, &table)?;
     let ds_hidden = |o: &[cpuid_probe::Override]| {
         o.iter().any(|o| (o.leaf, o.register) == (1, 3) && o.table & !o.guest & LEAF1_EDX_DS != 0)
@@ -162,10 +170,7 @@ fn create_vcpu(kvm: &Kvm, vm: &VmFd, config: &VmConfig) -> Result<NewVcpu, VmmEr
             "the Debug Store (PEBS, BTS) is not presented: this host hides CPUID.01H:EDX.DS from the guest (--debug-store on presents it anyway)"
         );
         ds = DebugStore::default();
-        table = cpuid::guest_cpuid(kvm, &config.profile, false, tsc)?;
-        if hides {
-            crate::backend::precise::tcg::hide_lacking(table.as_mut_slice());
-        }
+        (table, hidden) = table_for(false)?;
         overrides = cpuid_probe::probe(kvm, &table)?;
     }
     fd.set_cpuid2(&table).map_err(kvm_err("KVM_SET_CPUID2"))?;

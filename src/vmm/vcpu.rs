@@ -292,7 +292,10 @@ impl Vcpu {
             Completed::Retired(after) => (after, true),
             Completed::Iteration(after) => (after, false),
             Completed::Fault { vector } => {
-                let Some(code) = deliverable(vector).filter(|_| !(vector == 6 && lacks(bytes))) else {
+                // An exception the engine raised, as emon delivers it; not #PF, whose error code
+                // and CR2 the engine does not give back.
+                let code = crate::x86::arch::plain_error_code(vector);
+                let Some(code) = code.filter(|_| !(vector == 6 && lacks(bytes))) else {
                     return Err(Some(format!(
                         "the TCG engine raised {} on it (README, \"Instructions the TCG engine lacks\")",
                         crate::x86::arch::exception_name(vector)
@@ -321,18 +324,6 @@ impl Vcpu {
         self.pmu.event_injected();
         self.stats.int3_delivered += 1;
         Ok(regs.rip)
-    }
-}
-
-/// An exception the engine raised on an instruction it completes, as emon delivers it: with no
-/// error code (#DE, #UD, #NM, #MF, #XM), or with 0, what #SS, #GP and #AC carry for a memory
-/// operand or an alignment check (SDM Vol. 3A, 6.15); `None` where the engine does not give back
-/// what the guest would see (#PF's error code and CR2).
-fn deliverable(vector: u32) -> Option<Option<u32>> {
-    match vector {
-        0 | 6 | 7 | 16 | 19 => Some(None),
-        12 | 13 | 17 => Some(Some(0)),
-        _ => None,
     }
 }
 

@@ -22,6 +22,7 @@
 //! - [`stepper`]: a bare single-stepper, the floor `emon bench` measures the precise backend against.
 //! - `kvm` (feature `kvm`, on by default): [`Vcpu`] over a KVM vCPU, and the MSR filter that
 //!   traps the PMU's MSRs. `examples/embed.rs` drives a guest's PMU from a minimal exit loop.
+pub mod cpuid;
 pub mod guest_debug;
 #[cfg(feature = "kvm")]
 pub mod kvm;

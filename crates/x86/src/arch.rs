@@ -7,10 +7,24 @@ pub const DB_VECTOR: u8 = 1;
 pub const BP_VECTOR: u8 = 3;
 /// #UD, the invalid-opcode exception.
 pub const UD_VECTOR: u8 = 6;
+/// #NM, the device-not-available exception.
+pub const NM_VECTOR: u8 = 7;
 /// #GP, the general-protection exception.
 pub const GP_VECTOR: u8 = 13;
 /// #PF, the page-fault exception.
 pub const PF_VECTOR: u8 = 14;
+
+/// The error code exception `vector` carries when an instruction raises it on an ordinary
+/// operand (SDM Vol. 3A 6.15): none for #DE, #UD, #NM, #MF and #XM; 0 for #SS, #GP and #AC (a
+/// memory operand, an alignment check). `None` for any other vector, whose code depends on more
+/// than the vector (#PF's on the access, a segment fault's on the selector).
+pub fn plain_error_code(vector: u32) -> Option<Option<u32>> {
+    match vector {
+        0 | 6 | 7 | 16 | 19 => Some(None),
+        12 | 13 | 17 => Some(Some(0)),
+        _ => None,
+    }
+}
 
 /// IA32_TSC, the time-stamp counter.
 pub const IA32_TSC: u32 = 0x10;

@@ -320,7 +320,7 @@ impl Fpu {
     /// compacted form XSTATE_BV bits beyond XCOMP_BV), or an MXCSR with bits MXCSR_MASK does not
     /// allow.
     pub fn xrstor(&self, rfbm: u64, rex_w: bool, layout: &Layout, area: &[u8]) -> Result<Fpu, XsaveFault> {
-        let comp = u64::from_le_bytes(area[XCOMP_BV].try_into().expect("8 bytes"));
+        let comp = xcomp_bv(area);
         let bv = xstate_bv(area);
         let form = if comp & COMPACTED != 0 { Form::Compacted } else { Form::Standard };
         let bad_header = match form {
@@ -390,9 +390,14 @@ impl Fpu {
     }
 }
 
+/// An XSAVE area's XCOMP_BV (its header's second quadword).
+pub fn xcomp_bv(area: &[u8]) -> u64 {
+    u64::from_le_bytes(area[XCOMP_BV].try_into().expect("8 bytes"))
+}
+
 /// Whether an XSAVE area (its first 576 bytes) is in the compacted format.
 pub fn compacted(area: &[u8]) -> bool {
-    u64::from_le_bytes(area[XCOMP_BV].try_into().expect("8 bytes")) & COMPACTED != 0
+    xcomp_bv(area) & COMPACTED != 0
 }
 
 /// Bytes of an XSAVE area before any component beyond SSE: the legacy region and the header.
@@ -442,7 +447,7 @@ mod xsave_tests {
         f.xsave(Form::Compacted, 7, true, &l, &mut area).unwrap();
         assert_eq!(xstate_bv(&area), SSE | 4, "x87 is in its initial configuration");
         assert!(compacted(&area));
-        assert_eq!(u64::from_le_bytes(area[XCOMP_BV].try_into().unwrap()), 7 | COMPACTED);
+        assert_eq!(xcomp_bv(&area), 7 | COMPACTED);
         assert_eq!(&area[416..512], &[0xEE; 96][..], "XSAVEC writes nothing past the XMM registers");
         assert_eq!(area[576], 0x55, "YMM0's upper half right after the header");
         // Restore into a different state: XMM0 and YMM0 back, x87 initialized.

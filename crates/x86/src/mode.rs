@@ -11,6 +11,8 @@ const EFER_LMA: u64 = 1 << 10;
 const PRESENT: u64 = 1;
 const PAGE_SIZE_BIT: u64 = 1 << 7;
 const ADDR_MASK: u64 = 0x000F_FFFF_FFFF_F000;
+/// The linear-address bits that index each level of 4-level paging: PML4, PDPT, PD, PT.
+const LONG_SHIFTS: [u32; 4] = [39, 30, 21, 12];
 
 /// The parts of the vCPU's state that matter for decoding and filtering.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -124,19 +126,13 @@ impl CpuMode {
         let read64 = |a: u64| mem.read_obj::<u64>(GuestAddress(a)).ok();
         let read32 = |a: u64| mem.read_obj::<u32>(GuestAddress(a)).ok().map(u64::from);
         if self.efer & EFER_LMA != 0 {
-            let mut table = self.cr3 & ADDR_MASK;
-            for (level, shift) in [(4, 39), (3, 30), (2, 21), (1, 12)] {
-                let e = read64(table + ((la >> shift) & 0x1FF) * 8)?;
-                if e & PRESENT == 0 {
-                    return None;
-                }
-                if level != 1 && level != 4 && e & PAGE_SIZE_BIT != 0 {
-                    let size = 1u64 << shift;
-                    return Some((e & ADDR_MASK & !(size - 1)) | (la & (size - 1)));
-                }
-                table = e & ADDR_MASK;
+            let (entries, n) = self.long_walk(mem, la);
+            let leaf = entries[n - 1];
+            if leaf & PRESENT == 0 {
+                return None;
             }
-            return Some(table | (la & 0xFFF));
+            let size = 1u64 << LONG_SHIFTS[n - 1];
+            return Some((leaf & ADDR_MASK & !(size - 1)) | (la & (size - 1)));
         }
         if self.cr4 & CR4_PAE != 0 {
             let pdpte = read64((self.cr3 & 0xFFFF_FFE0) + ((la >> 30) & 3) * 8)?;
@@ -183,28 +179,38 @@ impl CpuMode {
         if self.cr0 & CR0_PG == 0 || self.efer & EFER_LMA == 0 {
             return None;
         }
+        let (entries, n) = self.long_walk(mem, la);
+        // PS is reserved in a PML4 entry, which the walk reads first.
+        if entries[0] & PRESENT != 0 && entries[0] & PAGE_SIZE_BIT != 0 {
+            return Some(code(true, true));
+        }
+        let entries = &entries[..n];
+        if entries[n - 1] & PRESENT == 0 {
+            return Some(code(false, false));
+        }
+        let user = entries.iter().all(|e| e & USER != 0);
+        let writable = entries.iter().all(|e| e & WRITABLE != 0);
+        let exec = self.efer & EFER_NXE == 0 || entries.iter().all(|e| e & XD == 0);
+        let denied = !user || kind == UserAccess::Write && !writable || kind == UserAccess::Fetch && !exec;
+        denied.then(|| code(true, false))
+    }
+
+    /// The 4-level paging walk of linear address `la` (SDM Vol. 3A 4.5): the entries it reads,
+    /// from the PML4 entry to the one that maps the page or the first that is not present (an
+    /// entry outside guest memory reads as not present), and how many. The PML4 entry's PS bit
+    /// (reserved) does not end it.
+    fn long_walk(&self, mem: &GuestMemoryMmap, la: u64) -> ([u64; 4], usize) {
+        let mut entries = [0u64; 4];
         let mut table = self.cr3 & ADDR_MASK;
-        let (mut user, mut writable, mut exec) = (true, true, true);
-        for (level, shift) in [(4, 39), (3, 30), (2, 21), (1, 12)] {
-            let Ok(e) = mem.read_obj::<u64>(GuestAddress(table + ((la >> shift) & 0x1FF) * 8)) else {
-                return Some(code(false, false));
-            };
-            if e & PRESENT == 0 {
-                return Some(code(false, false));
-            }
-            if level == 4 && e & PAGE_SIZE_BIT != 0 {
-                return Some(code(true, true));
-            }
-            user &= e & USER != 0;
-            writable &= e & WRITABLE != 0;
-            exec &= self.efer & EFER_NXE == 0 || e & XD == 0;
-            if level == 1 || e & PAGE_SIZE_BIT != 0 {
-                break;
+        for (n, shift) in LONG_SHIFTS.into_iter().enumerate() {
+            let e = mem.read_obj::<u64>(GuestAddress(table + ((la >> shift) & 0x1FF) * 8)).unwrap_or(0);
+            entries[n] = e;
+            if e & PRESENT == 0 || n == 3 || n > 0 && e & PAGE_SIZE_BIT != 0 {
+                return (entries, n + 1);
             }
             table = e & ADDR_MASK;
         }
-        let denied = !user || kind == UserAccess::Write && !writable || kind == UserAccess::Fetch && !exec;
-        denied.then(|| code(true, false))
+        unreachable!("the walk ends at the fourth entry")
     }
 
     /// Up to 15 bytes of code at linear address `la` (fewer if a page is unmapped).
@@ -276,6 +282,25 @@ mod tests {
         assert_eq!(c.translate(&m, 0x40_0000), None);
         let off = CpuMode::default();
         assert_eq!(off.translate(&m, 0x1234), Some(0x1234));
+    }
+
+    #[test]
+    fn user_page_faults_carry_the_error_code_of_the_walk() {
+        let m = mem();
+        // PML4 -> PDPT -> PD, user and writable; PDE 0 a 2 MiB supervisor page; PDE 1 -> a PT
+        // whose entry 5 is a user, read-only page and entry 6 is not present.
+        m.write_obj(0x2000u64 | 7, GuestAddress(0x1000)).unwrap();
+        m.write_obj(0x3000u64 | 7, GuestAddress(0x2000)).unwrap();
+        m.write_obj(0x40_0000u64 | 0x83, GuestAddress(0x3000)).unwrap();
+        m.write_obj(0x4000u64 | 7, GuestAddress(0x3008)).unwrap();
+        m.write_obj(0x60_0000u64 | 5, GuestAddress(0x4000 + 5 * 8)).unwrap();
+        let c = CpuMode { cr0: CR0_PG, cr3: 0x1000, cr4: CR4_PAE, efer: EFER_LMA, ..Default::default() };
+        assert_eq!(c.user_page_fault(&m, 0x20_5000, UserAccess::Read), None);
+        assert_eq!(c.user_page_fault(&m, 0x20_5000, UserAccess::Write), Some(0b111), "P, W, U");
+        assert_eq!(c.user_page_fault(&m, 0x20_6000, UserAccess::Read), Some(0b100), "not present");
+        assert_eq!(c.user_page_fault(&m, 0x1000, UserAccess::Fetch), Some(0b101), "supervisor, no NXE: no I/D");
+        m.write_obj(0x2000u64 | 0x87, GuestAddress(0x1000)).unwrap();
+        assert_eq!(c.user_page_fault(&m, 0x20_5000, UserAccess::Read), Some(0b1101), "PS in the PML4E: RSVD");
     }
 
     #[test]

@@ -105,10 +105,11 @@ pub struct KvmCpu {
     pub cpuid: Vec<kvm_bindings::kvm_cpuid_entry2>,
 }
 
-/// CPUID bits KVM updates as the guest runs: CPUID.01H:ECX.OSXSAVE (CR4.OSXSAVE) and
-/// CPUID.(EAX=07H,ECX=0):ECX.OSPKE (CR4.PKE), as (leaf, register 0-3, mask); and the XSAVE area
-/// sizes of leaf 0DH's sub-leaves 0 and 1 in EBX, which follow XCR0 and IA32_XSS.
-const LIVE_CPUID: [(u32, usize, u32); 3] = [(1, 2, 1 << 27), (7, 2, 1 << 4), (0xD, 1, u32::MAX)];
+/// CPUID bits KVM updates as the guest runs, as (leaf, sub-leaf, register 0-3, mask):
+/// CPUID.01H:ECX.OSXSAVE (CR4.OSXSAVE), CPUID.(EAX=07H,ECX=0):ECX.OSPKE (CR4.PKE), and the
+/// XSAVE area sizes in EBX of leaf 0DH's sub-leaves 0 and 1, which follow XCR0 and IA32_XSS.
+const LIVE_CPUID: [(u32, u32, usize, u32); 4] =
+    [(1, 0, 2, 1 << 27), (7, 0, 2, 1 << 4), (0xD, 0, 1, u32::MAX), (0xD, 1, 1, u32::MAX)];
 
 impl KvmCpu {
     pub fn new(kvm: &kvm_ioctls::Kvm, mut fd: VcpuFd, debug: GuestDebug, xsave: Option<xsave::XsaveAbi>) -> KvmCpu {
@@ -238,18 +239,14 @@ impl Vcpu for KvmVcpu<'_> {
         }
         let live =
             self.cpu.fd.get_cpuid2(kvm_bindings::KVM_MAX_CPUID_ENTRIES).map_err(VcpuError::op("KVM_GET_CPUID2"))?;
-        for e in table.iter_mut() {
-            let Some(l) = live.as_slice().iter().find(|l| (l.function, l.index) == (e.function, e.index)) else {
+        for &(leaf, subleaf, reg, mask) in &LIVE_CPUID {
+            let Some(mut l) = live.as_slice().iter().find(|l| crate::cpuid::answers(l, leaf, subleaf)).copied() else {
                 continue;
             };
-            for &(leaf, reg, mask) in &LIVE_CPUID {
-                if leaf == e.function && (leaf != 0xD || e.index <= 1) && (leaf != 7 || e.index == 0) {
-                    let (mine, theirs) = match reg {
-                        1 => (&mut e.ebx, l.ebx),
-                        _ => (&mut e.ecx, l.ecx),
-                    };
-                    *mine = *mine & !mask | theirs & mask;
-                }
+            let theirs = *crate::cpuid::reg_mut(&mut l, reg);
+            for e in table.iter_mut().filter(|e| crate::cpuid::answers(e, leaf, subleaf)) {
+                let mine = crate::cpuid::reg_mut(e, reg);
+                *mine = *mine & !mask | theirs & mask;
             }
         }
         Ok(table)

@@ -45,7 +45,7 @@ impl Precise {
                     return Ok(None);
                 }
                 let mut regs = cx.vcpu.regs()?;
-                let [a, b, c, d] = cpuid(&table, regs.rax as u32, regs.rcx as u32);
+                let [a, b, c, d] = crate::cpuid::lookup(&table, regs.rax as u32, regs.rcx as u32);
                 (regs.rax, regs.rbx, regs.rcx, regs.rdx) = (a.into(), b.into(), c.into(), d.into());
                 self.complete(cx, p, i, regs)?
             }
@@ -218,14 +218,12 @@ impl Precise {
                 self.retire_one(cx, p, (i, p.rip, p.cpl), after.regs.rip, true)?;
                 Ok(Some(Next::Retired))
             }
-            // #UD, #NM: no error code; #GP(0) (SDM Vol. 1, 13.8 and 13.10).
-            Some(Completed::Fault { vector: v @ (6 | 7 | 13) }) => {
-                cx.vcpu.inject_exception(v as u8, (v == 13).then_some(0))?;
-                p.expect_event = true;
-                self.step.pending = Some(p.clone());
-                Ok(Some(Next::Run))
-            }
-            _ => Ok(None),
+            // #UD, #NM, #GP(0) (SDM Vol. 1, 13.8 and 13.10); not #PF (see above).
+            Some(Completed::Fault { vector }) => match emon_x86::arch::plain_error_code(vector) {
+                Some(code) => self.raise(cx, p, vector as u8, code).map(Some),
+                None => Ok(None),
+            },
+            Some(Completed::Iteration(_)) | None => Ok(None),
         }
     }
 
@@ -240,50 +238,5 @@ impl Precise {
             }
             Err(_) => self.raise_gp(cx, p),
         }
-    }
-}
-
-/// CPUID leaf `leaf`, sub-leaf `subleaf`, from a KVM table (SDM Vol. 2A, CPUID): a sub-leaf
-/// counts only where the entry says its index is significant; a leaf above the highest basic
-/// (or extended) leaf returns the highest basic leaf's data, as Intel processors do; a leaf in
-/// range with no entry reads zero.
-pub fn cpuid(table: &[kvm_bindings::kvm_cpuid_entry2], leaf: u32, subleaf: u32) -> [u32; 4] {
-    let find = |leaf: u32, subleaf: u32| {
-        table.iter().find(|e| {
-            e.function == leaf && (e.flags & kvm_bindings::KVM_CPUID_FLAG_SIGNIFCANT_INDEX == 0 || e.index == subleaf)
-        })
-    };
-    let max = |base: u32| find(base, 0).map_or(0, |e| e.eax);
-    let (max_basic, max_ext) = (max(0), max(0x8000_0000));
-    let leaf =
-        if leaf > max_basic && leaf < 0x8000_0000 || leaf > max_ext && leaf >= 0x8000_0000 { max_basic } else { leaf };
-    find(leaf, subleaf).map_or([0; 4], |e| [e.eax, e.ebx, e.ecx, e.edx])
-}
-
-#[cfg(test)]
-mod cpuid_tests {
-    use super::cpuid;
-    use kvm_bindings::{kvm_cpuid_entry2, KVM_CPUID_FLAG_SIGNIFCANT_INDEX};
-
-    fn e(function: u32, index: u32, eax: u32, flags: u32) -> kvm_cpuid_entry2 {
-        kvm_cpuid_entry2 { function, index, eax, flags, ..Default::default() }
-    }
-
-    #[test]
-    fn answers_as_intel_processors_do() {
-        let sig = KVM_CPUID_FLAG_SIGNIFCANT_INDEX;
-        let t = [
-            e(0, 0, 0xD, 0),
-            e(1, 0, 0x506E3, 0),
-            e(0xD, 0, 7, sig),
-            e(0xD, 1, 0xF, sig),
-            e(0x8000_0000, 0, 0x8000_0008, 0),
-        ];
-        assert_eq!(cpuid(&t, 1, 9)[0], 0x506E3, "index ignored where it is not significant");
-        assert_eq!(cpuid(&t, 0xD, 1)[0], 0xF);
-        assert_eq!(cpuid(&t, 0xD, 2), [0; 4], "no such sub-leaf");
-        assert_eq!(cpuid(&t, 0x20, 0)[0], 7, "beyond the highest basic leaf: the highest basic leaf's data");
-        assert_eq!(cpuid(&t, 0x8000_0009, 0)[0], 7, "beyond the highest extended leaf too");
-        assert_eq!(cpuid(&t, 5, 0), [0; 4], "in range, no entry");
     }
 }

@@ -113,9 +113,7 @@ mod fast_forward {
     use super::super::{Precise, DR7_ENABLES, RFLAGS_TF};
     use super::Engine;
     use crate::{BackendError, Cx, Next};
-    use emon_x86::arch::GP_VECTOR;
-    /// #PF (SDM Vol. 3A 6.15).
-    const PF_VECTOR: u8 = 14;
+    use emon_x86::arch::{plain_error_code, GP_VECTOR, PF_VECTOR};
     use emon_x86::mode::CpuMode;
     use std::time::{Duration, Instant};
 
@@ -332,12 +330,9 @@ mod fast_forward {
                 cx.vcpu.set_sregs(&sregs)?;
                 (PF_VECTOR, Some(code))
             } else {
-                match fault {
-                    // #DE, #UD, #MF, #XM: no error code; #SS, #GP, #AC: 0 for a memory operand
-                    // or an alignment check (SDM Vol. 3A 6.15).
-                    Some(v @ (0 | 6 | 16 | 19)) => (v as u8, None),
-                    Some(v @ (12 | 13 | 17)) => (v as u8, Some(0)),
-                    _ => return Ok(None),
+                match fault.and_then(|v| Some((v as u8, plain_error_code(v)?))) {
+                    Some(raised) => raised,
+                    None => return Ok(None),
                 }
             };
             cx.vcpu.inject_exception(vector, code)?;

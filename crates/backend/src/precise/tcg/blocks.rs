@@ -163,16 +163,8 @@ const LACKING_CPUID: &[(u32, u32, usize, u32, &str)] = &[
 pub fn hide_lacking(table: &mut [kvm_bindings::kvm_cpuid_entry2]) -> Vec<&'static str> {
     let mut hidden = Vec::new();
     for &(leaf, subleaf, reg, bit, name) in LACKING_CPUID {
-        let sub_matches = |e: &kvm_bindings::kvm_cpuid_entry2| {
-            e.flags & kvm_bindings::KVM_CPUID_FLAG_SIGNIFCANT_INDEX == 0 || e.index == subleaf
-        };
-        for e in table.iter_mut().filter(|e| e.function == leaf && sub_matches(e)) {
-            let r = match reg {
-                0 => &mut e.eax,
-                1 => &mut e.ebx,
-                2 => &mut e.ecx,
-                _ => &mut e.edx,
-            };
+        for e in table.iter_mut().filter(|e| crate::cpuid::answers(e, leaf, subleaf)) {
+            let r = crate::cpuid::reg_mut(e, reg);
             if *r & 1 << bit != 0 {
                 *r &= !(1 << bit);
                 hidden.push(name);

@@ -6,17 +6,12 @@
 //! (`emon_x86::fpu`).
 use super::{Completed, CpuState, TcgError};
 use emon_x86::access;
-use emon_x86::arch::{CR0_TS, CR4_OSXSAVE, GP_VECTOR, UD_VECTOR};
+use emon_x86::arch::{CR0_TS, CR4_OSXSAVE, GP_VECTOR, NM_VECTOR, PF_VECTOR, UD_VECTOR};
 use emon_x86::fpu::{self, Form, Layout, XsaveFault, AREA};
 use emon_x86::mode::CpuMode;
 use iced_x86::{Decoder, DecoderOptions, Mnemonic};
 use std::sync::OnceLock;
 use vm_memory::GuestMemoryMmap;
-
-/// #NM, the device-not-available exception.
-const NM_VECTOR: u32 = 7;
-/// #PF.
-const PF_VECTOR: u32 = 14;
 
 /// The host's layout of the state components (KVM's XSAVE image uses it).
 fn layout() -> &'static Layout {
@@ -47,7 +42,7 @@ pub fn complete(mem: &GuestMemoryMmap, state: &CpuState) -> Result<Option<Comple
         return fault(u32::from(UD_VECTOR));
     }
     if state.sregs.cr0 & CR0_TS != 0 {
-        return fault(NM_VECTOR);
+        return fault(u32::from(NM_VECTOR));
     }
     let (fs, gs) = (state.sregs.fs.base, state.sregs.gs.base);
     let Some(ea) = access::operand_address(&i, |r| access::gpr(&state.regs, r), fs, gs) else {
@@ -57,20 +52,19 @@ pub fn complete(mem: &GuestMemoryMmap, state: &CpuState) -> Result<Option<Comple
         return fault(u32::from(GP_VECTOR));
     }
     let rfbm = (state.regs.rdx << 32 | state.regs.rax & 0xFFFF_FFFF) & f.xcr0;
-    let mut head = vec![0u8; AREA];
-    if mode.read_linear(mem, ea, &mut head).is_none() {
-        return fault(PF_VECTOR);
+    // The legacy region and the header, then the rest of the area they say it spans.
+    let mut area = vec![0u8; AREA];
+    if mode.read_linear(mem, ea, &mut area).is_none() {
+        return fault(u32::from(PF_VECTOR));
     }
     let size = match save {
         Some(form) => layout().size(form, rfbm),
-        None if fpu::compacted(&head) => {
-            layout().size(Form::Compacted, u64::from_le_bytes(head[520..528].try_into().expect("8 bytes")))
-        }
+        None if fpu::compacted(&area) => layout().size(Form::Compacted, fpu::xcomp_bv(&area)),
         None => layout().size(Form::Standard, rfbm),
     };
-    let mut area = vec![0u8; size];
-    if mode.read_linear(mem, ea, &mut area).is_none() {
-        return fault(PF_VECTOR);
+    area.resize(size, 0);
+    if mode.read_linear(mem, ea + AREA as u64, &mut area[AREA..]).is_none() {
+        return fault(u32::from(PF_VECTOR));
     }
     let mut after = state.clone();
     let done = match save {
