@@ -10,7 +10,8 @@
  *
  * It prints kvm-unit-tests-style lines, "PASS: name", "FAIL: name", "SKIP: name" and
  * "SUMMARY: T tests, F unexpected failures, S skipped", then writes 0 (all passed) or 1 to the
- * debug-exit port 0xF4 with outl. Boot with emon_perf_test.exit=0 to go on booting instead.
+ * debug-exit port 0xF4 with outl. Boot with emon_perf_test.exit=0 to go on booting instead, and
+ * with emon_perf_test.run=0 not to run it (the initramfs's user-space tests count for themselves).
  */
 #include <linux/atomic.h>
 #include <linux/init.h>
@@ -30,6 +31,8 @@
 
 static bool exit_port = true;
 module_param_named(exit, exit_port, bool, 0444);
+static bool run = true;
+module_param(run, bool, 0444);
 
 static int tests, failures, skipped;
 
@@ -168,6 +171,8 @@ static int __init emon_perf_test(void)
 	u64 n = LOOP_N, slack = LOOP_N / 100 + 1000;
 	int code;
 
+	if (!run)
+		return 0;
 	pr_info("emon-perf-test: counting %lu iterations of dec/jnz on CPU %d\n", LOOP_N,
 		raw_smp_processor_id());
 	test_count("instructions", PERF_COUNT_HW_INSTRUCTIONS, 2 * n, 2 * n + 2 * slack);
