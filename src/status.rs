@@ -5,7 +5,7 @@
 //! | the guest wrote `code` to the debug-exit port 0xF4 | `code` (unlike QEMU's `(code << 1) \| 1`) |
 //! | triple fault or shutdown; the vCPU registers are printed | 3 ([`SHUTDOWN`]) |
 //! | `--timeout` | 4 ([`TIMEOUT`]) |
-//! | the guest kernel printed `Kernel panic - not syncing:` and then stopped (a reset, a triple fault, the timeout) | 5 ([`PANIC`]) |
+//! | the guest kernel printed `Kernel panic - not syncing:` and then stopped (a reset, a triple fault, the timeout, or its panic's end marker and a second of console silence) | 5 ([`PANIC`]) |
 //! | Ctrl-C | 130 ([`INTERRUPTED`]) |
 //! | an error in emon's input or set-up (profile, kernel, options, no KVM) | 2 ([`ERROR`]), with a one-line message |
 //!

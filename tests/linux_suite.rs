@@ -296,3 +296,27 @@ fn a_linux_panic_ends_the_run_with_its_line() {
     assert!(summary.contains("guest kernel panic, \"Kernel panic - not syncing: No working init found."), "{summary}");
     assert!(summary.contains("reset through the i8042 keyboard controller"), "{summary}");
 }
+
+/// A kernel that does not reboot on a panic (`panic=0`, most kernels' default) prints the panic's
+/// end marker and spins forever: the run ends a second after it with status 5, the panic line in
+/// the summary and `panic-end` in the report, not at the timeout.
+#[test]
+fn a_linux_panic_without_reboot_ends_at_its_end_marker() {
+    if !kvm_available() {
+        return;
+    }
+    build_the_kernel();
+    let json = json_path("linux-panic-end");
+    let r = boot(&["--json", json.to_str().unwrap()], &["emon_perf_test.run=0", "panic=0"]);
+    assert_eq!(r.status, 5, "{}", r.stderr);
+    let summary = r.stderr.lines().last().unwrap_or_default();
+    assert!(summary.contains("guest kernel panic, \"Kernel panic - not syncing: No working init found."), "{summary}");
+    assert!(
+        summary.contains("then the kernel printed its panic's end marker and nothing for 1 s after it"),
+        "{summary}"
+    );
+    assert!(r.stdout.contains("---[ end Kernel panic - not syncing: No working init found."), "{}", r.stdout);
+    let doc = read_json(&json, &r.stderr);
+    assert_eq!(doc["end"], serde_json::json!({"kind": "panic-end"}), "{doc:#}");
+    assert_eq!(doc["status"], 5, "{doc:#}");
+}

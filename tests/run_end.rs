@@ -1,6 +1,7 @@
 //! The ways a run ends, each with its exit status and one-line summary: the debug-exit port
-//! (the guest's code), triple fault (3, registers printed), --timeout (4), Ctrl-C (130);
-//! unknown MSRs: #GP, or ignored with --ignore-msrs; and the `--json` report of each ending.
+//! (the guest's code), triple fault (3, registers printed), --timeout (4), Ctrl-C (130), a guest
+//! kernel's panic end marker and a silent console (5); unknown MSRs: #GP, or ignored with
+//! --ignore-msrs; and the `--json` report of each ending.
 mod common;
 use common::*;
 use std::time::Duration;
@@ -168,4 +169,73 @@ fn json_report_of_a_timeout() {
     assert_consistent(&r, &json);
     assert_eq!(json["end"], serde_json::json!({"kind": "timeout"}), "{json:#}");
     assert!(json["elapsed_s"].as_f64().is_some_and(|s| s >= 0.45), "{json:#}");
+}
+
+/// Prints `lines` (each NUL-terminated in the kernel's data) to COM1, then runs `after`.
+fn printing_kernel(name: &str, lines: &[&str], after: &str) -> String {
+    let mut body = String::new();
+    for i in 0..lines.len() {
+        body += &format!("    mov $line{i}, %edi\n    call puts\n");
+    }
+    body += after;
+    body += "    jmp 9f\n";
+    for (i, l) in lines.iter().enumerate() {
+        body += &format!("line{i}: .asciz \"{l}\\n\"\n");
+    }
+    body += "9:\n    jmp 9b\n";
+    kernel(name, &body)
+}
+
+const PANIC: &str = "[    2.500000] Kernel panic - not syncing: emon test";
+const PANIC_END: &str = "[    2.600000] ---[ end Kernel panic - not syncing: emon test ]---";
+
+/// Linux's `panic()` without a reboot prints its end marker and spins: the run ends a second of
+/// console silence later with status 5, not at the timeout, with the panic line in the summary
+/// and the report.
+#[test]
+fn a_panic_end_marker_then_silence_ends_the_run_with_status_5() {
+    if !kvm_available() {
+        return;
+    }
+    let k = printing_kernel("panic-end", &["booting", PANIC, PANIC_END], "");
+    let (r, json) = emon_json("run-end-panic-end", &["--timeout", "60", &k]);
+    r.assert_status(5);
+    assert_consistent(&r, &json);
+    let line = summary_line(&r);
+    assert!(
+        line.contains("guest kernel panic, \"Kernel panic - not syncing: emon test\"; then the kernel printed its panic's end marker and nothing for 1 s after it"),
+        "{line}"
+    );
+    assert_eq!(json["end"], serde_json::json!({"kind": "panic-end"}), "{json:#}");
+    assert_eq!(json["guest_panic"], "Kernel panic - not syncing: emon test", "{json:#}");
+    let elapsed = json["elapsed_s"].as_f64().unwrap();
+    assert!((1.0..30.0).contains(&elapsed), "ended {elapsed} s after start, not a second after the marker");
+}
+
+/// Console output after the end marker is progress: the run goes on (here to its timeout, still
+/// status 5 after the panic line).
+#[test]
+fn output_after_the_panic_end_marker_keeps_the_run_going() {
+    if !kvm_available() {
+        return;
+    }
+    let chatter = "1:  mov $dot, %edi\n    call puts\n    jmp 1b\ndot: .asciz \".\"\n";
+    let k = printing_kernel("panic-end-chatter", &[PANIC, PANIC_END], chatter);
+    let (r, json) = emon_json("run-end-panic-chatter", &["--timeout", "3", &k]);
+    r.assert_status(5);
+    assert_eq!(json["end"], serde_json::json!({"kind": "timeout"}), "{json:#}");
+    assert!(summary_line(&r).contains("; then timeout"), "{}", r.stderr);
+}
+
+/// The end marker counts only after a panic line: alone, it is console text like any other.
+#[test]
+fn a_panic_end_marker_without_a_panic_is_text() {
+    if !kvm_available() {
+        return;
+    }
+    let k = printing_kernel("panic-end-alone", &[PANIC_END], "");
+    let (r, json) = emon_json("run-end-panic-end-alone", &["--timeout", "3", &k]);
+    r.assert_status(4);
+    assert_eq!(json["end"], serde_json::json!({"kind": "timeout"}), "{json:#}");
+    assert_eq!(json["guest_panic"], serde_json::Value::Null, "{json:#}");
 }

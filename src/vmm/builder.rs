@@ -231,7 +231,8 @@ fn create_bus(vm: &VmFd, ram: u64, config: &VmConfig) -> Result<PioBus, VmmError
     };
     let irq = EventFd::new(libc::EFD_NONBLOCK).map_err(VmmError::EventFd)?;
     vm.register_irqfd(&irq, serial::COM1_IRQ).map_err(kvm_err("KVM_IRQFD"))?;
-    Ok(PioBus::new(serial::SerialPort::new(serial::IrqTrigger(irq), out), FwCfg::new(ram, 1, &config.cmdline)))
+    let serial = serial::SerialPort::new(serial::IrqTrigger(irq), out).map_err(VmmError::EventFd)?;
+    Ok(PioBus::new(serial, FwCfg::new(ram, 1, &config.cmdline)))
 }
 
 /// `--trace FILE`.

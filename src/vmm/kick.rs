@@ -48,6 +48,9 @@ pub struct StopRequest(AtomicU8);
 pub enum StopReason {
     Timeout,
     Interrupted,
+    /// The guest kernel printed its panic's end marker and its console stayed silent for
+    /// [`super::supervisor::PANIC_QUIET`]: it spins forever.
+    PanicEnd,
 }
 
 impl StopRequest {
@@ -55,6 +58,7 @@ impl StopRequest {
         let v = match r {
             StopReason::Timeout => 1,
             StopReason::Interrupted => 2,
+            StopReason::PanicEnd => 3,
         };
         let _ = self.0.compare_exchange(0, v, Ordering::SeqCst, Ordering::SeqCst);
     }
@@ -63,6 +67,7 @@ impl StopRequest {
         match self.0.load(Ordering::SeqCst) {
             1 => Some(StopReason::Timeout),
             2 => Some(StopReason::Interrupted),
+            3 => Some(StopReason::PanicEnd),
             _ => None,
         }
     }

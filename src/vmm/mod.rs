@@ -84,7 +84,8 @@ pub struct VmConfig {
 }
 
 /// Boots `config.kernel` and runs it to the end: builds the VM, runs its vCPU on a thread of its
-/// own while this thread's event loop watches the timeout and Ctrl-C, and reports the run.
+/// own while this thread's event loop watches the timeout, Ctrl-C and the console for the end of a
+/// kernel panic, and reports the run.
 pub fn run(config: VmConfig) -> Result<RunReport, VmmError> {
     let timeout = config.timeout;
     // `_vm` and `_kvm` stay open until the run is over.
@@ -92,9 +93,10 @@ pub fn run(config: VmConfig) -> Result<RunReport, VmmError> {
         builder::build(config)?;
     kick::install_handler()?;
     let stop = vcpu.stop.clone();
+    let console = vcpu.bus.serial.watch();
     let done = EventFd::new(libc::EFD_NONBLOCK).map_err(VmmError::EventFd)?;
     let done_vcpu = done.try_clone().map_err(VmmError::EventFd)?;
-    let supervision = supervisor::Supervision::new(timeout, done, stop)?;
+    let supervision = supervisor::Supervision::new(timeout, done, stop, console)?;
     let started = Instant::now();
     let thread = std::thread::Builder::new()
         .name("vcpu0".into())

@@ -80,6 +80,8 @@ impl RunReport {
             VcpuStop::Shutdown { .. } => status::SHUTDOWN.into(),
             VcpuStop::Stopped(StopReason::Timeout) => status::TIMEOUT.into(),
             VcpuStop::Stopped(StopReason::Interrupted) => status::INTERRUPTED.into(),
+            // Only a panic's end marker arms it, so `guest_panic` is set and the arm above matched.
+            VcpuStop::Stopped(StopReason::PanicEnd) => status::PANIC.into(),
         }
     }
 
@@ -92,6 +94,10 @@ impl RunReport {
             VcpuStop::Shutdown { why, .. } => format!("guest shut down: {why}"),
             VcpuStop::Stopped(StopReason::Timeout) => "timeout: the guest was stopped".into(),
             VcpuStop::Stopped(StopReason::Interrupted) => "interrupted (Ctrl-C)".into(),
+            VcpuStop::Stopped(StopReason::PanicEnd) => format!(
+                "the kernel printed its panic's end marker and nothing for {} s after it (it spins)",
+                super::supervisor::PANIC_QUIET.as_secs()
+            ),
         };
         let why = match (&self.guest_panic, &self.stop) {
             (Some(line), stop) if !matches!(stop, VcpuStop::DebugExit(_)) => {
@@ -154,6 +160,7 @@ impl RunReport {
             VcpuStop::Shutdown { why, registers } => End::Shutdown { reason: why, registers },
             VcpuStop::Stopped(StopReason::Timeout) => End::Timeout,
             VcpuStop::Stopped(StopReason::Interrupted) => End::Interrupted,
+            VcpuStop::Stopped(StopReason::PanicEnd) => End::PanicEnd,
         };
         let (e, p, v) = (&self.exits, &self.vpmu.pmis, &self.vpmu);
         JsonReport {
@@ -267,7 +274,8 @@ pub struct JsonCpuidOverride {
 }
 
 /// How the run ended: `{"kind": "debug-exit", "code": N}`, `{"kind": "shutdown", "reason": ...,
-/// "registers": ...}`, `{"kind": "timeout"}` or `{"kind": "interrupted"}`.
+/// "registers": ...}`, `{"kind": "timeout"}`, `{"kind": "interrupted"}` or `{"kind":
+/// "panic-end"}` (a kernel panic's end marker, then a silent console).
 #[derive(Debug, Serialize)]
 #[serde(tag = "kind", rename_all = "kebab-case")]
 pub enum End<'a> {
@@ -275,6 +283,7 @@ pub enum End<'a> {
     Shutdown { reason: &'a str, registers: &'a str },
     Timeout,
     Interrupted,
+    PanicEnd,
 }
 
 /// Named counts, serialized as one JSON object with the names as keys, in this order.

@@ -1,5 +1,7 @@
 //! The main thread's event loop (rust-vmm event-manager) while the vCPU runs: the --timeout
-//! timer, Ctrl-C, and the vCPU thread's "finished" notification.
+//! timer, Ctrl-C, the end of a guest kernel's panic on the console, and the vCPU thread's
+//! "finished" notification.
+use super::devices::serial::ConsoleWatch;
 use super::kick::{kick_signal, StopReason, StopRequest};
 use super::VmmError;
 use event_manager::{EventManager, EventOps, EventSet, Events, MutEventSubscriber, SubscriberOps};
@@ -9,6 +11,11 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use vmm_sys_util::eventfd::EventFd;
 use vmm_sys_util::timerfd::TimerFd;
+
+/// How long the console must stay silent after a guest kernel's panic end marker
+/// ([`super::devices::serial::PANIC_END_MARK`]) before the run ends: Linux prints nothing after it
+/// and spins, so a kernel without `panic=` would otherwise run to the timeout.
+pub const PANIC_QUIET: Duration = Duration::from_secs(1);
 
 /// The eventfd SIGINT writes to (async-signal-safe: one write(2)).
 static SIGINT_FD: AtomicI32 = AtomicI32::new(-1);
@@ -31,8 +38,13 @@ pub struct Supervision {
 }
 
 impl Supervision {
-    pub fn new(timeout: Option<Duration>, vcpu_done: EventFd, stop: Arc<StopRequest>) -> Result<Self, VmmError> {
-        let supervisor = Arc::new(Mutex::new(Supervisor::new(timeout, vcpu_done, stop)?));
+    pub fn new(
+        timeout: Option<Duration>,
+        vcpu_done: EventFd,
+        stop: Arc<StopRequest>,
+        console: Arc<ConsoleWatch>,
+    ) -> Result<Self, VmmError> {
+        let supervisor = Arc::new(Mutex::new(Supervisor::new(timeout, vcpu_done, stop, console)?));
         let mut events = EventManager::<Arc<Mutex<Supervisor>>>::new().map_err(VmmError::EventManager)?;
         events.add_subscriber(supervisor.clone());
         Ok(Supervision { supervisor, events })
@@ -59,10 +71,21 @@ pub struct Supervisor {
     /// The vCPU thread, once it runs.
     vcpu_thread: Option<libc::pthread_t>,
     pub finished: bool,
+    /// The console: its byte count and the panic end marker's eventfd.
+    console: Arc<ConsoleWatch>,
+    /// Armed for [`PANIC_QUIET`] once the panic end marker is seen, with the console's byte count
+    /// then in `quiet_from`; re-armed while the console still writes.
+    quiet: TimerFd,
+    quiet_from: u64,
 }
 
 impl Supervisor {
-    pub fn new(timeout: Option<Duration>, vcpu_done: EventFd, stop: Arc<StopRequest>) -> Result<Self, VmmError> {
+    pub fn new(
+        timeout: Option<Duration>,
+        vcpu_done: EventFd,
+        stop: Arc<StopRequest>,
+        console: Arc<ConsoleWatch>,
+    ) -> Result<Self, VmmError> {
         let timer = match timeout {
             Some(t) => {
                 let mut fd = TimerFd::new().map_err(|source| VmmError::Timer { what: "timerfd", source })?;
@@ -75,7 +98,26 @@ impl Supervisor {
         SIGINT_FD.store(sigint.as_raw_fd(), Ordering::SeqCst);
         vmm_sys_util::signal::register_signal_handler(libc::SIGINT, on_sigint)
             .map_err(|source| VmmError::SignalHandler { signal: "SIGINT", source })?;
-        Ok(Supervisor { timer, sigint, vcpu_done, stop, vcpu_thread: None, finished: false })
+        let quiet = TimerFd::new().map_err(|source| VmmError::Timer { what: "timerfd", source })?;
+        Ok(Supervisor {
+            timer,
+            sigint,
+            vcpu_done,
+            stop,
+            vcpu_thread: None,
+            finished: false,
+            console,
+            quiet,
+            quiet_from: 0,
+        })
+    }
+
+    /// Waits [`PANIC_QUIET`] from the console's present byte count.
+    fn arm_quiet(&mut self) {
+        self.quiet_from = self.console.bytes.load(Ordering::SeqCst);
+        if let Err(e) = self.quiet.reset(PANIC_QUIET, None) {
+            tracing::error!("arming the panic quiet timer: {e}");
+        }
     }
 
     fn stop_vcpu(&self, reason: StopReason) {
@@ -104,6 +146,16 @@ impl MutEventSubscriber for Supervisor {
         } else if fd == self.sigint.as_raw_fd() {
             let _ = self.sigint.read();
             self.stop_vcpu(StopReason::Interrupted);
+        } else if fd == self.console.panic_end.as_raw_fd() {
+            let _ = self.console.panic_end.read();
+            self.arm_quiet();
+        } else if fd == self.quiet.as_raw_fd() {
+            let _ = self.quiet.wait();
+            if self.console.bytes.load(Ordering::SeqCst) == self.quiet_from {
+                self.stop_vcpu(StopReason::PanicEnd);
+            } else {
+                self.arm_quiet();
+            }
         } else if fd == self.vcpu_done.as_raw_fd() {
             let _ = self.vcpu_done.read();
             self.finished = true;
@@ -120,6 +172,8 @@ impl MutEventSubscriber for Supervisor {
             add(t);
         }
         add(&self.sigint);
+        add(&self.console.panic_end);
+        add(&self.quiet);
         add(&self.vcpu_done);
     }
 }
