@@ -132,7 +132,8 @@ struct RunArgs {
 pub enum Cpl0 {
     /// The TCG engine where this host's KVM only emulates CPL0 code, KVM elsewhere.
     Auto,
-    /// Always KVM.
+    /// Always KVM (single-stepped where user mode must run in the engine, README "User mode
+    /// (CPL3)").
     Kvm,
     /// Always the TCG engine (precise backend).
     Tcg,

@@ -9,6 +9,12 @@ pub const EOI: u32 = 0xB0;
 pub const SVR: u32 = 0xF0;
 /// LVT Performance Monitoring Counters register (SDM 10.5.1).
 pub const LVT_PMC: u32 = 0x340;
+/// LVT Timer, the timer's initial count and its divide configuration (SDM 10.5.4).
+pub const LVT_TIMER: u32 = 0x320;
+pub const TIMER_INITIAL_COUNT: u32 = 0x380;
+pub const TIMER_DIVIDE: u32 = 0x3E0;
+/// Divide configuration 1011b: divide by 1.
+pub const TIMER_DIVIDE_BY_1: u32 = 0b1011;
 pub const LVT_LINT0: u32 = 0x350;
 pub const LVT_LINT1: u32 = 0x360;
 

@@ -51,7 +51,12 @@ pub fn make_user_accessible() {
 /// the exception that brings it back to the kernel (a function ends with HLT, which raises #GP
 /// at CPL3); 0xFF if none did. Call [`make_user_accessible`] first.
 pub fn run_user(entry: unsafe extern "C" fn(), rcx: u64) -> u8 {
-    let e = crate::catch(|| {
+    run_user_caught(entry, rcx).map_or(0xFF, |e| e.vector)
+}
+
+/// As [`run_user`], with the exception's error code.
+pub fn run_user_caught(entry: unsafe extern "C" fn(), rcx: u64) -> Option<crate::catch::Exception> {
+    crate::catch(|| {
         // SAFETY: IRETQ to CPL3 with a user stack; the user code ends in an exception, which the
         // catch takes.
         unsafe {
@@ -71,6 +76,5 @@ pub fn run_user(entry: unsafe extern "C" fn(), rcx: u64) -> u8 {
                 out("rax") _, out("rdx") _,
             );
         }
-    });
-    e.map_or(0xFF, |e| e.vector)
+    })
 }

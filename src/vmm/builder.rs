@@ -61,6 +61,13 @@ pub fn build(config: VmConfig) -> Result<BuiltVm, VmmError> {
     let mut cpu = KvmCpu::new(&kvm, fd, debug, xsave);
     cpu.step_survives_set_regs = super::exec_probe::step_survives_set_regs()?;
     cpu.cpuid = cpuid;
+    // The in-kernel PIC's state, for the interrupts due in user mode (a duplicate of the VM's fd).
+    cpu.vm = {
+        use std::os::fd::{AsRawFd, BorrowedFd};
+        // SAFETY: `vm` is an open file descriptor for the whole of this call.
+        let fd = unsafe { BorrowedFd::borrow_raw(vm.as_raw_fd()) };
+        Some(fd.try_clone_to_owned().map_err(VmmError::DupVmFd)?)
+    };
     let vcpu = Vcpu {
         cpu,
         mem,

@@ -40,6 +40,8 @@ pub enum VmmError {
     /// The profile's CPUID table does not fit KVM_SET_CPUID2.
     #[error("CPUID table: {0:?}")]
     CpuidTable(#[source] vmm_sys_util::fam::Error),
+    #[error("duplicating the VM's file descriptor: {0}")]
+    DupVmFd(#[source] std::io::Error),
     #[error("eventfd: {0}")]
     EventFd(#[source] std::io::Error),
     /// Creating or arming the `--timeout` timer (`what` says which).

@@ -15,6 +15,12 @@ pub fn kick_signal() -> libc::c_int {
     SIGRTMIN()
 }
 
+/// The signal the vCPU thread raises on itself to ask KVM which event is due without entering
+/// the guest (`emon_backend::kvm::event_probe`).
+pub fn event_probe_signal() -> libc::c_int {
+    SIGRTMIN() + 1
+}
+
 extern "C" fn on_kick(_: libc::c_int, _: *mut libc::siginfo_t, _: *mut libc::c_void) {
     let p = IMMEDIATE_EXIT.with(Cell::get);
     if !p.is_null() {

@@ -6,7 +6,7 @@ use super::msr::MsrDispatch;
 use super::rdpmc::GpCatch;
 use super::VmmError;
 use crate::backend::guest_debug::DebugExit;
-use crate::backend::kvm::KvmCpu;
+use crate::backend::kvm::{event_probe::EventProbe, KvmCpu};
 use crate::backend::precise::tcg::{self, Completed, EngineCell, Needs};
 use crate::backend::vpmu::{Entry, VirtualPmu};
 use crate::backend::Vcpu as _;
@@ -98,6 +98,7 @@ impl Vcpu {
     pub fn run(&mut self) -> Result<VcpuStop, VmmError> {
         let immediate_exit = &mut self.cpu.fd.get_kvm_run().immediate_exit as *mut u8;
         kick::register(Some(immediate_exit));
+        self.cpu.event_probe = Some(EventProbe::install(&self.cpu.fd, kick::event_probe_signal())?);
         self.stats.fds_at_start = open_fds();
         let r = self.run_loop();
         self.stats.fds_at_end = open_fds();
@@ -117,6 +118,14 @@ impl Vcpu {
         let mut at_boundary = true;
         loop {
             if let Some(reason) = self.stop.get() {
+                if let (Ok(r), Ok(s)) = (self.cpu.regs(), self.cpu.sregs()) {
+                    tracing::debug!(
+                        rip = format_args!("{:#x}", r.rip),
+                        cs = format_args!("{:#x}", s.cs.selector),
+                        rflags = format_args!("{:#x}", r.rflags),
+                        "the vCPU stopped ({reason:?})"
+                    );
+                }
                 return Ok(VcpuStop::Stopped(reason));
             }
             let mut vcpu = self.cpu.with(&self.mem);
@@ -291,9 +300,15 @@ impl Vcpu {
         let (after, retired) = match engine.complete(&before).map_err(|e| Some(e.to_string()))? {
             Completed::Retired(after) => (after, true),
             Completed::Iteration(after) => (after, false),
+            Completed::PageFault { error_code, cr2 } => {
+                let mut vcpu = self.cpu.with(&self.mem);
+                vcpu.inject_page_fault(error_code, cr2).map_err(|e| Some(e.to_string()))?;
+                self.pmu.event_injected();
+                return Ok(None);
+            }
             Completed::Fault { vector } => {
                 // An exception the engine raised, as emon delivers it; not #PF, whose error code
-                // and CR2 the engine does not give back.
+                // and CR2 the engine does not give back (emon's own completions do).
                 let code = crate::x86::arch::plain_error_code(vector);
                 let Some(code) = code.filter(|_| !(vector == 6 && lacks(bytes))) else {
                     return Err(Some(format!(

@@ -97,6 +97,31 @@ pub fn emon_json(name: &str, args: &[&str]) -> (Run, serde_json::Value) {
     (r, json)
 }
 
+/// Runs one of the repository's build scripts (`scripts/...` and its arguments) with bash;
+/// returns its stdout.
+#[allow(dead_code)]
+pub fn script(args: &[&str]) -> String {
+    let out = std::process::Command::new("bash").args(args).output().unwrap_or_else(|e| panic!("run {args:?}: {e}"));
+    assert!(out.status.success(), "{args:?} failed:\n{}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Runs the suite file `suite` with `--jobs 2` (its `--json` report named `name`): it must pass
+/// whole, once per shipped profile; returns the report's runs.
+#[allow(dead_code)]
+pub fn run_suite_once_per_profile(suite: &str, name: &str) -> Vec<serde_json::Value> {
+    let json = tmp_dir(name).join(format!("{name}.json"));
+    let r = emon(&["test", "--suite", suite, "--jobs", "2", "--json", json.to_str().unwrap()]);
+    assert_eq!(r.status, 0, "{}\n{}", r.stdout, r.stderr);
+    let doc: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let runs = doc["runs"].as_array().expect("runs").clone();
+    assert_eq!(runs.len(), emon::profile::Profile::builtin_names().len());
+    for run in &runs {
+        assert_eq!(run["status"], "pass", "{run}");
+    }
+    runs
+}
+
 pub fn tmp_dir(name: &str) -> PathBuf {
     let d = Path::new(env!("CARGO_TARGET_TMPDIR")).join(name);
     std::fs::create_dir_all(&d).expect("create test dir");

@@ -5,10 +5,20 @@
 pub const SVR: usize = 0xF0;
 /// SVR bit 8: APIC software enable.
 pub const SVR_APIC_ENABLED: u32 = 1 << 8;
+/// Task-priority register.
+pub const TPR: usize = 0x80;
+/// In-service registers (8 x 32 bits, 16 bytes apart).
+pub const ISR: usize = 0x100;
 /// Trigger-mode registers (8 x 32 bits, 16 bytes apart).
 pub const TMR: usize = 0x180;
 /// Interrupt-request registers (8 x 32 bits, 16 bytes apart).
 pub const IRR: usize = 0x200;
+/// LVT Timer, the timer's initial and current counts (SDM Vol. 3A 11.5.4).
+pub const LVT_TIMER: usize = 0x320;
+pub const TIMER_INITIAL_COUNT: usize = 0x380;
+pub const TIMER_CURRENT_COUNT: usize = 0x390;
+/// LVT Timer bits 18:17: the timer mode (00b one-shot).
+pub const LVT_TIMER_MODE: u32 = 0b11 << 17;
 /// LVT Performance Monitoring Counters register (LVTPC).
 pub const LVT_PMC: usize = 0x340;
 /// LVT LINT0 and LINT1.
@@ -31,9 +41,135 @@ pub fn set_reg(page: &mut [u8], off: usize, v: u32) {
     page[off..off + 4].copy_from_slice(&v.to_le_bytes());
 }
 
+/// The highest vector set in the 256-bit register (IRR, ISR, TMR) at `base`.
+fn highest(page: &[u8], base: usize) -> Option<u8> {
+    (0..8).rev().find_map(|i| {
+        let word = reg(page, base + 16 * i);
+        (word != 0).then(|| (32 * i + 31 - word.leading_zeros() as usize) as u8)
+    })
+}
+
+/// Whether LINT0 passes the 8259 PIC's interrupts through (unmasked, ExtINT delivery: virtual
+/// wire mode, SDM Vol. 3A 11.5.1).
+pub fn accepts_extint(page: &[u8]) -> bool {
+    let lint0 = reg(page, LVT_LINT0);
+    lint0 & LVT_MASKED == 0 && (lint0 >> DELIVERY_MODE_SHIFT) & 0b111 == DELIVERY_EXTINT
+}
+
+/// Whether an 8259 PIC with these registers asserts its output: its highest-priority request
+/// that is not masked is above everything in service (priorities rotate with `priority_add`;
+/// in special fully nested mode the master ignores the cascade input in service).
+pub fn pic_output(irr: u8, imr: u8, isr: u8, priority_add: u8, master_fully_nested: bool) -> bool {
+    let priority = |mask: u8| (0..8u8).find(|p| mask & (1 << ((p + priority_add) & 7)) != 0).unwrap_or(8);
+    let request = priority(irr & !imr);
+    let in_service = priority(if master_fully_nested { isr & !(1 << 2) } else { isr });
+    request < 8 && request < in_service
+}
+
+/// Accepts the interrupt the processor takes at an instruction boundary where RFLAGS.IF allows
+/// one: the highest-priority vector in the IRR whose priority class is above the processor
+/// priority (the TPR's class or the highest in-service vector's, whichever is higher), moved
+/// from the IRR to the ISR (SDM Vol. 3A 11.8.3, 11.8.3.1). `None` when none qualifies, or the
+/// APIC is software-disabled.
+pub fn accept_interrupt(page: &mut [u8]) -> Option<u8> {
+    if reg(page, SVR) & SVR_APIC_ENABLED == 0 {
+        return None;
+    }
+    let v = highest(page, IRR)?;
+    let tpr_class = reg(page, TPR) & 0xF0;
+    let isr_class = highest(page, ISR).map_or(0, |i| u32::from(i) & 0xF0);
+    if u32::from(v) & 0xF0 <= tpr_class.max(isr_class) {
+        return None;
+    }
+    let (word, bit) = (usize::from(v) / 32 * 16, v % 32);
+    set_reg(page, IRR + word, reg(page, IRR + word) & !(1 << bit));
+    set_reg(page, ISR + word, reg(page, ISR + word) | 1 << bit);
+    Some(v)
+}
+
+/// Makes a register page read with KVM_GET_LAPIC safe to write back with KVM_SET_LAPIC, which
+/// restarts the timer from the current count it holds: a one-shot timer that has expired
+/// (current count 0) would fire again at once. Its initial count goes as 0 instead, which stops
+/// it, as expired; the guest reads 0 back from it until it writes it again.
+pub fn without_expired_timer(page: &mut [u8]) {
+    let one_shot = reg(page, LVT_TIMER) & LVT_TIMER_MODE == 0;
+    if one_shot && reg(page, TIMER_CURRENT_COUNT) == 0 {
+        set_reg(page, TIMER_INITIAL_COUNT, 0);
+    }
+}
+
 /// `kvm_lapic_state.regs` (C chars) as bytes.
 pub fn bytes(regs: &mut [std::os::raw::c_char; 1024]) -> &mut [u8; 1024] {
     // SAFETY: c_char and u8 have the same size and alignment, and every bit pattern is valid
     // for both.
     unsafe { &mut *(regs as *mut [std::os::raw::c_char; 1024] as *mut [u8; 1024]) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn page(irr: &[u8], isr: &[u8], tpr: u32) -> [u8; 1024] {
+        let mut p = [0u8; 1024];
+        set_reg(&mut p, SVR, SVR_APIC_ENABLED | 0xFF);
+        set_reg(&mut p, TPR, tpr);
+        for (base, vs) in [(IRR, irr), (ISR, isr)] {
+            for &v in vs {
+                let off = base + usize::from(v) / 32 * 16;
+                let word = reg(&p, off) | 1 << (v % 32);
+                set_reg(&mut p, off, word);
+            }
+        }
+        p
+    }
+
+    #[test]
+    fn the_highest_request_above_the_processor_priority_goes_in_service() {
+        let mut p = page(&[0x31, 0xEC, 0x41], &[], 0);
+        assert_eq!(accept_interrupt(&mut p), Some(0xEC));
+        assert_eq!((highest(&p, IRR), highest(&p, ISR)), (Some(0x41), Some(0xEC)));
+        // 0x41's class (4) is below the in-service 0xEC's: nothing until the EOI.
+        assert_eq!(accept_interrupt(&mut p), None);
+    }
+
+    #[test]
+    fn the_pic_asserts_its_highest_unmasked_request_above_what_is_in_service() {
+        assert!(pic_output(0b1, 0, 0, 0, false), "IRQ0");
+        assert!(!pic_output(0b1, 0b1, 0, 0, false), "masked");
+        assert!(!pic_output(0b10, 0, 0b1, 0, false), "IRQ1 below IRQ0 in service");
+        assert!(pic_output(0b1, 0, 0b10, 0, false), "IRQ0 above IRQ1 in service");
+        assert!(!pic_output(0, 0, 0, 0, false));
+        // Rotated: priority_add 1 makes IRQ1 the highest, IRQ0 the lowest.
+        assert!(!pic_output(0b1, 0, 0b10, 1, false));
+        // Special fully nested: the master takes the slave's next request with IRQ2 in service.
+        assert!(pic_output(0b100, 0, 0b100, 0, true));
+        assert!(!pic_output(0b100, 0, 0b100, 0, false));
+    }
+
+    #[test]
+    fn an_expired_one_shot_timer_is_not_restarted() {
+        let mut p = [0u8; 1024];
+        set_reg(&mut p, TIMER_INITIAL_COUNT, 1_000_000);
+        without_expired_timer(&mut p);
+        assert_eq!(reg(&p, TIMER_INITIAL_COUNT), 0, "one-shot, expired");
+        set_reg(&mut p, TIMER_INITIAL_COUNT, 1_000_000);
+        set_reg(&mut p, TIMER_CURRENT_COUNT, 5);
+        without_expired_timer(&mut p);
+        assert_eq!(reg(&p, TIMER_INITIAL_COUNT), 1_000_000, "one-shot, running");
+        set_reg(&mut p, TIMER_CURRENT_COUNT, 0);
+        set_reg(&mut p, LVT_TIMER, 1 << 17);
+        without_expired_timer(&mut p);
+        assert_eq!(reg(&p, TIMER_INITIAL_COUNT), 1_000_000, "periodic");
+    }
+
+    #[test]
+    fn the_task_priority_and_the_same_class_in_service_hold_requests_back() {
+        assert_eq!(accept_interrupt(&mut page(&[0x45], &[], 0x40)), None, "class 4 at TPR class 4");
+        assert_eq!(accept_interrupt(&mut page(&[0x45], &[], 0x3F)), Some(0x45));
+        assert_eq!(accept_interrupt(&mut page(&[0x45], &[0x41], 0)), None, "same class in service");
+        let mut off = page(&[0x45], &[], 0);
+        set_reg(&mut off, SVR, 0xFF);
+        assert_eq!(accept_interrupt(&mut off), None, "software-disabled");
+        assert_eq!(accept_interrupt(&mut page(&[], &[], 0)), None);
+    }
 }

@@ -41,7 +41,7 @@ pub mod vpmu;
 use emon_pmu::pmu::{Pmu, Reprogram};
 use emon_pmu::profile::Profile;
 use thiserror::Error;
-pub use vcpu::{Vcpu, VcpuError};
+pub use vcpu::{DueEvent, Vcpu, VcpuError};
 
 /// What a backend works with at each call: the vCPU and the PMU model.
 pub struct Cx<'a> {

@@ -9,6 +9,8 @@ use vm_memory::GuestMemoryMmap;
 pub struct Script {
     pub mem: GuestMemoryMmap,
     pub regs: kvm_regs,
+    /// The segment and system registers as set (the CPU mode is `mode`, set apart).
+    pub sregs: kvm_sregs,
     pub mode: CpuMode,
     pub single_step: bool,
     pub halted: bool,
@@ -22,6 +24,11 @@ pub struct Script {
     /// The local APIC's register page, and the NMIs queued.
     pub lapic: [u8; 1024],
     pub nmis: u32,
+    /// Events KVM would deliver at the next entries, one per `due_event` (`None`: nothing due),
+    /// how many times the backend asked, and the event handed back for the next entry.
+    pub due_events: std::collections::VecDeque<Option<crate::DueEvent>>,
+    pub event_probes: u32,
+    pub queued_event: Option<crate::DueEvent>,
 }
 
 impl Vcpu for Script {
@@ -33,9 +40,10 @@ impl Vcpu for Script {
         Ok(())
     }
     fn sregs(&mut self) -> Result<kvm_sregs, VcpuError> {
-        Ok(kvm_sregs::default())
+        Ok(self.sregs)
     }
-    fn set_sregs(&mut self, _sregs: &kvm_sregs) -> Result<(), VcpuError> {
+    fn set_sregs(&mut self, sregs: &kvm_sregs) -> Result<(), VcpuError> {
+        self.sregs = *sregs;
         Ok(())
     }
     fn end_nmi_blocking(&mut self) -> Result<(), VcpuError> {
@@ -73,6 +81,14 @@ impl Vcpu for Script {
         self.nmis += 1;
         Ok(())
     }
+    fn due_event(&mut self) -> Result<Option<crate::DueEvent>, VcpuError> {
+        self.event_probes += 1;
+        Ok(self.due_events.pop_front().flatten())
+    }
+    fn queue_event(&mut self, event: crate::DueEvent) -> Result<(), VcpuError> {
+        self.queued_event = Some(event);
+        Ok(())
+    }
     fn get_msr(&mut self, index: u32) -> Result<u64, VcpuError> {
         Ok(match index {
             emon_x86::arch::IA32_TSC => self.tsc,
@@ -103,6 +119,7 @@ impl Script {
         Script {
             mem,
             regs: kvm_regs::default(),
+            sregs: kvm_sregs::default(),
             mode: CpuMode::default(),
             single_step: false,
             halted: false,
@@ -112,6 +129,9 @@ impl Script {
             tsc_settable: true,
             lapic: [0; 1024],
             nmis: 0,
+            due_events: Default::default(),
+            event_probes: 0,
+            queued_event: None,
         }
     }
 }

@@ -23,6 +23,17 @@ impl VcpuError {
     }
 }
 
+/// An event due at the next instruction boundary.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DueEvent {
+    /// An external interrupt, acknowledged: its vector is in service in the local APIC.
+    Interrupt(u8),
+    Nmi,
+    /// An interrupt of the 8259 PIC through LINT0 in ExtINT mode (virtual wire), not
+    /// acknowledged: the next entry delivers it (the PIC gives the vector when acknowledged).
+    ExtInt,
+}
+
 /// What a counting backend needs of one vCPU, at an exit (the vCPU is not running).
 pub trait Vcpu {
     /// The general-purpose registers, RIP and RFLAGS.
@@ -56,9 +67,28 @@ pub trait Vcpu {
     fn guest_dr7(&mut self) -> Result<u64, VcpuError> {
         Ok(0)
     }
+    /// Takes the interrupt or NMI due at this instruction boundary as the CPU takes one to
+    /// deliver it (an interrupt goes in service in the local APIC; an NMI's blocking begins),
+    /// without running a guest instruction: which one, if any. The caller delivers it, or hands
+    /// it back with [`Self::queue_event`]. `None` where the vCPU cannot be asked.
+    fn due_event(&mut self) -> Result<Option<DueEvent>, VcpuError> {
+        Ok(None)
+    }
+    /// Delivers `event` (taken by [`Self::due_event`]) at the next entry.
+    fn queue_event(&mut self, _event: DueEvent) -> Result<(), VcpuError> {
+        Ok(())
+    }
     /// Delivers exception `vector` (with `error_code` where it has one) at the next entry, through
     /// the guest's IDT; the instruction at RIP does not retire.
     fn inject_exception(&mut self, vector: u8, error_code: Option<u32>) -> Result<(), VcpuError>;
+    /// Delivers a page fault with `error_code` at the next entry, CR2 taking `cr2`, the address
+    /// that faulted (SDM Vol. 3A 4.7).
+    fn inject_page_fault(&mut self, error_code: u32, cr2: u64) -> Result<(), VcpuError> {
+        let mut sregs = self.sregs()?;
+        sregs.cr2 = cr2;
+        self.set_sregs(&sregs)?;
+        self.inject_exception(emon_x86::arch::PF_VECTOR, Some(error_code))
+    }
     /// Guest-physical memory.
     fn memory(&self) -> &GuestMemoryMmap;
     /// The local APIC's register page (KVM_GET_LAPIC: each register a little-endian word at its

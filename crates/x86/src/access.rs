@@ -127,6 +127,38 @@ pub fn data_accesses(
     })
 }
 
+/// The data accesses `i` makes next: for a REP string instruction with a count left, those of
+/// its next iteration (one element at RSI and RDI as `reg` gives them; none with the count at
+/// 0), as
+/// the CPU makes them one iteration at a time (SDM Vol. 2B, REP); otherwise [`data_accesses`].
+pub fn next_accesses(
+    i: &Instruction,
+    reg: impl Fn(Register) -> u64,
+    fs_base: u64,
+    gs_base: u64,
+) -> Result<Vec<Access>, UnknownAccesses> {
+    if !(i.is_string_instruction() && (i.has_rep_prefix() || i.has_repne_prefix())) {
+        return data_accesses(i, reg, fs_base, gs_base);
+    }
+    // The count is RCX, ECX or CX, as the address size (the string operands' registers) says.
+    let kinds: Vec<OpKind> = (0..i.op_count()).map(|n| i.op_kind(n)).collect();
+    let count = reg(Register::RCX)
+        & if kinds.iter().any(|k| matches!(k, OpKind::MemorySegESI | OpKind::MemoryESEDI)) {
+            0xFFFF_FFFF
+        } else if kinds.iter().any(|k| matches!(k, OpKind::MemorySegSI | OpKind::MemoryESDI)) {
+            0xFFFF
+        } else {
+            u64::MAX
+        };
+    if count == 0 {
+        return Ok(Vec::new());
+    }
+    let mut one = *i;
+    one.set_has_rep_prefix(false);
+    one.set_has_repne_prefix(false);
+    data_accesses(&one, reg, fs_base, gs_base)
+}
+
 /// The linear address of `i`'s explicit memory operand, whatever its size (XSAVE's area
 /// included); `None` without one.
 pub fn operand_address(i: &Instruction, reg: impl Fn(Register) -> u64, fs_base: u64, gs_base: u64) -> Option<u64> {
@@ -406,6 +438,21 @@ mod tests {
     #[test]
     fn what_cannot_be_listed_is_refused() {
         assert_eq!(acc64(&[0xF3, 0xA4]), Err(UnknownAccesses::Rep)); // rep movsb
+                                                                     // Its next iteration: one byte read at RSI, one written at RDI; none with RCX at 0.
+        let rep_movsb = Decoder::new(64, &[0xF3, 0xA4], DecoderOptions::NONE).decode();
+        let at = |rcx: u64| {
+            move |r: Register| match r {
+                Register::RSI => 0x1000,
+                Register::RDI => 0x2000,
+                Register::RCX => rcx,
+                _ => 0,
+            }
+        };
+        assert_eq!(
+            next_accesses(&rep_movsb, at(5), 0, 0),
+            Ok(vec![Access { linear: 0x1000, size: 1, kind: Read }, Access { linear: 0x2000, size: 1, kind: Write }])
+        );
+        assert_eq!(next_accesses(&rep_movsb, at(0), 0, 0), Ok(vec![]));
         assert_eq!(acc64(&[0xF3, 0x48, 0xAB]), Err(UnknownAccesses::Rep)); // rep stosq
         assert_eq!(acc64(&[0xF2, 0xAE]), Err(UnknownAccesses::Rep)); // repne scasb
         assert_eq!(acc64(&[0xF3, 0xA6]), Err(UnknownAccesses::Rep)); // repe cmpsb
@@ -509,5 +556,90 @@ mod tests {
             let lines: u64 = data_accesses(&i, at, 0, 0).expect("listed").iter().map(|a| a.lines(64)).sum();
             assert!(lines <= max_lines(&i, 64).expect("bounded"), "offset {offset}");
         }
+    }
+}
+
+/// Whether DIV or IDIV `i` raises #DE with the registers `r` and its memory operand's value
+/// `memory` (read with the operand's size; `None` if it cannot be read): a divisor of 0, or a
+/// quotient that does not fit the destination (SDM Vol. 2A, DIV and IDIV). `None` for any other
+/// instruction, or when the divisor cannot be read.
+pub fn divide_error(i: &Instruction, r: &kvm_bindings::kvm_regs, memory: Option<u64>) -> Option<bool> {
+    let signed = match i.mnemonic() {
+        Mnemonic::Div => false,
+        Mnemonic::Idiv => true,
+        _ => return None,
+    };
+    let (divisor, size) = match i.op0_kind() {
+        OpKind::Register => {
+            let reg = i.op0_register();
+            let value = match reg {
+                // AH, CH, DH, BH: bits 15:8 of RAX, RCX, RDX, RBX.
+                Register::AH | Register::CH | Register::DH | Register::BH => {
+                    gpr(r, Register::try_from(reg as usize - 4).ok()?) >> 8
+                }
+                _ => gpr(r, reg.full_register()),
+            };
+            (value, reg.size())
+        }
+        OpKind::Memory => (memory?, i.memory_size().size()),
+        _ => return None,
+    };
+    let bits = 8 * size as u32;
+    let mask = |v: u128| if bits == 64 { v & u128::from(u64::MAX) } else { v & ((1u128 << bits) - 1) };
+    let divisor = mask(u128::from(divisor));
+    if divisor == 0 {
+        return Some(true);
+    }
+    // The dividend: AX for a byte divisor, else rDX:rAX of the divisor's size.
+    let dividend =
+        if size == 1 { u128::from(r.rax & 0xFFFF) } else { mask(u128::from(r.rdx)) << bits | mask(u128::from(r.rax)) };
+    Some(if signed {
+        let sext = |v: u128, width: u32| ((v << (128 - width)) as i128) >> (128 - width);
+        let (n, d) = (sext(dividend, 2 * bits), sext(divisor, bits));
+        // i128 cannot overflow here: the dividend has at most 128 bits only for 64-bit operands,
+        // and MIN / -1 is the one case checked apart.
+        let q = if n == i128::MIN && d == -1 { return Some(true) } else { n / d };
+        let limit = 1i128 << (bits - 1);
+        q < -limit || q >= limit
+    } else {
+        dividend / divisor > mask(u128::MAX)
+    })
+}
+
+#[cfg(test)]
+mod divide_tests {
+    use super::*;
+    use iced_x86::{Decoder, DecoderOptions};
+
+    fn insn(bytes: &[u8]) -> Instruction {
+        Decoder::new(64, bytes, DecoderOptions::NONE).decode()
+    }
+
+    #[test]
+    fn divide_errors_as_the_sdm_defines_them() {
+        let regs = |rax: u64, rdx: u64, rcx: u64| kvm_bindings::kvm_regs { rax, rdx, rcx, ..Default::default() };
+        let div_ecx = insn(&[0xF7, 0xF1]);
+        let idiv_ecx = insn(&[0xF7, 0xF9]);
+        let div_ch = insn(&[0xF6, 0xF5]);
+        let div_mem = insn(&[0x48, 0xF7, 0x33]); // div qword [rbx]
+        assert_eq!(divide_error(&div_ecx, &regs(10, 0, 0), None), Some(true), "by zero");
+        assert_eq!(divide_error(&div_ecx, &regs(10, 0, 1 << 32), None), Some(true), "ECX is 0");
+        assert_eq!(divide_error(&div_ecx, &regs(10, 0, 3), None), Some(false));
+        assert_eq!(divide_error(&div_ecx, &regs(0, 1, 1), None), Some(true), "2^32 / 1 does not fit EAX");
+        assert_eq!(
+            divide_error(&idiv_ecx, &regs(0x8000_0000, 0xFFFF_FFFF, 0xFFFF_FFFF), None),
+            Some(true),
+            "-2^31 / -1"
+        );
+        assert_eq!(
+            divide_error(&idiv_ecx, &regs(0xFFFF_FFF6, 0xFFFF_FFFF, 0xFFFF_FFFE), None),
+            Some(false),
+            "-10 / -2"
+        );
+        assert_eq!(divide_error(&div_ch, &regs(0x200, 0, 0x100), None), Some(true), "AX 512 / CH 1 does not fit AL");
+        assert_eq!(divide_error(&div_ch, &regs(0x200, 0, 0x300), None), Some(false), "512 / 3");
+        assert_eq!(divide_error(&div_mem, &regs(5, 0, 0), Some(0)), Some(true));
+        assert_eq!(divide_error(&div_mem, &regs(5, 0, 0), None), None, "unreadable");
+        assert_eq!(divide_error(&insn(&[0x90]), &regs(0, 0, 0), None), None);
     }
 }

@@ -3,12 +3,18 @@
 
 /// #DB, the debug exception: single-step traps and instruction breakpoints.
 pub const DB_VECTOR: u8 = 1;
+/// #DE, the divide error.
+pub const DE_VECTOR: u8 = 0;
+/// The non-maskable interrupt.
+pub const NMI_VECTOR: u8 = 2;
 /// #BP, the breakpoint exception INT3 raises.
 pub const BP_VECTOR: u8 = 3;
 /// #UD, the invalid-opcode exception.
 pub const UD_VECTOR: u8 = 6;
 /// #NM, the device-not-available exception.
 pub const NM_VECTOR: u8 = 7;
+/// #NP, segment not present (of an IDT gate, too).
+pub const NP_VECTOR: u8 = 11;
 /// #GP, the general-protection exception.
 pub const GP_VECTOR: u8 = 13;
 /// #PF, the page-fault exception.

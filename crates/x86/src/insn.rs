@@ -66,6 +66,9 @@ pub enum Special {
     /// SYSCALL from CPL3 does not enter the kernel on some hosts (kvm_pvm: RIP moves to
     /// IA32_LSTAR at CPL3): emon completes it there.
     Syscall,
+    /// INT n and INT3 (the vector): from CPL3 some hosts swallow them (kvm_pvm: execution goes
+    /// on after the instruction): emon delivers them there.
+    Int(u8),
     /// CPUID: some hosts override the table the VMM gives KVM (README, "CPUID fidelity"); where
     /// emon runs user-mode code in the TCG engine, it answers from that table itself.
     Cpuid,
@@ -213,6 +216,8 @@ pub fn of(i: &Instruction) -> Insn {
         Xsave | Xsave64 | Xsaveopt | Xsaveopt64 | Xsavec | Xsavec64 | Xrstor | Xrstor64 => Special::Xsave,
         Syscall => Special::Syscall,
         Cpuid => Special::Cpuid,
+        Int => Special::Int(i.immediate8()),
+        Int3 => Special::Int(3),
         _ => Special::None,
     };
     let changes_mode = is_far_transfer(i)
@@ -415,6 +420,8 @@ mod tests {
     fn classes_and_specials() {
         assert_eq!(d(&[0xF4]).special, Special::Hlt);
         assert_eq!(d(&[0x0F, 0x33]).special, Special::Rdpmc);
+        assert_eq!(d(&[0xCD, 0x80]).special, Special::Int(0x80));
+        assert_eq!(d(&[0xCC]).special, Special::Int(3));
         assert_eq!(d(&[0x0F, 0x31]).special, Special::Rdtsc);
         assert_eq!(d(&[0x0F, 0x01, 0xF9]).special, Special::Rdtscp);
         assert_eq!(d(&[0x0F, 0x32]).special, Special::Rdmsr);

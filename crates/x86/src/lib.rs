@@ -10,6 +10,7 @@
 //! - [`fpu`]: the x87/MMX/SSE state as FXSAVE and XSAVE lay it out.
 pub mod access;
 pub mod arch;
+pub mod deliver;
 pub mod fpu;
 pub mod insn;
 pub mod mode;

@@ -7,6 +7,10 @@ const CR0_PG: u64 = 1 << 31;
 const CR4_PSE: u64 = 1 << 4;
 const CR4_PAE: u64 = 1 << 5;
 const CR4_PCE: u64 = 1 << 8;
+const CR4_SMEP: u64 = 1 << 20;
+const CR4_SMAP: u64 = 1 << 21;
+/// CR0.WP: supervisor-mode writes honour read-only pages.
+const CR0_WP: u64 = 1 << 16;
 const EFER_LMA: u64 = 1 << 10;
 const PRESENT: u64 = 1;
 const PAGE_SIZE_BIT: u64 = 1 << 7;
@@ -50,9 +54,9 @@ pub fn segment_from_descriptor(d: u64, selector: u16) -> kvm_segment {
     }
 }
 
-/// What a user-mode access does, for its page-fault error code.
+/// What an access does, for its page-fault error code.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum UserAccess {
+pub enum Access {
     Read,
     Write,
     Fetch,
@@ -160,21 +164,25 @@ impl CpuMode {
         (pte & PRESENT != 0).then_some((pte & 0xFFFF_F000) | (la & 0xFFF))
     }
 
-    /// The error code of the page fault a user-mode (CPL3) access of `kind` to linear address
-    /// `la` raises under 4-level paging, or `None` if it does not fault (SDM Vol. 3A 4.6 and
-    /// 4.7): P where the translation was present (a protection violation), W/R for a write, U/S
-    /// always, RSVD for a reserved bit set, I/D for a fetch with EFER.NXE.
-    pub fn user_page_fault(&self, mem: &GuestMemoryMmap, la: u64, kind: UserAccess) -> Option<u32> {
+    /// The error code of the page fault an access of `kind` to linear address `la` at the CPL
+    /// raises under 4-level paging, or `None` if it does not fault (SDM Vol. 3A 4.6 and 4.7): P
+    /// where the translation was present (a protection violation), W/R for a write, U/S for a
+    /// user-mode access, RSVD for a reserved bit set, I/D for a fetch with EFER.NXE. A user-mode
+    /// access needs every level to allow user mode; a supervisor-mode one faults on a write to a
+    /// read-only page with CR0.WP, a data access to a user page with CR4.SMAP unless RFLAGS.AC
+    /// (`ac`) is set, and a fetch from a user page with CR4.SMEP.
+    pub fn page_fault(&self, mem: &GuestMemoryMmap, la: u64, kind: Access, ac: bool) -> Option<u32> {
         const WRITABLE: u64 = 1 << 1;
         const USER: u64 = 1 << 2;
         const XD: u64 = 1 << 63;
         const EFER_NXE: u64 = 1 << 11;
+        let user_mode = self.cpl == 3;
         let code = |present: bool, rsvd: bool| {
             u32::from(present)
-                | u32::from(kind == UserAccess::Write) << 1
-                | 1 << 2
+                | u32::from(kind == Access::Write) << 1
+                | u32::from(user_mode) << 2
                 | u32::from(rsvd) << 3
-                | u32::from(kind == UserAccess::Fetch && self.efer & EFER_NXE != 0) << 4
+                | u32::from(kind == Access::Fetch && self.efer & EFER_NXE != 0) << 4
         };
         if self.cr0 & CR0_PG == 0 || self.efer & EFER_LMA == 0 {
             return None;
@@ -188,11 +196,42 @@ impl CpuMode {
         if entries[n - 1] & PRESENT == 0 {
             return Some(code(false, false));
         }
-        let user = entries.iter().all(|e| e & USER != 0);
+        let user_page = entries.iter().all(|e| e & USER != 0);
         let writable = entries.iter().all(|e| e & WRITABLE != 0);
         let exec = self.efer & EFER_NXE == 0 || entries.iter().all(|e| e & XD == 0);
-        let denied = !user || kind == UserAccess::Write && !writable || kind == UserAccess::Fetch && !exec;
+        let denied = match kind {
+            Access::Fetch if !exec => true,
+            _ if user_mode => !user_page || kind == Access::Write && !writable,
+            Access::Fetch => user_page && self.cr4 & CR4_SMEP != 0,
+            _ => {
+                kind == Access::Write && !writable && self.cr0 & CR0_WP != 0
+                    || user_page && self.cr4 & CR4_SMAP != 0 && !ac
+            }
+        };
         denied.then(|| code(true, false))
+    }
+
+    /// The page fault an access of `kind` to the `len` bytes at linear address `la` raises, if
+    /// one does: its error code ([`Self::page_fault`]) and the address CR2 takes, the first byte
+    /// it cannot reach.
+    pub fn span_page_fault(
+        &self,
+        mem: &GuestMemoryMmap,
+        la: u64,
+        len: u64,
+        kind: Access,
+        ac: bool,
+    ) -> Option<(u32, u64)> {
+        let end = la.saturating_add(len.max(1));
+        let mut page = la & !0xFFF;
+        while page < end {
+            let at = page.max(la);
+            if let Some(code) = self.page_fault(mem, at, kind, ac) {
+                return Some((code, at));
+            }
+            page += 0x1000;
+        }
+        None
     }
 
     /// The 4-level paging walk of linear address `la` (SDM Vol. 3A 4.5): the entries it reads,
@@ -285,7 +324,7 @@ mod tests {
     }
 
     #[test]
-    fn user_page_faults_carry_the_error_code_of_the_walk() {
+    fn page_faults_carry_the_error_code_of_the_walk() {
         let m = mem();
         // PML4 -> PDPT -> PD, user and writable; PDE 0 a 2 MiB supervisor page; PDE 1 -> a PT
         // whose entry 5 is a user, read-only page and entry 6 is not present.
@@ -294,13 +333,25 @@ mod tests {
         m.write_obj(0x40_0000u64 | 0x83, GuestAddress(0x3000)).unwrap();
         m.write_obj(0x4000u64 | 7, GuestAddress(0x3008)).unwrap();
         m.write_obj(0x60_0000u64 | 5, GuestAddress(0x4000 + 5 * 8)).unwrap();
-        let c = CpuMode { cr0: CR0_PG, cr3: 0x1000, cr4: CR4_PAE, efer: EFER_LMA, ..Default::default() };
-        assert_eq!(c.user_page_fault(&m, 0x20_5000, UserAccess::Read), None);
-        assert_eq!(c.user_page_fault(&m, 0x20_5000, UserAccess::Write), Some(0b111), "P, W, U");
-        assert_eq!(c.user_page_fault(&m, 0x20_6000, UserAccess::Read), Some(0b100), "not present");
-        assert_eq!(c.user_page_fault(&m, 0x1000, UserAccess::Fetch), Some(0b101), "supervisor, no NXE: no I/D");
+        let c = CpuMode { cpl: 3, cr0: CR0_PG, cr3: 0x1000, cr4: CR4_PAE, efer: EFER_LMA, ..Default::default() };
+        assert_eq!(c.page_fault(&m, 0x20_5000, Access::Read, false), None);
+        assert_eq!(c.page_fault(&m, 0x20_5000, Access::Write, false), Some(0b111), "P, W, U");
+        assert_eq!(c.page_fault(&m, 0x20_6000, Access::Read, false), Some(0b100), "not present");
+        assert_eq!(c.page_fault(&m, 0x1000, Access::Fetch, false), Some(0b101), "supervisor page, no NXE: no I/D");
+
+        // Supervisor-mode accesses: no U/S; CR0.WP for writes to read-only pages; SMAP and SMEP.
+        let k = CpuMode { cpl: 0, ..c };
+        assert_eq!(k.page_fault(&m, 0x1000, Access::Write, false), None);
+        assert_eq!(k.page_fault(&m, 0x20_5000, Access::Write, false), None, "read-only without CR0.WP");
+        assert_eq!(k.page_fault(&m, 0x20_6000, Access::Write, true), Some(0b010), "not present, W");
+        let wp = CpuMode { cr0: CR0_PG | CR0_WP, ..k };
+        assert_eq!(wp.page_fault(&m, 0x20_5000, Access::Write, true), Some(0b011), "read-only with CR0.WP");
+        let smap = CpuMode { cr4: CR4_PAE | CR4_SMAP | CR4_SMEP, ..k };
+        assert_eq!(smap.page_fault(&m, 0x20_5000, Access::Read, false), Some(0b001), "SMAP without AC");
+        assert_eq!(smap.page_fault(&m, 0x20_5000, Access::Read, true), None, "SMAP with AC (STAC)");
+        assert_eq!(smap.page_fault(&m, 0x20_5000, Access::Fetch, true), Some(0b001), "SMEP");
         m.write_obj(0x2000u64 | 0x87, GuestAddress(0x1000)).unwrap();
-        assert_eq!(c.user_page_fault(&m, 0x20_5000, UserAccess::Read), Some(0b1101), "PS in the PML4E: RSVD");
+        assert_eq!(c.page_fault(&m, 0x20_5000, Access::Read, false), Some(0b1101), "PS in the PML4E: RSVD");
     }
 
     #[test]

@@ -1,4 +1,4 @@
-//! User mode (CPL3): a known user-mode function counted with USR-only, OS-only and both on GP and fixed counters, an overflow PMI taken from user mode with zero skid, and SYSCALL/SYSRETQ round trips counted exactly at each level.
+//! User mode (CPL3): a known user-mode function counted with USR-only, OS-only and both on GP and fixed counters, an overflow PMI taken from user mode with zero skid, SYSCALL/SYSRETQ round trips, a local-APIC timer interrupt taken in a long user-mode loop, INT n / INT3 round trips, and a straight-line user run ending in each kind of exception (#GP, #UD, #DE, #PF, #BP), each counted exactly at each level and each with an overflow PMI taken in its run.
 #![no_std]
 #![no_main]
 
@@ -53,7 +53,90 @@ global_asm!(
     seen = sym SYSCALLS_SEEN,
 );
 
+/// The user loop the timer interrupts: `xor ecx, ecx`, `mov rdx, SPIN_LIMIT`, then per
+/// iteration `inc rcx`, `cmp byte [TIMER_SEEN], 0`, `jne`, `cmp rcx, rdx`, `jb` until the timer's
+/// handler sets TIMER_SEEN (the last iteration ends at the taken `jne`), then `mov [SPINS], rcx`.
+const SPIN_LIMIT: u64 = 1 << 40;
+static TIMER_SEEN: AtomicU64 = AtomicU64::new(0);
+static SPINS: AtomicU64 = AtomicU64::new(0);
+/// User instructions of the loop for `n` iterations ended by the flag.
+const fn spin_insns(n: u64) -> u64 {
+    2 + 5 * (n - 1) + 3 + 1
+}
+
+global_asm!(
+    ".global user_spin",
+    "user_spin:",
+    "xor ecx, ecx",
+    "mov rdx, {limit}",
+    "2: inc rcx",
+    ".global user_spin_loop",
+    "user_spin_loop:",
+    "cmp byte ptr [rip + {seen}], 0",
+    "jne 3f",
+    "cmp rcx, rdx",
+    "jb 2b",
+    "3: mov [rip + {spins}], rcx",
+    ".global user_spin_end",
+    "user_spin_end:",
+    "hlt", // #GP at CPL3: back to the kernel
+    limit = const SPIN_LIMIT,
+    seen = sym TIMER_SEEN,
+    spins = sym SPINS,
+);
+
+/// INT n round trips: `mov ebx, INTS`, then INTS x (`int USER_VECTOR`; `dec ebx`; `jnz`), then
+/// `int3`, whose #BP (a trap: INT3 retires) brings it back to the kernel. `user_int_kernel` is
+/// `int KERNEL_VECTOR`, whose gate is DPL0: #GP(KERNEL_VECTOR * 8 + 2).
+const INTS: u64 = 50;
+const USER_VECTOR: u8 = 0x80;
+const KERNEL_VECTOR: u8 = 0x81;
+const INT_USER_INSNS: u64 = 1 + 3 * INTS + 1;
+
+global_asm!(
+    ".global user_ints",
+    "user_ints:",
+    "mov ebx, {n}",
+    "2: int {user}",
+    "dec ebx",
+    "jnz 2b",
+    "int3",
+    ".global user_int_kernel",
+    "user_int_kernel:",
+    "int {kernel}",
+    n = const INTS,
+    user = const USER_VECTOR,
+    kernel = const KERNEL_VECTOR,
+);
+
+/// Straight-line user runs of [`RUN`] NOPs ending in an exception: (name, entry, vector, user
+/// instructions that retire). HLT raises #GP(0), UD2 #UD, DIV by zero #DE (after its three
+/// zeroing instructions), a load from an address the user cannot reach #PF (after the NOPs
+/// only), and INT3 #BP (a trap: it retires).
+const RUN: u64 = 200;
+
+global_asm!(
+    ".global exit_gp", "exit_gp:", ".rept {run}", "nop", ".endr", "hlt",
+    ".global exit_ud", "exit_ud:", ".rept {run}", "nop", ".endr", "ud2",
+    ".global exit_de", "exit_de:", ".rept {run}", "nop", ".endr",
+    "xor edx, edx", "xor eax, eax", "xor ecx, ecx", "div ecx",
+    ".global exit_pf", "exit_pf:", ".rept {run}", "nop", ".endr", "mov eax, dword ptr [{apic}]",
+    ".global exit_bp", "exit_bp:", ".rept {run}", "nop", ".endr", "int3",
+    run = const RUN,
+    apic = const apic::BASE,
+);
+
 extern "C" {
+    fn exit_gp();
+    fn exit_ud();
+    fn exit_de();
+    fn exit_pf();
+    fn exit_bp();
+    fn user_spin();
+    fn user_spin_loop();
+    fn user_spin_end();
+    fn user_ints();
+    fn user_int_kernel();
     fn user_fn();
     fn user_fn_loop();
     fn user_syscalls();
@@ -93,6 +176,57 @@ fn on_pmi(regs: &mut Regs) {
     PMI_CS.store(regs.cs, SeqCst);
     wrmsr(IA32_PERFEVTSEL0, 0); // stop PMC0
     apic::eoi();
+}
+
+static TIMER_RIP: AtomicU64 = AtomicU64::new(0);
+static TIMER_CS: AtomicU64 = AtomicU64::new(0);
+static TIMERS: AtomicU64 = AtomicU64::new(0);
+/// The local-APIC timer's vector.
+const TIMER_VECTOR: u8 = 0x40;
+
+fn on_timer(regs: &mut Regs) {
+    TIMERS.fetch_add(1, SeqCst);
+    TIMER_RIP.store(regs.rip, SeqCst);
+    TIMER_CS.store(regs.cs, SeqCst);
+    TIMER_SEEN.store(1, SeqCst);
+    apic::eoi();
+}
+
+static INTS_SEEN: AtomicU64 = AtomicU64::new(0);
+
+fn on_user_int(regs: &mut Regs) {
+    if regs.cs & 3 == 3 {
+        INTS_SEEN.fetch_add(1, SeqCst);
+    }
+}
+
+/// Programs PMC0 USR, PMC1 OS and PMC2 (where there is one) both for instructions retired, from
+/// 0; returns how many it programmed.
+fn count_usr_os(pmu: &Perfmon) -> u32 {
+    let used = if pmu.gp >= 3 { 3 } else { 2 };
+    let sel = [PERFEVTSEL_USR, PERFEVTSEL_OS, PERFEVTSEL_USR | PERFEVTSEL_OS];
+    wrmsr(IA32_PERF_GLOBAL_CTRL, 0);
+    for i in 0..used {
+        wrmsr(IA32_PMC0 + i, 0);
+        wrmsr(IA32_PERFEVTSEL0 + i, PERFEVTSEL_EN | sel[i as usize] | 0xC0);
+    }
+    wrmsr(IA32_PERF_GLOBAL_CTRL, (1 << used) - 1);
+    used
+}
+
+/// Stops the counters [`count_usr_os`] programmed and checks USR = `user` exactly, OS > 0, and
+/// USR|OS = both; `what` names the run and `user_insns` its user instructions.
+fn check_usr_os(used: u32, user: u64, what: &str, user_insns: &str) {
+    wrmsr(IA32_PERF_GLOBAL_CTRL, 0);
+    let (u, o) = (rdmsr(IA32_PMC0), rdmsr(IA32_PMC0 + 1));
+    check_eq!(u, user, "{what}: USR counts exactly {user_insns}");
+    check!(o > 0, "{what}: OS counts the kernel's instructions");
+    if used == 3 {
+        check_eq!(rdmsr(IA32_PMC0 + 2), u + o, "{what}: USR|OS counts both");
+    }
+    for i in 0..used {
+        wrmsr(IA32_PERFEVTSEL0 + i, 0);
+    }
 }
 
 fn main(_boot: &emon_guest::BootInfo) -> i32 {
@@ -197,5 +331,81 @@ fn main(_boot: &emon_guest::BootInfo) -> i32 {
     for i in 0..used {
         wrmsr(IA32_PERFEVTSEL0 + i, 0);
     }
+
+    // A local-APIC timer interrupt (one-shot, about 1 ms) taken in a user-mode loop that spins
+    // until the handler says so, counted.
+    idt::set_handler(TIMER_VECTOR, on_timer);
+    apic::write(apic::TIMER_DIVIDE, apic::TIMER_DIVIDE_BY_1);
+    let used = count_usr_os(&pmu);
+    apic::write(apic::LVT_TIMER, TIMER_VECTOR as u32);
+    apic::write(apic::TIMER_INITIAL_COUNT, 1_000_000);
+    emon_guest::cpu::enable_interrupts();
+    let v = user::run_user(user_spin, 0);
+    emon_guest::cpu::disable_interrupts();
+    let spins = SPINS.load(SeqCst);
+    check_eq!(v, 13u8, "timer run: back from user mode through #GP");
+    check_eq!(TIMERS.load(SeqCst), 1u64, "one timer interrupt");
+    check_eq!(TIMER_CS.load(SeqCst) & 3, 3u64, "the timer interrupted user mode (CS.RPL = 3)");
+    let rip = TIMER_RIP.load(SeqCst);
+    check!(
+        (user_spin as *const () as u64..user_spin_end as *const () as u64).contains(&rip),
+        "the interrupted RIP is in the user loop"
+    );
+    check!(spins > 0 && spins < SPIN_LIMIT, "the loop ended when the handler said so");
+    check_usr_os(used, spin_insns(spins.max(1)), "timer run", "the loop's user instructions (5 an iteration)");
+    let _ = user_spin_loop;
+
+    // INT n to a DPL3 gate, INT3, and INT n to a DPL0 gate (#GP(n * 8 + 2)) from user mode.
+    idt::allow_user(USER_VECTOR);
+    idt::set_handler(USER_VECTOR, on_user_int);
+    idt::allow_user(3);
+    let used = count_usr_os(&pmu);
+    let v = user::run_user(user_ints, 0);
+    check_eq!(v, 3u8, "INT n run: back from user mode through INT3's #BP");
+    check_eq!(INTS_SEEN.load(SeqCst), INTS, "every INT n entered its handler from user mode");
+    check_usr_os(used, INT_USER_INSNS, "INT n run", "the user instructions, each INT and the INT3 once");
+
+    // Straight-line user runs ending in each kind of exception: exact USR/OS counts, then the same
+    // run with PMC0 (USR, INT) overflowing at its 100th instruction, a NOP: the PMI interrupts user
+    // mode right after it (zero skid), and the run still ends in its exception.
+    let exits: [(&str, unsafe extern "C" fn(), u8, u64); 5] = [
+        ("#GP", exit_gp, 13, RUN),
+        ("#UD", exit_ud, 6, RUN),
+        ("#DE", exit_de, 0, RUN + 3),
+        ("#PF", exit_pf, 14, RUN),
+        ("#BP", exit_bp, 3, RUN + 1),
+    ];
+    for (name, entry, vector, user_insns) in exits {
+        let used = count_usr_os(&pmu);
+        let v = user::run_user(entry, 0);
+        check_eq!(v, vector, "{name} run: the exception brings it back");
+        check_usr_os(used, user_insns, name, "the run's user instructions");
+        PMIS.store(0, SeqCst);
+        wrmsr(IA32_PERF_GLOBAL_OVF_CTRL, 1);
+        apic::write(apic::LVT_PMC, APIC_PERFMON_VECTOR as u32);
+        wrmsr(IA32_PMC0, (max - 99) & 0xFFFF_FFFF);
+        wrmsr(IA32_PERFEVTSEL0, usr | PERFEVTSEL_INT);
+        wrmsr(IA32_PERF_GLOBAL_CTRL, 1);
+        emon_guest::cpu::enable_interrupts();
+        let v = user::run_user(entry, 0);
+        emon_guest::cpu::disable_interrupts();
+        wrmsr(IA32_PERF_GLOBAL_CTRL, 0);
+        wrmsr(IA32_PERFEVTSEL0, 0);
+        check_eq!(v, vector, "{name} run with a PMI: the exception brings it back");
+        check_eq!(PMIS.load(SeqCst), 1u64, "{name} run: one PMI");
+        check_eq!(PMI_CS.load(SeqCst) & 3, 3u64, "{name} run: the PMI interrupted user mode");
+        check_eq!(
+            PMI_RIP.load(SeqCst),
+            entry as *const () as u64 + 100,
+            "{name} run: zero skid, the PMI comes right after the 100th NOP"
+        );
+    }
+    let e = user::run_user_caught(user_int_kernel, 0);
+    check_eq!(e.map_or(0xFF, |e| e.vector), 13u8, "INT to a DPL0 gate from user mode raises #GP");
+    check_eq!(
+        e.map_or(0, |e| e.error_code),
+        u32::from(KERNEL_VECTOR) * 8 + 2,
+        "its error code names the gate (vector * 8 + 2)"
+    );
     emon_guest::summary()
 }

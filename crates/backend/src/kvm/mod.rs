@@ -2,6 +2,7 @@
 //! KVM vCPU file descriptor (the PMI goes through its in-kernel local APIC); [`trap_pmu_msrs`],
 //! which sends every PMU MSR access to userspace; and [`apply_guest_debug`], the vCPU's one
 //! KVM_SET_GUEST_DEBUG control.
+pub mod event_probe;
 mod regs;
 pub mod xsave;
 
@@ -103,6 +104,10 @@ pub struct KvmCpu {
     pub step_survives_set_regs: bool,
     /// The CPUID table the VMM set (KVM_SET_CPUID2), which some hosts override in KVM's copy.
     pub cpuid: Vec<kvm_bindings::kvm_cpuid_entry2>,
+    /// How the vCPU's thread asks KVM for the event due at the next entry, once it installed it.
+    pub event_probe: Option<event_probe::EventProbe>,
+    /// The VM's file descriptor (a duplicate), for the in-kernel PIC's state.
+    pub vm: Option<std::os::fd::OwnedFd>,
 }
 
 /// CPUID bits KVM updates as the guest runs, as (leaf, sub-leaf, register 0-3, mask):
@@ -114,7 +119,7 @@ const LIVE_CPUID: [(u32, u32, usize, u32); 4] =
 impl KvmCpu {
     pub fn new(kvm: &kvm_ioctls::Kvm, mut fd: VcpuFd, debug: GuestDebug, xsave: Option<xsave::XsaveAbi>) -> KvmCpu {
         let regs = regs::RegCache::new(kvm, &mut fd);
-        KvmCpu { fd, debug, xsave, regs, step_survives_set_regs: false, cpuid: Vec::new() }
+        KvmCpu { fd, debug, xsave, regs, step_survives_set_regs: false, cpuid: Vec::new(), event_probe: None, vm: None }
     }
 
     /// The vCPU with its guest memory, as the backends drive it.
@@ -131,6 +136,91 @@ impl KvmCpu {
             self.regs.ran(false);
         }
         r
+    }
+
+    /// Takes the interrupt or NMI due at this instruction boundary, as the CPU takes one when
+    /// it delivers it (an NMI's blocking begins; an interrupt goes from the local APIC's IRR to
+    /// its ISR), without running a guest instruction: which one, if any. `None` where the vCPU's
+    /// thread has no [`event_probe`].
+    ///
+    /// An expired local-APIC timer reaches the IRR only inside KVM_RUN, so the probe runs one
+    /// that stops short of the entry, with RFLAGS.IF clear and NMIs masked meanwhile so that KVM
+    /// delivers nothing itself (a host may deliver an event when it injects it, before the entry
+    /// it then cancels); then emon decides, from the APIC's registers, what the CPU would take.
+    pub fn due_event(&mut self) -> Result<Option<crate::DueEvent>, VcpuError> {
+        let Some(probe) = self.event_probe.take() else { return Ok(None) };
+        let regs = self.regs()?;
+        let events = self.events()?;
+        self.set_regs(&kvm_regs { rflags: regs.rflags & !RFLAGS_IF, ..regs })?;
+        self.set_events(&kvm_vcpu_events {
+            nmi: kvm_bindings::kvm_vcpu_events__bindgen_ty_3 { masked: 1, ..events.nmi },
+            ..events
+        })?;
+        let ran = probe.raise().and_then(|()| match self.run() {
+            Err(e) if e.errno() == libc::EINTR => Ok(()),
+            Err(source) => Err(VcpuError { op: "KVM_RUN (the event probe)", source }),
+            // The signal was pending before the entry: KVM never enters the guest with one.
+            Ok(_) => Err(VcpuError {
+                op: "KVM_RUN (the event probe: the guest ran with a signal pending)",
+                source: vmm_sys_util::errno::Error::new(libc::EIO),
+            }),
+        });
+        let taken = probe.take_back();
+        self.event_probe = Some(probe);
+        ran?;
+        taken?;
+        self.set_regs(&regs)?;
+        let mut after = self.events()?;
+        after.nmi.masked = events.nmi.masked;
+        let nmi = after.nmi.pending != 0 && after.nmi.masked == 0 && after.nmi.injected == 0;
+        if nmi {
+            after.nmi.pending -= 1;
+            after.nmi.masked = 1;
+        }
+        self.set_events(&after)?;
+        if nmi {
+            return Ok(Some(crate::DueEvent::Nmi));
+        }
+        if regs.rflags & RFLAGS_IF == 0 || after.interrupt.shadow != 0 {
+            return Ok(None);
+        }
+        let mut state = self.fd.get_lapic().map_err(VcpuError::op("KVM_GET_LAPIC"))?;
+        let Some(v) = lapic::accept_interrupt(lapic::bytes(&mut state.regs)) else {
+            // The PIC's interrupt through LINT0 (virtual wire), which KVM takes from the PIC at
+            // the next entry; after the APIC's own, so that an interrupt a handler raised for
+            // user mode (a self-IPI) is not held back behind a device's.
+            let extint = lapic::accepts_extint(lapic::bytes(&mut state.regs))
+                && self.vm.as_ref().map(event_probe::pic_asserts).transpose()?.unwrap_or(false);
+            return Ok(extint.then_some(crate::DueEvent::ExtInt));
+        };
+        self.set_lapic(lapic::bytes(&mut state.regs))?;
+        Ok(Some(crate::DueEvent::Interrupt(v)))
+    }
+
+    /// KVM_SET_LAPIC of a register page read with KVM_GET_LAPIC (see
+    /// [`lapic::without_expired_timer`]).
+    pub fn set_lapic(&mut self, page: &[u8; 1024]) -> Result<(), VcpuError> {
+        let mut state = kvm_bindings::kvm_lapic_state::default();
+        let regs = lapic::bytes(&mut state.regs);
+        *regs = *page;
+        lapic::without_expired_timer(regs);
+        self.fd.set_lapic(&state).map_err(VcpuError::op("KVM_SET_LAPIC"))
+    }
+
+    /// Has KVM deliver `event`, taken by [`Self::due_event`], at the next entry.
+    pub fn queue_event(&mut self, event: crate::DueEvent) -> Result<(), VcpuError> {
+        let mut ev = self.events()?;
+        match event {
+            crate::DueEvent::Interrupt(v) => {
+                ev.interrupt.injected = 1;
+                ev.interrupt.nr = v;
+                ev.interrupt.soft = 0;
+            }
+            crate::DueEvent::Nmi => ev.nmi.injected = 1,
+            // Not acknowledged: KVM takes it from the PIC at the next entry.
+            crate::DueEvent::ExtInt => return Ok(()),
+        }
+        self.set_events(&ev)
     }
 
     pub fn regs(&mut self) -> Result<kvm_regs, VcpuError> {
@@ -252,6 +342,14 @@ impl Vcpu for KvmVcpu<'_> {
         Ok(table)
     }
 
+    fn due_event(&mut self) -> Result<Option<crate::DueEvent>, VcpuError> {
+        self.cpu.due_event()
+    }
+
+    fn queue_event(&mut self, event: crate::DueEvent) -> Result<(), VcpuError> {
+        self.cpu.queue_event(event)
+    }
+
     fn guest_dr7(&mut self) -> Result<u64, VcpuError> {
         Ok(self.cpu.fd.get_debug_regs().map_err(VcpuError::op("KVM_GET_DEBUGREGS"))?.dr7)
     }
@@ -294,9 +392,7 @@ impl Vcpu for KvmVcpu<'_> {
     }
 
     fn set_lapic(&mut self, page: &[u8; 1024]) -> Result<(), VcpuError> {
-        let mut state = kvm_bindings::kvm_lapic_state::default();
-        *lapic::bytes(&mut state.regs) = *page;
-        self.cpu.fd.set_lapic(&state).map_err(VcpuError::op("KVM_SET_LAPIC"))
+        self.cpu.set_lapic(page)
     }
 
     fn nmi(&mut self) -> Result<(), VcpuError> {
@@ -433,6 +529,8 @@ pub fn guest_tsc_settable(kvm: &kvm_ioctls::Kvm) -> Result<bool, VcpuError> {
 
 /// RFLAGS.RF, the resume flag.
 const RFLAGS_RF: u64 = 1 << 16;
+/// RFLAGS.IF: maskable interrupts enabled.
+const RFLAGS_IF: u64 = 1 << 9;
 
 /// Exceptions of the fault class (SDM Vol. 3A, Table 6-1): #DE, #BR, #UD, #NM, #TS, #NP, #SS,
 /// #GP, #PF, #MF, #AC, #XM, #VE. (#DB is a fault or a trap depending on its cause.)

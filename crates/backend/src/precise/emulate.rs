@@ -7,6 +7,7 @@ use super::Precise;
 use crate::{BackendError, Cx, Next};
 use emon_x86::arch::{EFER_SCE, GP_VECTOR, IA32_FMASK, IA32_LSTAR, IA32_STAR, UD_VECTOR};
 use emon_x86::arch::{IA32_TSC, IA32_TSC_AUX, IA32_TSC_DEADLINE};
+use emon_x86::deliver::{deliver, Event, NotDelivered};
 use emon_x86::insn::{Insn, Special};
 use emon_x86::mode::CpuMode;
 
@@ -30,7 +31,10 @@ impl Precise {
         Ok(Some(match i.special {
             Special::Hlt => self.emulate_hlt(cx, p, i)?,
             Special::Rdpmc => self.emulate_rdpmc(cx, p, i, mode)?,
-            Special::Rdtsc | Special::Rdtscp if virtual_time => self.emulate_tsc_read(cx, p, i, mode)?,
+            // At CPL3 on a host where user mode runs in the engine, always: KVM cannot step it.
+            Special::Rdtsc | Special::Rdtscp if virtual_time || (p.cpl == 3 && self.user_in_engine()) => {
+                self.emulate_tsc_read(cx, p, i, mode)?
+            }
             Special::Fence => {
                 let regs = cx.vcpu.regs()?;
                 self.complete(cx, p, i, regs)?
@@ -38,6 +42,12 @@ impl Precise {
             #[cfg(feature = "tcg")]
             Special::Xsave => return self.emulate_xsave(cx, p, i),
             Special::Syscall if p.cpl == 3 && self.user_in_engine => self.emulate_syscall(cx, p, i, mode)?,
+            Special::Int(vector) if p.cpl == 3 && self.user_in_engine => {
+                match self.emulate_int(cx, p, i, mode, vector)? {
+                    Some(next) => next,
+                    None => return Ok(None),
+                }
+            }
             // User mode on a host where it runs in the engine (README, "User mode (CPL3)").
             Special::Cpuid if p.cpl == 3 && self.user_in_engine() => {
                 let table = cx.vcpu.cpuid_entries()?;
@@ -88,9 +98,14 @@ impl Precise {
     /// The pending instruction raises exception `vector`, as on hardware, and does not retire.
     fn raise(&mut self, cx: &mut Cx, p: &mut Pending, vector: u8, code: Option<u32>) -> Result<Next, BackendError> {
         cx.vcpu.inject_exception(vector, code)?;
+        Ok(self.raised(p))
+    }
+
+    /// The pending instruction raised the exception just injected: the next step delivers it.
+    fn raised(&mut self, p: &mut Pending) -> Next {
         p.expect_event = true;
         self.step.pending = Some(p.clone());
-        Ok(Next::Run)
+        Next::Run
     }
 
     /// SYSCALL at CPL3 on a host that does not enter the kernel on it (SDM Vol. 2B, SYSCALL, in
@@ -133,6 +148,38 @@ impl Precise {
         self.stats.syscalls += 1;
         self.retire_one(cx, p, (i, p.rip, p.cpl), lstar, true)?;
         Ok(Next::Retired)
+    }
+
+    /// INT n and INT3 at CPL3 on a host that swallows them: delivered through the guest's IDT
+    /// (SDM Vol. 3A 6.12.1: the gate's DPL is checked; the frame returns past the instruction),
+    /// retiring as one user-mode instruction. A gate that faults raises its exception instead
+    /// (#GP(vector * 8 + 2) for a DPL below the CPL), and the instruction does not retire.
+    /// `None`: emon does not deliver this one itself (KVM steps it).
+    fn emulate_int(
+        &mut self,
+        cx: &mut Cx,
+        p: &mut Pending,
+        i: &Insn,
+        mode: &CpuMode,
+        vector: u8,
+    ) -> Result<Option<Next>, BackendError> {
+        let (mut regs, mut sregs) = (cx.vcpu.regs()?, cx.vcpu.sregs()?);
+        let next_rip = p.rip + i.len as u64;
+        match deliver(mode, cx.vcpu.memory(), &mut regs, &mut sregs, vector, Event::Software { next_rip }) {
+            Ok(()) => {
+                cx.vcpu.set_sregs(&sregs)?;
+                cx.vcpu.set_regs(&regs)?;
+                self.step.mode = None;
+                self.stats.soft_interrupts += 1;
+                self.retire_one(cx, p, (i, p.rip, p.cpl), regs.rip, true)?;
+                Ok(Some(Next::Retired))
+            }
+            Err(NotDelivered::Raises { vector, error_code }) => self.raise(cx, p, vector, Some(error_code)).map(Some),
+            Err(NotDelivered::Unsupported(why)) => {
+                tracing::debug!(why, "INT {vector:#x} from user mode: KVM runs it");
+                Ok(None)
+            }
+        }
     }
 
     fn emulate_hlt(&mut self, cx: &mut Cx, p: &Pending, i: &Insn) -> Result<Next, BackendError> {
@@ -218,11 +265,15 @@ impl Precise {
                 self.retire_one(cx, p, (i, p.rip, p.cpl), after.regs.rip, true)?;
                 Ok(Some(Next::Retired))
             }
-            // #UD, #NM, #GP(0) (SDM Vol. 1, 13.8 and 13.10); not #PF (see above).
+            // #UD, #NM, #GP(0) (SDM Vol. 1, 13.8 and 13.10).
             Some(Completed::Fault { vector }) => match emon_x86::arch::plain_error_code(vector) {
                 Some(code) => self.raise(cx, p, vector as u8, code).map(Some),
                 None => Ok(None),
             },
+            Some(Completed::PageFault { error_code, cr2 }) => {
+                cx.vcpu.inject_page_fault(error_code, cr2)?;
+                Ok(Some(self.raised(p)))
+            }
             Some(Completed::Iteration(_)) | None => Ok(None),
         }
     }

@@ -80,6 +80,18 @@ mod tcg_slot {
         pub wants: Needs,
         /// Runs since the code last used what `wants` loads (past a few, it is dropped).
         pub unused_runs: u32,
+        /// When KVM was last asked for the event due at a user-mode boundary; `None` since the
+        /// vCPU was last seen outside user mode.
+        pub events_asked: Option<std::time::Instant>,
+        /// When the current stretch of user mode began (`None` outside user mode), the time user
+        /// mode ran before it since an event was last taken in user mode, and the user-mode
+        /// instructions the engine retired since then.
+        pub user_since: Option<std::time::Instant>,
+        pub user_ran: std::time::Duration,
+        pub user_retired: u64,
+        /// The instructions the next user-mode run may retire: what is left of
+        /// [`USER_PROGRESS`] when a due event waits for it, so that KVM is asked right then.
+        pub user_budget: Option<u64>,
     }
 
     // SAFETY: the engine (which holds unicorn's non-thread-safe handle) is created in
@@ -112,8 +124,11 @@ mod fast_forward {
     use super::super::tcg::{self, Class, CpuState, Needs};
     use super::super::{Precise, DR7_ENABLES, RFLAGS_TF};
     use super::Engine;
+    use crate::vcpu::DueEvent;
     use crate::{BackendError, Cx, Next};
-    use emon_x86::arch::{plain_error_code, GP_VECTOR, PF_VECTOR};
+    use emon_pmu::pmu::lbr::{Branch, BranchType};
+    use emon_x86::arch::{plain_error_code, DE_VECTOR, GP_VECTOR, NMI_VECTOR, UD_VECTOR};
+    use emon_x86::deliver::{deliver, Event};
     use emon_x86::mode::CpuMode;
     use std::time::{Duration, Instant};
 
@@ -125,6 +140,12 @@ mod fast_forward {
     /// How long a run goes on while nothing counts before KVM gets a turn (to deliver the
     /// interrupts that came meanwhile): a tenth of a fast Linux timer tick.
     const FREE_SLICE: Duration = Duration::from_millis(1);
+    /// How often KVM is asked for the interrupts due while user code runs in the engine.
+    const EVENT_CHECK: Duration = FREE_SLICE;
+    /// What user mode runs at least between two events it takes: this many instructions, or
+    /// this much real time.
+    const USER_PROGRESS: u64 = 1000;
+    const USER_RUN: Duration = Duration::from_millis(1);
 
     impl Precise {
         /// Runs counted code in the TCG engine from the boundary at `rip`, when it may (see
@@ -139,22 +160,146 @@ mod fast_forward {
                 return Ok(None);
             }
             let user = mode.cpl == 3;
+            if !user {
+                let slot = &mut self.engine.tcg;
+                slot.events_asked = None;
+                if let Some(t) = slot.user_since.take() {
+                    slot.user_ran += t.elapsed();
+                }
+            } else if self.take_user_event(cx, mode)? {
+                // Delivered (the vCPU is at the handler), or KVM delivers it at the next entry.
+                return Ok((!self.step.expect_event).then_some(Next::Retired));
+            }
             if self.engine.tcg.cooldown > 0 && !user {
                 self.engine.tcg.cooldown -= 1;
                 return Ok(None);
             }
             let bytes = mode.fetch(cx.vcpu.memory(), rip);
             let first = iced_x86::Decoder::with_ip(64, &bytes, rip, iced_x86::DecoderOptions::NONE).decode();
+            if !user && !self.counting && !self.cpl0_in_engine() && !self.returns_to_user(cx, &first, mode)? {
+                // CPL0 code while nothing counts, user mode in the engine and `--cpl0 kvm`: KVM
+                // steps it, all but the return to user mode, which the engine runs (it stops
+                // right after it), because KVM would run the user code after it.
+                return Ok(None);
+            }
             // Not worth entering the engine for an instruction it would hand back at once.
             if tcg::classify(&first, &mut iced_x86::InstructionInfoFactory::new()) == Class::HandedOver {
                 return if user { self.user_mode_handover(cx, &first, mode, None) } else { Ok(None) };
             }
             let Some((before, run)) = self.engine_run(cx, mode)? else { return Ok(None) };
             if run.retired == 0 {
-                return if user { self.user_mode_handover(cx, &first, mode, run.fault) } else { Ok(None) };
+                if !user {
+                    return Ok(None);
+                }
+                if first.is_string_instruction()
+                    && run.state.regs.rip == before.regs.rip
+                    && run.state.regs != before.regs
+                {
+                    // Iterations of a REP string instruction ran before one faulted: their
+                    // effects stay, and its registers say where it resumes, as on the CPU (SDM
+                    // Vol. 2B, REP). The fault is the next iteration's.
+                    cx.vcpu.set_regs(&run.state.regs)?;
+                }
+                return self.user_mode_handover(cx, &first, mode, run.fault);
             }
             self.take_run(cx, &before, run)?;
             Ok(Some(Next::Retired))
+        }
+
+        /// Takes the interrupt or NMI due at this user-mode boundary, if one is: true if one was.
+        /// KVM gets no turn while user code runs in the engine, and an entry at CPL3 with nothing
+        /// due would run user code unseen, so KVM is asked without entering the guest: at the
+        /// first boundary after the vCPU enters user mode (where an interrupt that came while the
+        /// kernel had them masked is taken, SDM Vol. 3A 6.8.1), then every [`EVENT_CHECK`] of
+        /// real time (engine runs at CPL3 hand back as often); but only once user mode has run
+        /// [`USER_PROGRESS`] instructions or for [`USER_RUN`] since it last took one (an
+        /// interrupt a handler raised for user mode, such as perf's self-IPI before an overflow
+        /// signal, comes at once on the return). Kernel code is slow where the host emulates
+        /// it (and slower still on a loaded machine) while the local APIC's timer keeps real
+        /// time: taken at once on every return to user mode, ticks that take the kernel longer
+        /// than their period would leave user code no time at all (measured: four such VMs on
+        /// this machine's two CPUs hung in emon-perf-user's loops). emon delivers it through the
+        /// IDT itself (where it cannot, KVM's next entry does: `expect_event`), so that the
+        /// vCPU's next entry is at CPL0, where it can be stepped.
+        fn take_user_event(&mut self, cx: &mut Cx, mode: &CpuMode) -> Result<bool, BackendError> {
+            let slot = &mut self.engine.tcg;
+            let now = Instant::now();
+            let since = *slot.user_since.get_or_insert(now);
+            let progressed = slot.user_retired >= USER_PROGRESS || slot.user_ran + (now - since) >= USER_RUN;
+            if !progressed {
+                // The engine checks its budget before each block: a block's worth more, so that
+                // the run retires at least the first whatever its length.
+                slot.user_budget = Some(USER_PROGRESS - slot.user_retired + tcg::MAX_BLOCK);
+                return Ok(false);
+            }
+            if slot.events_asked.is_some_and(|t| now - t < EVENT_CHECK) {
+                return Ok(false);
+            }
+            slot.events_asked = Some(Instant::now());
+            self.stats.event_checks += 1;
+            let Some(due) = cx.vcpu.due_event()? else { return Ok(false) };
+            self.stats.user_events += 1;
+            let slot = &mut self.engine.tcg;
+            (slot.user_since, slot.user_ran, slot.user_retired) = (None, Duration::ZERO, 0);
+            let vector = match due {
+                DueEvent::Interrupt(v) => v,
+                DueEvent::Nmi => NMI_VECTOR,
+                // The PIC gives its vector when the CPU acknowledges it: KVM's next entry does.
+                DueEvent::ExtInt => {
+                    tracing::debug!(rip = format_args!("{:#x}", cx.vcpu.regs()?.rip), "ExtINT due in user mode");
+                    self.step.expect_event = true;
+                    return Ok(true);
+                }
+            };
+            let (mut regs, mut sregs) = (cx.vcpu.regs()?, cx.vcpu.sregs()?);
+            let from = regs.rip;
+            match deliver(mode, cx.vcpu.memory(), &mut regs, &mut sregs, vector, Event::External) {
+                Ok(()) => {
+                    cx.vcpu.set_sregs(&sregs)?;
+                    cx.vcpu.set_regs(&regs)?;
+                    self.step.mode = None;
+                    self.step.rip = Some(regs.rip);
+                    self.stats.events += 1;
+                    if self.branches.on() {
+                        let b = Branch {
+                            from,
+                            to: regs.rip,
+                            kind: BranchType::Far,
+                            cpl: 0,
+                            mispredicted: false,
+                            cycles: 0,
+                            event: true,
+                        };
+                        self.take_branch(cx, b, mode.cpl)?;
+                    }
+                }
+                Err(why) => {
+                    tracing::debug!(?why, vector, "KVM delivers the event due in user mode");
+                    cx.vcpu.queue_event(due)?;
+                    self.step.expect_event = true;
+                }
+            }
+            Ok(true)
+        }
+
+        /// As if user mode had run long enough to take an event (unit tests).
+        #[cfg(test)]
+        pub(in super::super) fn user_ran_long_enough(&mut self) {
+            self.engine.tcg.user_retired = USER_PROGRESS;
+        }
+
+        /// Whether `i`, at CPL0, is IRETQ to user mode or SYSRETQ.
+        fn returns_to_user(
+            &mut self,
+            cx: &mut Cx,
+            i: &iced_x86::Instruction,
+            mode: &CpuMode,
+        ) -> Result<bool, BackendError> {
+            Ok(match i.code() {
+                iced_x86::Code::Sysretq => true,
+                iced_x86::Code::Iretq => self.iret_target(cx, mode)?.is_some_and(|(_, user)| user),
+                _ => false,
+            })
         }
 
         /// Whether the engine may run now. It counts, and keeps the LBR stack's records, but does
@@ -199,12 +344,16 @@ mod fast_forward {
                     return Ok(None);
                 }
                 let clock = tcg::ModelClock { cycles: self.clock.cycles, reference: self.clock.reference };
-                // With nothing counting, the run hands back on time for interrupts too.
-                let deadline = (!self.counting).then(|| Instant::now() + FREE_SLICE);
+                // With nothing counting, or in user mode, the run hands back on time for interrupts
+                // too (at CPL0 KVM delivers them at the next step; at CPL3 KVM is asked).
+                let deadline = (!self.counting || mode.cpl == 3).then(|| Instant::now() + FREE_SLICE);
                 let counting = tcg::Counting {
                     armed: &armed,
                     clock,
-                    budget: tcg::BUDGET,
+                    budget: match mode.cpl {
+                        3 => self.engine.tcg.user_budget.take().unwrap_or(tcg::BUDGET),
+                        _ => tcg::BUDGET,
+                    },
                     cache: self.feed.lend(),
                     deadline,
                     lbr: self.branches.tail(cx.pmu),
@@ -224,6 +373,7 @@ mod fast_forward {
                     cpl = mode.cpl,
                     stop = ?run.stop,
                     retired = run.retired,
+                    fault = ?run.fault,
                     to = format_args!("{:#x}", run.state.regs.rip),
                     "TCG engine run"
                 );
@@ -270,9 +420,13 @@ mod fast_forward {
                 self.clock.cycles += run.cycles;
             } else {
                 match CpuMode::from_sregs(&before.sregs).cpl {
-                    0 => self.stats.free_engine += run.retired,
+                    0 if self.cpl0_in_engine() => self.stats.free_engine += run.retired,
+                    0 => self.stats.free_returns += run.retired,
                     _ => self.stats.free_user += run.retired,
                 }
+            }
+            if CpuMode::from_sregs(&before.sregs).cpl == 3 {
+                self.engine.tcg.user_retired += run.retired;
             }
             if run.used != Needs::NONE {
                 self.engine.tcg.unused_runs = 0;
@@ -306,8 +460,8 @@ mod fast_forward {
         /// names are raised as on the CPU: emon delivers them, and the vCPU enters the kernel's
         /// handler, which it can step, without running a user instruction in KVM (which cannot
         /// step it on some hosts, and whose view of the page tables may lag the engine's writes).
-        /// RDPMC is emulated as when stepping. Anything else is stepped, which such a host may
-        /// not do (the run then says NOT EXACT).
+        /// RDPMC is emulated as when stepping, and #UD raised for an invalid opcode. Anything
+        /// else goes to KVM, which such a host may not step (the run then says NOT EXACT).
         fn user_mode_handover(
             &mut self,
             cx: &mut Cx,
@@ -316,6 +470,10 @@ mod fast_forward {
             fault: Option<u32>,
         ) -> Result<Option<Next>, BackendError> {
             use iced_x86::Mnemonic::*;
+            if matches!(i.mnemonic(), Int | Int3) {
+                // Delivered through the IDT when it retires (`emulate_int`).
+                return Ok(None);
+            }
             let regs = cx.vcpu.regs()?;
             let iopl = (regs.rflags >> 12) & 3;
             let privileged = i.is_privileged()
@@ -325,10 +483,15 @@ mod fast_forward {
             let (vector, code) = if privileged {
                 (GP_VECTOR, Some(0))
             } else if let Some((code, cr2)) = self.user_page_fault(cx, i, mode, &regs)? {
-                let mut sregs = cx.vcpu.sregs()?;
-                sregs.cr2 = cr2;
-                cx.vcpu.set_sregs(&sregs)?;
-                (PF_VECTOR, Some(code))
+                cx.vcpu.inject_page_fault(code, cr2)?;
+                self.step.expect_event = true;
+                return Ok(Some(Next::Retired));
+            } else if i.is_invalid() || matches!(i.mnemonic(), Ud0 | Ud1 | Ud2) {
+                // An invalid opcode, UD0/1/2 (SDM Vol. 2B, UD): #UD.
+                (UD_VECTOR, None)
+            } else if self.divide_error(cx, i, mode, &regs)? {
+                // The engine stops on a divide error without naming it.
+                (DE_VECTOR, None)
             } else {
                 match fault.and_then(|v| Some((v as u8, plain_error_code(v)?))) {
                     Some(raised) => raised,
@@ -338,6 +501,28 @@ mod fast_forward {
             cx.vcpu.inject_exception(vector, code)?;
             self.step.expect_event = true;
             Ok(Some(Next::Retired))
+        }
+
+        /// Whether `i` is DIV or IDIV and raises #DE ([`emon_x86::access::divide_error`]).
+        fn divide_error(
+            &self,
+            cx: &mut Cx,
+            i: &iced_x86::Instruction,
+            mode: &CpuMode,
+            regs: &kvm_bindings::kvm_regs,
+        ) -> Result<bool, BackendError> {
+            use emon_x86::access;
+            if !matches!(i.mnemonic(), iced_x86::Mnemonic::Div | iced_x86::Mnemonic::Idiv) {
+                return Ok(false);
+            }
+            let sregs = cx.vcpu.sregs()?;
+            let memory =
+                access::operand_address(i, |r| access::gpr(regs, r), sregs.fs.base, sregs.gs.base).and_then(|a| {
+                    let mut b = [0u8; 8];
+                    mode.read_linear(cx.vcpu.memory(), a, &mut b[..i.memory_size().size()])?;
+                    Some(u64::from_le_bytes(b))
+                });
+            Ok(access::divide_error(i, regs, memory) == Some(true))
         }
 
         /// The page fault user-mode instruction `i` raises, if it does: its error code and the
@@ -351,30 +536,20 @@ mod fast_forward {
             regs: &kvm_bindings::kvm_regs,
         ) -> Result<Option<(u32, u64)>, BackendError> {
             use emon_x86::access::{self, AccessKind};
-            use emon_x86::mode::UserAccess;
+            use emon_x86::mode::Access;
             let sregs = cx.vcpu.sregs()?;
-            let mut spans = vec![(i.ip(), i.len().max(1) as u64, UserAccess::Fetch)];
-            if let Ok(accesses) = access::data_accesses(i, |r| access::gpr(regs, r), sregs.fs.base, sregs.gs.base) {
+            let mut spans = vec![(i.ip(), i.len().max(1) as u64, Access::Fetch)];
+            if let Ok(accesses) = access::next_accesses(i, |r| access::gpr(regs, r), sregs.fs.base, sregs.gs.base) {
                 spans.extend(accesses.iter().map(|a| {
                     let kind = match a.kind {
-                        AccessKind::Read | AccessKind::Flush => UserAccess::Read,
-                        _ => UserAccess::Write,
+                        AccessKind::Read | AccessKind::Flush => Access::Read,
+                        _ => Access::Write,
                     };
                     (a.linear, u64::from(a.size.max(1)), kind)
                 }));
             }
             let mem = cx.vcpu.memory();
-            for (start, len, kind) in spans {
-                let mut page = start & !0xFFF;
-                while page < start.saturating_add(len) {
-                    let at = page.max(start);
-                    if let Some(code) = mode.user_page_fault(mem, at, kind) {
-                        return Ok(Some((code, at)));
-                    }
-                    page += 0x1000;
-                }
-            }
-            Ok(None)
+            Ok(spans.into_iter().find_map(|(start, len, kind)| mode.span_page_fault(mem, start, len, kind, false)))
         }
     }
 }

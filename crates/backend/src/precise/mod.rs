@@ -69,7 +69,7 @@ const RFLAGS_TF: u64 = 1 << 8;
 const DR7_ENABLES: u64 = 0xFF;
 
 /// What the backend did, for the run summary.
-#[derive(Debug, Default, Clone, Copy)]
+#[derive(Debug, Default, Clone)]
 pub struct Stats {
     pub steps: u64,
     pub retired: u64,
@@ -81,6 +81,9 @@ pub struct Stats {
     pub lost_traps: u64,
     /// Single-steps of user-mode (CPL3) code that did not come back to the VMM.
     pub cpl3_lost: u64,
+    /// User-mode instructions neither the engine nor emon ran, handed to KVM on a host where
+    /// user mode runs in the engine because KVM cannot step it, by mnemonic.
+    pub user_to_kvm: std::collections::BTreeMap<String, u64>,
     /// TCG engine runs, and the counted instructions they retired.
     pub engine_runs: u64,
     pub engine_retired: u64,
@@ -91,10 +94,18 @@ pub struct Stats {
     /// enter the kernel on SYSCALL).
     pub free_user: u64,
     pub free_stepped: u64,
+    /// With nothing counting and CPL0 code stepped in KVM (`--cpl0 kvm`, user mode in the
+    /// engine): the returns to user mode the engine ran.
+    pub free_returns: u64,
     /// RDMSR/WRMSR of IA32_TSC_DEADLINE translated between the model's and KVM's guest TSC.
     pub tsc_deadlines: u64,
     /// SYSCALLs from user mode emon completed (where the host does not enter the kernel).
     pub syscalls: u64,
+    /// INT n and INT3 from user mode emon delivered (where the host swallows them).
+    pub soft_interrupts: u64,
+    /// Times KVM was asked for the event due at a user-mode boundary, and how many it had.
+    pub event_checks: u64,
+    pub user_events: u64,
     /// RDTSC, RDTSCP and RDMSR(IA32_TSC) answered from the modelled guest time.
     pub tsc_reads: u64,
     /// RDTSC, RDTSCP or RDMSR that retired in counted code without their own single-step trap,
@@ -273,7 +284,10 @@ impl Precise {
     fn engine_takes(&mut self, cx: &mut Cx) -> Result<bool, BackendError> {
         let mode = self.mode(cx)?;
         let level = match mode.cpl {
-            0 => self.cpl0_in_engine(),
+            // With user mode in the engine, CPL0 code is at least stepped in KVM (where it does
+            // not run in the engine), so that every return to user mode is seen: KVM running free
+            // would run user code after it, which it cannot do right on such a host.
+            0 => self.cpl0_in_engine() || self.user_in_engine(),
             3 => self.user_in_engine(),
             _ => false,
         };
@@ -318,6 +332,11 @@ impl Precise {
             }
             if self.feed.on {
                 p.accesses = self.feed.accesses_at(cx, &decode_full(cx, mode, rip))?;
+            }
+            if p.cpl == 3 && self.user_in_engine() {
+                // Whatever KVM runs from here is user code it cannot step on this host.
+                let m = format!("{:?}", decode_full(cx, mode, rip).mnemonic()).to_lowercase();
+                *self.stats.user_to_kvm.entry(m).or_default() += 1;
             }
         }
         self.step.pending = Some(p);
@@ -422,8 +441,15 @@ impl Backend for Precise {
             self.counters.reprogrammed
         ) + &if self.runs_free_in_engine() {
             format!(
-                "; with nothing counting, {} CPL0 instructions ran in the TCG engine and {} in KVM (handed over), {} user-mode instructions in the engine and {} SYSCALLs from user mode completed",
-                s.free_engine, s.free_stepped, s.free_user, s.syscalls
+                "; with nothing counting, {} CPL0 instructions ran in the TCG engine and {} in KVM (handed over), {} user-mode instructions and {} returns to user mode in the engine; {} SYSCALLs and {} INT n from user mode completed",
+                s.free_engine, s.free_stepped, s.free_user, s.free_returns, s.syscalls, s.soft_interrupts
+            )
+        } else {
+            String::new()
+        } + &if s.event_checks > 0 {
+            format!(
+                "; {} interrupts and NMIs taken in user mode (KVM asked {} times at user-mode boundaries)",
+                s.user_events, s.event_checks
             )
         } else {
             String::new()
@@ -443,6 +469,14 @@ impl Backend for Precise {
         notes.extend(self.feed.notes());
         notes.extend(self.branches.notes());
         notes.extend(self.ds.notes());
+        if !self.stats.user_to_kvm.is_empty() {
+            let n: u64 = self.stats.user_to_kvm.values().sum();
+            let which: Vec<String> = self.stats.user_to_kvm.iter().map(|(m, n)| format!("{m} x{n}")).collect();
+            notes.push(format!(
+                "NOT EXACT: {n} user-mode instructions went to KVM, which cannot single-step user mode on this host, and what KVM ran of user code then was not counted ({}; README, \"User mode (CPL3)\")",
+                which.join(", ")
+            ));
+        }
         if self.stats.cpl3_lost > 0 {
             notes.push(format!(
                 "NOT EXACT: user-mode (CPL3) code could not be single-stepped on this host ({} times it ran unseen); its instructions are not counted, nor its branches recorded",

@@ -527,3 +527,183 @@ fn uncounted_and_misplaced_events_are_named_in_the_notes() {
     );
     assert!(notes.contains("does not give them (silicon's count is undefined there), and counted 0: IA32_PMC2 INST_RETIRED.PREC_DIST (0xc0/0x01)"), "{notes}");
 }
+
+/// User mode for the delivery tests: CPL3 at [`CODE`], a GDT at [`GDT`] with a 64-bit kernel
+/// code segment at 0x08, a TSS at [`TSS`] whose RSP0 is [`KERNEL_STACK`], and gate `v` a DPL3
+/// interrupt gate to [`HANDLER`].
+fn user_rig(code: &[u8], v: u8, precise: Precise) -> Rig {
+    let mut r = Rig::new(code);
+    r.precise = precise;
+    r.vcpu.mode.cpl = 3;
+    // The page tables of [`Rig::new`], user-accessible.
+    r.vcpu.mem.write_obj(0x2007u64, GuestAddress(0x1000)).unwrap();
+    r.vcpu.mem.write_obj(0x3007u64, GuestAddress(0x2000)).unwrap();
+    r.vcpu.mem.write_obj(0x87u64, GuestAddress(0x3000)).unwrap();
+    r.vcpu.mem.write_obj(0x00AF_9B00_0000_FFFFu64, GuestAddress(GDT + 8)).unwrap();
+    // The user's data (0x2B) and 64-bit code (0x33) segments, which the engine's IRETQ loads.
+    r.vcpu.mem.write_obj(0x00CF_F300_0000_FFFFu64, GuestAddress(GDT + 0x28)).unwrap();
+    r.vcpu.mem.write_obj(0x00AF_FB00_0000_FFFFu64, GuestAddress(GDT + 0x30)).unwrap();
+    r.vcpu.sregs.gdt.limit = 0x37;
+    r.vcpu.mem.write_obj(KERNEL_STACK, GuestAddress(TSS + 4)).unwrap();
+    r.vcpu.sregs.gdt.base = GDT;
+    r.vcpu.sregs.tr.base = TSS;
+    (r.vcpu.sregs.cr0, r.vcpu.sregs.cr3, r.vcpu.sregs.cr4) = (r.vcpu.mode.cr0, r.vcpu.mode.cr3, r.vcpu.mode.cr4);
+    r.vcpu.sregs.efer = r.vcpu.mode.efer;
+    r.vcpu.sregs.cs =
+        kvm_bindings::kvm_segment { selector: 0x33, dpl: 3, l: 1, s: 1, type_: 11, present: 1, ..Default::default() };
+    r.vcpu.sregs.ss =
+        kvm_bindings::kvm_segment { selector: 0x2B, dpl: 3, db: 1, s: 1, type_: 3, present: 1, ..Default::default() };
+    r.vcpu.regs.rflags = 0x202;
+    let lo = (HANDLER & 0xFFFF) | 0x08 << 16 | 0xEE << 40 | ((HANDLER >> 16) & 0xFFFF) << 48;
+    r.vcpu.mem.write_obj(lo, GuestAddress(IDT + u64::from(v) * 16)).unwrap();
+    r
+}
+
+const GDT: u64 = 0x5000;
+const TSS: u64 = 0x6000;
+const KERNEL_STACK: u64 = 0x30000;
+
+/// The interrupt frame at the top of [`KERNEL_STACK`]: RIP, CS, RFLAGS, RSP, SS.
+fn kernel_frame(r: &Rig) -> [u64; 5] {
+    std::array::from_fn(|i| r.vcpu.mem.read_obj(GuestAddress(KERNEL_STACK - 40 + 8 * i as u64)).unwrap())
+}
+
+#[test]
+fn int_n_from_user_mode_retires_once_into_its_handler_where_the_host_swallows_it() {
+    let mut r = user_rig(&[0xCD, 0x80, NOP], 0x80, Precise::with_engine(Engine::Step).with_user_in_engine(true));
+    r.count();
+    assert_eq!(r.before(true), Next::Retired, "emon delivers INT 0x80");
+    assert_eq!(r.vcpu.regs.rip, HANDLER);
+    assert_eq!((r.vcpu.sregs.cs.selector, r.vcpu.regs.rsp), (0x08, KERNEL_STACK - 40));
+    assert_eq!(kernel_frame(&r), [CODE + 2, 0x33, 0x202, STACK, 0x2B], "the frame returns past the INT");
+    assert_eq!(r.vcpu.regs.rflags & (1 << 9), 0, "an interrupt gate clears IF");
+    assert_eq!((r.pmc(0), r.pmc(1)), (1, 1), "INT n retires as one instruction, a far branch");
+    assert_eq!(r.precise.stats.soft_interrupts, 1);
+}
+
+#[test]
+fn int_n_to_a_kernel_gate_from_user_mode_raises_gp_and_does_not_retire() {
+    let mut r = user_rig(&[0xCD, 0x81, NOP], 0x80, Precise::with_engine(Engine::Step).with_user_in_engine(true));
+    r.gate(0x81, HANDLER);
+    r.count();
+    assert_eq!(r.before(true), Next::Run, "KVM delivers the #GP");
+    assert_eq!(r.vcpu.injected, [(GP_VECTOR, Some(0x81 * 8 + 2))]);
+    r.exit_at(GP_HANDLER + 1);
+    assert_eq!(r.pmc(0), 1, "the #GP handler's first instruction, not the INT");
+}
+
+#[cfg(feature = "tcg")]
+#[test]
+fn an_interrupt_due_at_a_user_mode_boundary_is_delivered_through_the_idt() {
+    use crate::DueEvent;
+    let mut r = user_rig(&[NOP, NOP], TIMER, Precise::with_engine(Engine::Tcg).with_user_in_engine(true));
+    r.vcpu.due_events.push_back(Some(DueEvent::Interrupt(TIMER)));
+    r.precise.user_ran_long_enough();
+    r.count();
+    assert_eq!(r.before(true), Next::Retired, "delivered by emon, no entry");
+    assert_eq!(r.vcpu.event_probes, 1, "KVM asked at the first user-mode boundary once user mode ran long enough");
+    assert_eq!(r.vcpu.regs.rip, HANDLER);
+    assert_eq!(kernel_frame(&r), [CODE, 0x33, 0x202, STACK, 0x2B], "the frame returns to the interrupted boundary");
+    assert_eq!(r.pmc(0), 0, "a delivery retires nothing");
+    assert_eq!(r.vcpu.queued_event, None);
+    assert_eq!(r.precise.stats.user_events, 1);
+}
+
+#[cfg(feature = "tcg")]
+#[test]
+fn an_event_emon_cannot_deliver_goes_back_to_kvm_for_the_next_entry() {
+    use crate::DueEvent;
+    let mut r = user_rig(&[NOP, NOP], TIMER, Precise::with_engine(Engine::Tcg).with_user_in_engine(true));
+    r.vcpu.sregs.gdt.base = 0x1F_F000; // the gate's code segment reads as null
+    r.vcpu.due_events.push_back(Some(DueEvent::Interrupt(TIMER)));
+    r.precise.user_ran_long_enough();
+    assert_eq!(r.before(true), Next::Run, "KVM's entry delivers it");
+    assert_eq!(r.vcpu.queued_event, Some(DueEvent::Interrupt(TIMER)));
+    assert_eq!(r.vcpu.regs.rip, CODE, "nothing delivered by emon");
+}
+
+/// On a host where user mode runs in the engine, a user-mode instruction neither the engine nor
+/// emon runs goes to KVM, which cannot step it there: the run says so, NOT EXACT, by mnemonic,
+/// whatever the code; an invalid opcode raises #UD without going to KVM.
+#[cfg(feature = "tcg")]
+#[test]
+fn user_code_handed_to_kvm_is_reported_not_exact() {
+    // rdseed eax (the engine lacks it), then ud2.
+    let mut r =
+        user_rig(&[0x0F, 0xC7, 0xF8, 0x0F, 0x0B], TIMER, Precise::with_engine(Engine::Tcg).with_user_in_engine(true));
+    r.count();
+    assert_eq!(r.before(true), Next::Run);
+    r.exit_at(CODE + 3);
+    assert_eq!(r.precise.stats.user_to_kvm.get("rdseed"), Some(&1));
+    assert!(r
+        .precise
+        .notes()
+        .iter()
+        .any(|n| n.starts_with("NOT EXACT: 1 user-mode instructions went to KVM") && n.contains("rdseed x1")));
+    assert_eq!(r.before(true), Next::Retired, "UD2 raises #UD, delivered at the next entry");
+    assert_eq!(r.vcpu.injected, [(6, None)]);
+    assert_eq!(r.precise.stats.user_to_kvm.len(), 1);
+}
+
+/// A REP string instruction in user mode whose source runs into a page that is not present: the
+/// iterations before the fault take effect and its registers say where it resumes, and the #PF
+/// is the next iteration's, with its error code and CR2 (SDM Vol. 2B, REP; Vol. 3A 4.7).
+#[cfg(feature = "tcg")]
+#[test]
+fn a_rep_movsb_that_faults_midway_keeps_its_progress_and_raises_the_next_iterations_page_fault() {
+    let mut r = user_rig(&[0xF3, 0xA4, NOP], TIMER, Precise::with_engine(Engine::Tcg).with_user_in_engine(true));
+    // 0x20_0000, past the 2 MiB page the tables map, is not present.
+    r.vcpu.regs.rsi = 0x1F_FFF0;
+    r.vcpu.regs.rdi = 0x10_0000;
+    r.vcpu.regs.rcx = 0x20;
+    r.vcpu.mem.write_slice(&[0xAB; 16], GuestAddress(0x1F_FFF0)).unwrap();
+    r.count();
+    assert_eq!(r.before(true), Next::Retired, "the #PF goes out at the next entry");
+    assert_eq!(r.vcpu.injected, [(14, Some(0b100))], "not present, a read, from user mode");
+    assert_eq!(r.vcpu.sregs.cr2, 0x20_0000);
+    assert_eq!(
+        (r.vcpu.regs.rip, r.vcpu.regs.rcx, r.vcpu.regs.rsi, r.vcpu.regs.rdi),
+        (CODE, 0x10, 0x20_0000, 0x10_0010)
+    );
+    let mut copied = [0u8; 16];
+    r.vcpu.mem.read_slice(&mut copied, GuestAddress(0x10_0000)).unwrap();
+    assert_eq!(copied, [0xAB; 16], "the first 16 iterations took effect");
+    assert_eq!(r.pmc(0), 0, "the REP MOVSB has not retired");
+    assert!(r.precise.stats.user_to_kvm.is_empty());
+}
+
+/// Each event taken in user mode leaves user code time to run before the next (kernel code is
+/// slow where the host emulates it, while the APIC timer keeps real time): right after one, KVM
+/// is not asked again until user mode has run for a while.
+#[cfg(feature = "tcg")]
+#[test]
+fn user_mode_runs_between_two_events_it_takes() {
+    use crate::DueEvent;
+    let mut r = user_rig(&[NOP, NOP, NOP, NOP], TIMER, Precise::with_engine(Engine::Tcg).with_user_in_engine(true));
+    r.vcpu.due_events.extend([Some(DueEvent::Interrupt(TIMER)), Some(DueEvent::Interrupt(TIMER))]);
+    r.precise.user_ran_long_enough();
+    r.count();
+    assert_eq!(r.before(true), Next::Retired);
+    assert_eq!(r.vcpu.regs.rip, HANDLER);
+    // Back in user mode at once (as after the handler's IRETQ): no new question to KVM yet.
+    r.vcpu.regs.rip = CODE;
+    r.precise.step.mode = None;
+    r.before(true);
+    assert_eq!(r.vcpu.event_probes, 1, "not asked again before user mode ran");
+}
+
+/// The PIC's interrupt through LINT0 (virtual wire) is KVM's to deliver at the next entry, which
+/// takes the vector from the PIC: emon does not deliver it, and the entry expects the event.
+#[cfg(feature = "tcg")]
+#[test]
+fn a_pic_interrupt_due_in_user_mode_goes_to_the_next_entry() {
+    use crate::DueEvent;
+    let mut r = user_rig(&[NOP, NOP], TIMER, Precise::with_engine(Engine::Tcg).with_user_in_engine(true));
+    r.vcpu.due_events.push_back(Some(DueEvent::ExtInt));
+    r.precise.user_ran_long_enough();
+    r.count();
+    assert_eq!(r.before(true), Next::Run);
+    assert_eq!(r.vcpu.regs.rip, CODE, "not delivered by emon");
+    assert!(r.precise.step.pending.as_ref().is_some_and(|p| p.expect_event), "the entry delivers an event");
+    assert!(r.precise.stats.user_to_kvm.is_empty(), "no user instruction goes to KVM");
+}

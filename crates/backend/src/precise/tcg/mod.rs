@@ -52,6 +52,8 @@ pub const BUDGET: u64 = 10_000_000;
 
 /// Blocks decoded at most per address space (bounded like the stepper's decode cache).
 const MAX_BLOCKS: usize = 16_384;
+/// The most instructions QEMU translates into one block (its TCG_MAX_INSNS).
+pub const MAX_BLOCK: u64 = 512;
 
 /// Why an engine run ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -177,6 +179,8 @@ pub enum Completed {
     Iteration(CpuState),
     /// It raised exception `vector` in the engine and did not retire.
     Fault { vector: u32 },
+    /// It raised a page fault with this error code and CR2, and did not retire.
+    PageFault { error_code: u32, cr2: u64 },
 }
 
 /// Writes back to the vCPU what an engine run (or completion) that retired at least one

@@ -497,3 +497,23 @@ fn a_block_that_stops_inside_still_stops_short_of_an_overflow() {
     let r = tcg.run(&state, mode, counting(&near)).unwrap();
     assert_eq!((r.stop, r.retired), (Stop::Overflow, 0), "{r:?}");
 }
+
+/// XSAVE that cannot write its whole area raises #PF as on the CPU: the error code of the first
+/// byte it cannot reach (here a supervisor write to a page not present) and that byte as CR2,
+/// so that a kernel saving to a user stack can fault the page in and retry.
+#[test]
+fn xsave_to_a_page_not_present_raises_a_page_fault_with_cr2() {
+    // xsave64 [rdi]
+    let (mem, mut regs, mut sregs, _) = machine(&[0x48, 0x0F, 0xAE, 0x27]);
+    sregs.cr4 |= 1 << 9 | 1 << 18; // OSFXSR, OSXSAVE
+    regs.rax = u64::MAX;
+    regs.rdx = u64::MAX;
+    // The first 2 MiB are mapped; 0x20_0000 is not. One area at the end of the mapping crosses it.
+    for (rdi, cr2) in [(0x20_0000, 0x20_0000), (0x1F_FFC0, 0x20_0000)] {
+        regs.rdi = rdi;
+        let mut state = CpuState::new(regs, sregs);
+        state.fpu = Some(fpu(0));
+        let done = super::complete_xsave(&mem, &state).unwrap();
+        assert_eq!(done, Some(Completed::PageFault { error_code: 0b010, cr2 }), "at {rdi:#x}");
+    }
+}

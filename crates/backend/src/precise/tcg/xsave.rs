@@ -8,7 +8,10 @@ use super::{Completed, CpuState, TcgError};
 use emon_x86::access;
 use emon_x86::arch::{CR0_TS, CR4_OSXSAVE, GP_VECTOR, NM_VECTOR, PF_VECTOR, UD_VECTOR};
 use emon_x86::fpu::{self, Form, Layout, XsaveFault, AREA};
-use emon_x86::mode::CpuMode;
+use emon_x86::mode::{Access, CpuMode};
+
+/// RFLAGS.AC: with CR4.SMAP, supervisor-mode data accesses to user pages are allowed (STAC).
+const RFLAGS_AC: u64 = 1 << 18;
 use iced_x86::{Decoder, DecoderOptions, Mnemonic};
 use std::sync::OnceLock;
 use vm_memory::GuestMemoryMmap;
@@ -53,9 +56,18 @@ pub fn complete(mem: &GuestMemoryMmap, state: &CpuState) -> Result<Option<Comple
     }
     let rfbm = (state.regs.rdx << 32 | state.regs.rax & 0xFFFF_FFFF) & f.xcr0;
     // The legacy region and the header, then the rest of the area they say it spans.
+    // A page fault names the first byte the instruction cannot reach (which byte of the area
+    // the CPU touches first is not architectural); the area is written for a save.
+    let ac = state.regs.rflags & RFLAGS_AC != 0;
+    let kind = if save.is_some() { Access::Write } else { Access::Read };
+    let page_fault = |len: usize| match mode.span_page_fault(mem, ea, len as u64, kind, ac) {
+        Some((error_code, cr2)) => Ok(Some(Completed::PageFault { error_code, cr2 })),
+        None => fault(u32::from(PF_VECTOR)),
+    };
     let mut area = vec![0u8; AREA];
-    if mode.read_linear(mem, ea, &mut area).is_none() {
-        return fault(u32::from(PF_VECTOR));
+    if mode.read_linear(mem, ea, &mut area).is_none() || mode.span_page_fault(mem, ea, AREA as u64, kind, ac).is_some()
+    {
+        return page_fault(AREA);
     }
     let size = match save {
         Some(form) => layout().size(form, rfbm),
@@ -63,8 +75,10 @@ pub fn complete(mem: &GuestMemoryMmap, state: &CpuState) -> Result<Option<Comple
         None => layout().size(Form::Standard, rfbm),
     };
     area.resize(size, 0);
-    if mode.read_linear(mem, ea + AREA as u64, &mut area[AREA..]).is_none() {
-        return fault(u32::from(PF_VECTOR));
+    if mode.read_linear(mem, ea + AREA as u64, &mut area[AREA..]).is_none()
+        || mode.span_page_fault(mem, ea, size as u64, kind, ac).is_some()
+    {
+        return page_fault(size);
     }
     let mut after = state.clone();
     let done = match save {
