@@ -572,14 +572,7 @@ pub fn divide_error(i: &Instruction, r: &kvm_bindings::kvm_regs, memory: Option<
     let (divisor, size) = match i.op0_kind() {
         OpKind::Register => {
             let reg = i.op0_register();
-            let value = match reg {
-                // AH, CH, DH, BH: bits 15:8 of RAX, RCX, RDX, RBX.
-                Register::AH | Register::CH | Register::DH | Register::BH => {
-                    gpr(r, Register::try_from(reg as usize - 4).ok()?) >> 8
-                }
-                _ => gpr(r, reg.full_register()),
-            };
-            (value, reg.size())
+            (component(reg, &|x| gpr(r, x), 0, 0)?, reg.size())
         }
         OpKind::Memory => (memory?, i.memory_size().size()),
         _ => return None,

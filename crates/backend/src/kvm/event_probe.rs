@@ -1,10 +1,11 @@
-//! Asking KVM which interrupt or NMI it would deliver at the next entry, without entering the
-//! guest. KVM_RUN with a signal pending that the vCPU's signal mask lets through (KVM API,
-//! KVM_SET_SIGNAL_MASK) does everything an entry does up to the last moment: it moves an expired
-//! local-APIC timer into the IRR, acknowledges the highest interrupt the vCPU can take (or takes
-//! the NMI) and queues it for injection; then it sees the signal, cancels the injection, keeps the
-//! event queued (`interrupt.injected` or `nmi.injected` in KVM_GET_VCPU_EVENTS) and returns EINTR
-//! before the guest runs one instruction. The next KVM_RUN delivers the queued event first thing.
+//! Bringing KVM's interrupt state up to date without entering the guest. KVM_RUN with a signal
+//! pending that the vCPU's signal mask lets through (KVM API, KVM_SET_SIGNAL_MASK) does what an
+//! entry does up to the last moment, among it moving an expired local-APIC timer into the IRR
+//! and the NMIs queued with KVM_NMI to pending; then it sees the signal and returns EINTR before
+//! the guest runs one instruction. `KvmCpu::due_event` runs it with RFLAGS.IF clear and NMIs
+//! masked, so that KVM injects nothing (a host may deliver an event when it injects it, and not
+//! undo that when it cancels the entry: kvm_pvm), and decides itself what the CPU would take;
+//! [`pic_asserts`] reads the in-kernel PIC for the interrupts of virtual wire mode.
 //!
 //! The precise backend needs this where it runs user mode in the TCG engine and the host cannot
 //! single-step user mode (README, "User mode (CPL3)"): an ordinary KVM_RUN at CPL3 would run user

@@ -185,15 +185,16 @@ impl KvmCpu {
             return Ok(None);
         }
         let mut state = self.fd.get_lapic().map_err(VcpuError::op("KVM_GET_LAPIC"))?;
-        let Some(v) = lapic::accept_interrupt(lapic::bytes(&mut state.regs)) else {
+        let page = lapic::bytes(&mut state.regs);
+        let Some(v) = lapic::accept_interrupt(page) else {
             // The PIC's interrupt through LINT0 (virtual wire), which KVM takes from the PIC at
             // the next entry; after the APIC's own, so that an interrupt a handler raised for
             // user mode (a self-IPI) is not held back behind a device's.
-            let extint = lapic::accepts_extint(lapic::bytes(&mut state.regs))
+            let extint = lapic::accepts_extint(page)
                 && self.vm.as_ref().map(event_probe::pic_asserts).transpose()?.unwrap_or(false);
             return Ok(extint.then_some(crate::DueEvent::ExtInt));
         };
-        self.set_lapic(lapic::bytes(&mut state.regs))?;
+        self.set_lapic(page)?;
         Ok(Some(crate::DueEvent::Interrupt(v)))
     }
 

@@ -163,15 +163,11 @@ impl Precise {
         mode: &CpuMode,
         vector: u8,
     ) -> Result<Option<Next>, BackendError> {
-        let (mut regs, mut sregs) = (cx.vcpu.regs()?, cx.vcpu.sregs()?);
         let next_rip = p.rip + i.len as u64;
-        match deliver(mode, cx.vcpu.memory(), &mut regs, &mut sregs, vector, Event::Software { next_rip }) {
-            Ok(()) => {
-                cx.vcpu.set_sregs(&sregs)?;
-                cx.vcpu.set_regs(&regs)?;
-                self.step.mode = None;
+        match self.deliver_event(cx, mode, vector, Event::Software { next_rip })? {
+            Ok(handler) => {
                 self.stats.soft_interrupts += 1;
-                self.retire_one(cx, p, (i, p.rip, p.cpl), regs.rip, true)?;
+                self.retire_one(cx, p, (i, p.rip, p.cpl), handler, true)?;
                 Ok(Some(Next::Retired))
             }
             Err(NotDelivered::Raises { vector, error_code }) => self.raise(cx, p, vector, Some(error_code)).map(Some),
@@ -180,6 +176,26 @@ impl Precise {
                 Ok(None)
             }
         }
+    }
+
+    /// Delivers `vector` as `event` through the guest's IDT from the vCPU's state
+    /// ([`emon_x86::deliver`]): the vCPU is at the handler, whose address it returns; or why
+    /// emon did not deliver it (and nothing changed).
+    pub(super) fn deliver_event(
+        &mut self,
+        cx: &mut Cx,
+        mode: &CpuMode,
+        vector: u8,
+        event: Event,
+    ) -> Result<Result<u64, NotDelivered>, BackendError> {
+        let (mut regs, mut sregs) = (cx.vcpu.regs()?, cx.vcpu.sregs()?);
+        if let Err(why) = deliver(mode, cx.vcpu.memory(), &mut regs, &mut sregs, vector, event) {
+            return Ok(Err(why));
+        }
+        cx.vcpu.set_sregs(&sregs)?;
+        cx.vcpu.set_regs(&regs)?;
+        self.step.mode = None;
+        Ok(Ok(regs.rip))
     }
 
     fn emulate_hlt(&mut self, cx: &mut Cx, p: &Pending, i: &Insn) -> Result<Next, BackendError> {
@@ -246,8 +262,8 @@ impl Precise {
 
     /// XSAVE, XSAVEOPT, XSAVEC and XRSTOR, which neither QEMU's TCG nor every host's KVM runs
     /// whole (see [`super::tcg::complete_xsave`]): completed on the vCPU's XSAVE state, or the
-    /// exception they raise delivered; `None` for a #PF (whose error code emon does not derive:
-    /// KVM runs the instruction and raises it).
+    /// exception they raise delivered (a #PF with its error code and CR2); `None` where emon
+    /// leaves the instruction to KVM.
     #[cfg(feature = "tcg")]
     fn emulate_xsave(&mut self, cx: &mut Cx, p: &mut Pending, i: &Insn) -> Result<Option<Next>, BackendError> {
         use super::tcg::{self, Completed, Needs};

@@ -126,9 +126,8 @@ mod fast_forward {
     use super::Engine;
     use crate::vcpu::DueEvent;
     use crate::{BackendError, Cx, Next};
-    use emon_pmu::pmu::lbr::{Branch, BranchType};
     use emon_x86::arch::{plain_error_code, DE_VECTOR, GP_VECTOR, NMI_VECTOR, UD_VECTOR};
-    use emon_x86::deliver::{deliver, Event};
+    use emon_x86::deliver::Event;
     use emon_x86::mode::CpuMode;
     use std::time::{Duration, Instant};
 
@@ -235,7 +234,7 @@ mod fast_forward {
             if slot.events_asked.is_some_and(|t| now - t < EVENT_CHECK) {
                 return Ok(false);
             }
-            slot.events_asked = Some(Instant::now());
+            slot.events_asked = Some(now);
             self.stats.event_checks += 1;
             let Some(due) = cx.vcpu.due_event()? else { return Ok(false) };
             self.stats.user_events += 1;
@@ -251,27 +250,12 @@ mod fast_forward {
                     return Ok(true);
                 }
             };
-            let (mut regs, mut sregs) = (cx.vcpu.regs()?, cx.vcpu.sregs()?);
-            let from = regs.rip;
-            match deliver(mode, cx.vcpu.memory(), &mut regs, &mut sregs, vector, Event::External) {
-                Ok(()) => {
-                    cx.vcpu.set_sregs(&sregs)?;
-                    cx.vcpu.set_regs(&regs)?;
-                    self.step.mode = None;
-                    self.step.rip = Some(regs.rip);
+            let from = cx.vcpu.regs()?.rip;
+            match self.deliver_event(cx, mode, vector, Event::External)? {
+                Ok(handler) => {
+                    self.step.rip = Some(handler);
                     self.stats.events += 1;
-                    if self.branches.on() {
-                        let b = Branch {
-                            from,
-                            to: regs.rip,
-                            kind: BranchType::Far,
-                            cpl: 0,
-                            mispredicted: false,
-                            cycles: 0,
-                            event: true,
-                        };
-                        self.take_branch(cx, b, mode.cpl)?;
-                    }
+                    self.take_event_branch(cx, from, handler, mode.cpl)?;
                 }
                 Err(why) => {
                     tracing::debug!(?why, vector, "KVM delivers the event due in user mode");
@@ -414,18 +398,19 @@ mod fast_forward {
                     tracing::error!("{}: the TCG engine crossed an overflow", a.id);
                 }
             }
+            let cpl = CpuMode::from_sregs(&before.sregs).cpl;
             if self.counting {
                 self.stats.retired += run.retired;
                 self.stats.engine_retired += run.retired;
                 self.clock.cycles += run.cycles;
             } else {
-                match CpuMode::from_sregs(&before.sregs).cpl {
+                match cpl {
                     0 if self.cpl0_in_engine() => self.stats.free_engine += run.retired,
                     0 => self.stats.free_returns += run.retired,
                     _ => self.stats.free_user += run.retired,
                 }
             }
-            if CpuMode::from_sregs(&before.sregs).cpl == 3 {
+            if cpl == 3 {
                 self.engine.tcg.user_retired += run.retired;
             }
             if run.used != Needs::NONE {

@@ -42,7 +42,7 @@ use clock::GuestClock;
 use counters::Counters;
 use debug_store::DsStats;
 use decode_cache::DecodeCache;
-use emon_pmu::pmu::lbr::Branch;
+use emon_pmu::pmu::lbr::{Branch, BranchType};
 use emon_pmu::profile::{Cache, Clock};
 use emon_x86::insn::Special;
 pub use engine::Engine;
@@ -371,6 +371,17 @@ impl Precise {
     fn take_branch(&mut self, cx: &mut Cx, b: Branch, from_cpl: u8) -> Result<(), BackendError> {
         let mode = self.mode(cx)?;
         self.branches.take(cx, &mut self.ds, &mode, b, from_cpl, self.clock.cycles)
+    }
+
+    /// An event (an interrupt, an exception) was delivered from `from` (at CPL `from_cpl`) to
+    /// its handler at `to`, where the vCPU now is: a far branch, for the LBR stack and BTS.
+    fn take_event_branch(&mut self, cx: &mut Cx, from: u64, to: u64, from_cpl: u8) -> Result<(), BackendError> {
+        if !self.branches.on() {
+            return Ok(());
+        }
+        let cpl = self.mode(cx)?.cpl;
+        let b = Branch { from, to, kind: BranchType::Far, cpl, mispredicted: false, cycles: 0, event: true };
+        self.take_branch(cx, b, from_cpl)
     }
 
     /// Performs a PEBS assist due after the instruction at `eventing_ip` (see

@@ -7,7 +7,6 @@ use super::branches::taken_branch;
 use super::events::Armed;
 use super::Precise;
 use crate::{BackendError, Cx};
-use emon_pmu::pmu::lbr::{Branch, BranchType};
 use emon_x86::access::Access;
 use emon_x86::arch::DB_VECTOR;
 use emon_x86::insn::{Flow, Insn, Special};
@@ -276,18 +275,7 @@ impl Precise {
         let first = handler.as_ref().map_or(pc, |(_, h, _)| *h);
         self.feed_unseen(cx, &mode, first);
         // The delivery is a far branch from the interrupted instruction to the handler.
-        if self.branches.on() {
-            let b = Branch {
-                from: p.rip,
-                to: first,
-                kind: BranchType::Far,
-                cpl: mode.cpl,
-                mispredicted: false,
-                cycles: 0,
-                event: true,
-            };
-            self.take_branch(cx, b, p.cpl)?;
-        }
+        self.take_event_branch(cx, p.rip, first, p.cpl)?;
         Ok(match handler {
             Some((_, h, i)) => (i, h, mode.cpl),
             None => (UNKNOWN, pc, mode.cpl),
