@@ -12,6 +12,7 @@ pub const LVT_PMC: u32 = 0x340;
 /// LVT Timer, the timer's initial count and its divide configuration (SDM 10.5.4).
 pub const LVT_TIMER: u32 = 0x320;
 pub const TIMER_INITIAL_COUNT: u32 = 0x380;
+pub const TIMER_CURRENT_COUNT: u32 = 0x390;
 pub const TIMER_DIVIDE: u32 = 0x3E0;
 /// Divide configuration 1011b: divide by 1.
 pub const TIMER_DIVIDE_BY_1: u32 = 0b1011;

@@ -56,6 +56,24 @@ pub fn run_user(entry: unsafe extern "C" fn(), rcx: u64) -> u8 {
 
 /// As [`run_user`], with the exception's error code.
 pub fn run_user_caught(entry: unsafe extern "C" fn(), rcx: u64) -> Option<crate::catch::Exception> {
+    enter_user(entry, rcx, 0)
+}
+
+/// As [`run_user`], with RFLAGS.IF set in user mode only: the kernel keeps interrupts off, so one
+/// that comes due on the way is held until IRETQ sets IF and is taken at the first user-mode
+/// instruction boundary (SDM Vol. 3A 6.8.1), never in the kernel.
+/// The kernel goes on with IF clear (the catch resumes with user mode's RFLAGS).
+pub fn run_user_interruptible(entry: unsafe extern "C" fn(), rcx: u64) -> u8 {
+    let e = enter_user(entry, rcx, RFLAGS_IF);
+    crate::cpu::disable_interrupts();
+    e.map_or(0xFF, |e| e.vector)
+}
+
+/// RFLAGS.IF (SDM Vol. 1 3.4.3.3).
+const RFLAGS_IF: u64 = 1 << 9;
+
+/// IRETQ to `entry` at CPL3 with the current RFLAGS plus `set_flags`.
+fn enter_user(entry: unsafe extern "C" fn(), rcx: u64, set_flags: u64) -> Option<crate::catch::Exception> {
     crate::catch(|| {
         // SAFETY: IRETQ to CPL3 with a user stack; the user code ends in an exception, which the
         // catch takes.
@@ -65,6 +83,7 @@ pub fn run_user_caught(entry: unsafe extern "C" fn(), rcx: u64) -> Option<crate:
                 "push {ss}",
                 "push {rsp}",
                 "pushfq",
+                "or qword ptr [rsp], {flags}",
                 "push {cs}",
                 "push {rip}",
                 "iretq",
@@ -72,6 +91,7 @@ pub fn run_user_caught(entry: unsafe extern "C" fn(), rcx: u64) -> Option<crate:
                 rsp = in(reg) top,
                 cs = in(reg) USER_CS as u64,
                 rip = in(reg) entry as *const () as u64,
+                flags = in(reg) set_flags,
                 inout("rcx") rcx => _,
                 out("rax") _, out("rdx") _,
             );

@@ -1,4 +1,4 @@
-//! User mode (CPL3): a known user-mode function counted with USR-only, OS-only and both on GP and fixed counters, an overflow PMI taken from user mode with zero skid, SYSCALL/SYSRETQ round trips, a local-APIC timer interrupt taken in a long user-mode loop, INT n / INT3 round trips, and a straight-line user run ending in each kind of exception (#GP, #UD, #DE, #PF, #BP), each counted exactly at each level and each with an overflow PMI taken in its run.
+//! User mode (CPL3): a known user-mode function counted with USR-only, OS-only and both on GP and fixed counters, an overflow PMI taken from user mode with zero skid, SYSCALL/SYSRETQ round trips, a local-APIC timer interrupt taken in a long user-mode loop and one held while the kernel had IF clear (taken before the first user instruction), INT n / INT3 round trips, and a straight-line user run ending in each kind of exception (#GP, #UD, #DE, #PF, #BP), each counted exactly at each level and each with an overflow PMI taken in its run.
 #![no_std]
 #![no_main]
 
@@ -339,9 +339,8 @@ fn main(_boot: &emon_guest::BootInfo) -> i32 {
     let used = count_usr_os(&pmu);
     apic::write(apic::LVT_TIMER, TIMER_VECTOR as u32);
     apic::write(apic::TIMER_INITIAL_COUNT, 1_000_000);
-    emon_guest::cpu::enable_interrupts();
-    let v = user::run_user(user_spin, 0);
-    emon_guest::cpu::disable_interrupts();
+    // IF is set in user mode only: however long the way to CPL3 takes, the interrupt is taken there.
+    let v = user::run_user_interruptible(user_spin, 0);
     let spins = SPINS.load(SeqCst);
     check_eq!(v, 13u8, "timer run: back from user mode through #GP");
     check_eq!(TIMERS.load(SeqCst), 1u64, "one timer interrupt");
@@ -353,6 +352,26 @@ fn main(_boot: &emon_guest::BootInfo) -> i32 {
     );
     check!(spins > 0 && spins < SPIN_LIMIT, "the loop ended when the handler said so");
     check_usr_os(used, spin_insns(spins.max(1)), "timer run", "the loop's user instructions (5 an iteration)");
+
+    // The same interrupt come due while the kernel had IF clear: held until IRETQ sets IF, then
+    // taken at the first user-mode instruction boundary, before the loop's first instruction
+    // (SDM Vol. 3A 6.8.1), so the loop sees the flag on its first iteration.
+    TIMER_SEEN.store(0, SeqCst);
+    TIMERS.store(0, SeqCst);
+    let used = count_usr_os(&pmu);
+    apic::write(apic::TIMER_INITIAL_COUNT, 1_000);
+    while apic::read(apic::TIMER_CURRENT_COUNT) != 0 {}
+    let v = user::run_user_interruptible(user_spin, 0);
+    check_eq!(v, 13u8, "held-timer run: back from user mode through #GP");
+    check_eq!(TIMERS.load(SeqCst), 1u64, "held-timer run: one timer interrupt");
+    check_eq!(TIMER_CS.load(SeqCst) & 3, 3u64, "held-timer run: taken in user mode (CS.RPL = 3)");
+    check_eq!(
+        TIMER_RIP.load(SeqCst),
+        user_spin as *const () as u64,
+        "held-timer run: taken before the first user instruction"
+    );
+    check_eq!(SPINS.load(SeqCst), 1u64, "held-timer run: the loop saw the flag on its first iteration");
+    check_usr_os(used, spin_insns(1), "held-timer run", "the loop's first iteration");
     let _ = user_spin_loop;
 
     // INT n to a DPL3 gate, INT3, and INT n to a DPL0 gate (#GP(n * 8 + 2)) from user mode.

@@ -89,6 +89,9 @@ mod tcg_slot {
         pub user_since: Option<std::time::Instant>,
         pub user_ran: std::time::Duration,
         pub user_retired: u64,
+        /// Whether the last event taken in user mode came before user mode had made
+        /// [`USER_PROGRESS`] since the one before (the next waits for that progress).
+        pub user_starved: bool,
         /// The instructions the next user-mode run may retire: what is left of
         /// [`USER_PROGRESS`] when a due event waits for it, so that KVM is asked right then.
         pub user_budget: Option<u64>,
@@ -141,8 +144,8 @@ mod fast_forward {
     const FREE_SLICE: Duration = Duration::from_millis(1);
     /// How often KVM is asked for the interrupts due while user code runs in the engine.
     const EVENT_CHECK: Duration = FREE_SLICE;
-    /// What user mode runs at least between two events it takes: this many instructions, or
-    /// this much real time.
+    /// What user mode runs at least between two events it takes once one came before it had
+    /// (starved): this many instructions, or this much real time.
     const USER_PROGRESS: u64 = 1000;
     const USER_RUN: Duration = Duration::from_millis(1);
 
@@ -210,14 +213,15 @@ mod fast_forward {
         /// due would run user code unseen, so KVM is asked without entering the guest: at the
         /// first boundary after the vCPU enters user mode (where an interrupt that came while the
         /// kernel had them masked is taken, SDM Vol. 3A 6.8.1), then every [`EVENT_CHECK`] of
-        /// real time (engine runs at CPL3 hand back as often); but only once user mode has run
-        /// [`USER_PROGRESS`] instructions or for [`USER_RUN`] since it last took one (an
-        /// interrupt a handler raised for user mode, such as perf's self-IPI before an overflow
-        /// signal, comes at once on the return). Kernel code is slow where the host emulates
-        /// it (and slower still on a loaded machine) while the local APIC's timer keeps real
-        /// time: taken at once on every return to user mode, ticks that take the kernel longer
-        /// than their period would leave user code no time at all (measured: four such VMs on
-        /// this machine's two CPUs hung in emon-perf-user's loops). emon delivers it through the
+        /// real time (engine runs at CPL3 hand back as often). One exception keeps user mode
+        /// going: after an event that came before user mode had run [`USER_PROGRESS`]
+        /// instructions or for [`USER_RUN`] since the one before, the next waits until it has.
+        /// Kernel code is slow where the host emulates it (and slower still on a loaded machine)
+        /// while the local APIC's timer keeps real time: taken at once on every return to user
+        /// mode, ticks that take the kernel longer than their period would leave user code no
+        /// time at all (measured: four such VMs on this machine's two CPUs hung in
+        /// emon-perf-user's loops, or its queued overflow signals overran RLIMIT_SIGPENDING).
+        /// Otherwise an event is taken where the CPU takes it. emon delivers it through the
         /// IDT itself (where it cannot, KVM's next entry does: `expect_event`), so that the
         /// vCPU's next entry is at CPL0, where it can be stepped.
         fn take_user_event(&mut self, cx: &mut Cx, mode: &CpuMode) -> Result<bool, BackendError> {
@@ -225,7 +229,7 @@ mod fast_forward {
             let now = Instant::now();
             let since = *slot.user_since.get_or_insert(now);
             let progressed = slot.user_retired >= USER_PROGRESS || slot.user_ran + (now - since) >= USER_RUN;
-            if !progressed {
+            if slot.user_starved && !progressed {
                 // The engine checks its budget before each block: a block's worth more, so that
                 // the run retires at least the first whatever its length.
                 slot.user_budget = Some(USER_PROGRESS - slot.user_retired + tcg::MAX_BLOCK);
@@ -240,6 +244,7 @@ mod fast_forward {
             self.stats.user_events += 1;
             let slot = &mut self.engine.tcg;
             (slot.user_since, slot.user_ran, slot.user_retired) = (None, Duration::ZERO, 0);
+            slot.user_starved = !progressed;
             let vector = match due {
                 DueEvent::Interrupt(v) => v,
                 DueEvent::Nmi => NMI_VECTOR,
@@ -264,12 +269,6 @@ mod fast_forward {
                 }
             }
             Ok(true)
-        }
-
-        /// As if user mode had run long enough to take an event (unit tests).
-        #[cfg(test)]
-        pub(in super::super) fn user_ran_long_enough(&mut self) {
-            self.engine.tcg.user_retired = USER_PROGRESS;
         }
 
         /// Whether `i`, at CPL0, is IRETQ to user mode or SYSRETQ.

@@ -598,15 +598,43 @@ fn an_interrupt_due_at_a_user_mode_boundary_is_delivered_through_the_idt() {
     use crate::DueEvent;
     let mut r = user_rig(&[NOP, NOP], TIMER, Precise::with_engine(Engine::Tcg).with_user_in_engine(true));
     r.vcpu.due_events.push_back(Some(DueEvent::Interrupt(TIMER)));
-    r.precise.user_ran_long_enough();
     r.count();
     assert_eq!(r.before(true), Next::Retired, "delivered by emon, no entry");
-    assert_eq!(r.vcpu.event_probes, 1, "KVM asked at the first user-mode boundary once user mode ran long enough");
+    assert_eq!(r.vcpu.event_probes, 1, "KVM asked at the first user-mode boundary");
     assert_eq!(r.vcpu.regs.rip, HANDLER);
     assert_eq!(kernel_frame(&r), [CODE, 0x33, 0x202, STACK, 0x2B], "the frame returns to the interrupted boundary");
     assert_eq!(r.pmc(0), 0, "a delivery retires nothing");
     assert_eq!(r.vcpu.queued_event, None);
     assert_eq!(r.precise.stats.user_events, 1);
+}
+
+/// An interrupt that came due while the kernel had IF clear is taken at the first user-mode
+/// boundary (SDM Vol. 3A 6.8.1), with no progress rule; only after one that left user mode no
+/// progress does the next wait until user mode has retired `USER_PROGRESS` instructions.
+#[cfg(feature = "tcg")]
+#[test]
+fn an_event_due_on_entering_user_mode_is_taken_at_once_and_one_that_starves_it_waits() {
+    use crate::DueEvent;
+    // mov ecx, 100000; 1: dec ecx; jnz 1b
+    let code = [0xB9, 0xA0, 0x86, 0x01, 0x00, 0xFF, 0xC9, 0x75, 0xFC];
+    let mut r = user_rig(&code, TIMER, Precise::with_engine(Engine::Tcg).with_user_in_engine(true));
+    let user = (r.vcpu.regs, r.vcpu.sregs, r.vcpu.mode);
+    r.count();
+    r.vcpu.due_events.push_back(Some(DueEvent::Interrupt(TIMER)));
+    assert_eq!(r.before(true), Next::Retired, "delivered by emon, no entry");
+    assert_eq!(r.vcpu.regs.rip, HANDLER, "taken before the first user instruction");
+    assert_eq!(r.pmc(0), 0);
+    // The handler returns to user mode at once, where the next interrupt is already due.
+    (r.vcpu.regs, r.vcpu.sregs, r.vcpu.mode) = user;
+    r.vcpu.due_events.push_back(Some(DueEvent::Interrupt(TIMER)));
+    assert_eq!(r.before(true), Next::Retired);
+    assert_eq!(r.vcpu.event_probes, 1, "not asked: the last event left user mode no progress");
+    let ran = r.pmc(0);
+    assert!((1000..1000 + 512 + 2).contains(&ran), "user mode ran its 1,000 instructions (within a block): {ran}");
+    assert_eq!(r.before(true), Next::Retired);
+    assert_eq!((r.vcpu.event_probes, r.vcpu.regs.rip), (2, HANDLER), "then the event is taken");
+    assert_eq!(r.pmc(0), ran);
+    assert_eq!(r.precise.stats.user_events, 2);
 }
 
 #[cfg(feature = "tcg")]
@@ -616,7 +644,6 @@ fn an_event_emon_cannot_deliver_goes_back_to_kvm_for_the_next_entry() {
     let mut r = user_rig(&[NOP, NOP], TIMER, Precise::with_engine(Engine::Tcg).with_user_in_engine(true));
     r.vcpu.sregs.gdt.base = 0x1F_F000; // the gate's code segment reads as null
     r.vcpu.due_events.push_back(Some(DueEvent::Interrupt(TIMER)));
-    r.precise.user_ran_long_enough();
     assert_eq!(r.before(true), Next::Run, "KVM's entry delivers it");
     assert_eq!(r.vcpu.queued_event, Some(DueEvent::Interrupt(TIMER)));
     assert_eq!(r.vcpu.regs.rip, CODE, "nothing delivered by emon");
@@ -672,26 +699,6 @@ fn a_rep_movsb_that_faults_midway_keeps_its_progress_and_raises_the_next_iterati
     assert!(r.precise.stats.user_to_kvm.is_empty());
 }
 
-/// Each event taken in user mode leaves user code time to run before the next (kernel code is
-/// slow where the host emulates it, while the APIC timer keeps real time): right after one, KVM
-/// is not asked again until user mode has run for a while.
-#[cfg(feature = "tcg")]
-#[test]
-fn user_mode_runs_between_two_events_it_takes() {
-    use crate::DueEvent;
-    let mut r = user_rig(&[NOP, NOP, NOP, NOP], TIMER, Precise::with_engine(Engine::Tcg).with_user_in_engine(true));
-    r.vcpu.due_events.extend([Some(DueEvent::Interrupt(TIMER)), Some(DueEvent::Interrupt(TIMER))]);
-    r.precise.user_ran_long_enough();
-    r.count();
-    assert_eq!(r.before(true), Next::Retired);
-    assert_eq!(r.vcpu.regs.rip, HANDLER);
-    // Back in user mode at once (as after the handler's IRETQ): no new question to KVM yet.
-    r.vcpu.regs.rip = CODE;
-    r.precise.step.mode = None;
-    r.before(true);
-    assert_eq!(r.vcpu.event_probes, 1, "not asked again before user mode ran");
-}
-
 /// The PIC's interrupt through LINT0 (virtual wire) is KVM's to deliver at the next entry, which
 /// takes the vector from the PIC: emon does not deliver it, and the entry expects the event.
 #[cfg(feature = "tcg")]
@@ -700,7 +707,6 @@ fn a_pic_interrupt_due_in_user_mode_goes_to_the_next_entry() {
     use crate::DueEvent;
     let mut r = user_rig(&[NOP, NOP], TIMER, Precise::with_engine(Engine::Tcg).with_user_in_engine(true));
     r.vcpu.due_events.push_back(Some(DueEvent::ExtInt));
-    r.precise.user_ran_long_enough();
     r.count();
     assert_eq!(r.before(true), Next::Run);
     assert_eq!(r.vcpu.regs.rip, CODE, "not delivered by emon");
