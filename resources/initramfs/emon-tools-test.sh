@@ -58,7 +58,9 @@ else
     done
     period=100000
     perf record -q -e instructions:u -c "$period" -o /tmp/perf.data emon-loop 1000000 >/tmp/loop.out 2>/tmp/record.err
-    report $? "perf record -e instructions:u -c $period of emon-loop"
+    status=$?
+    report $status "perf record -e instructions:u -c $period of emon-loop"
+    [ $status -eq 0 ] || sed "s/^/  perf record (status $status): /" /tmp/record.err
     range="$(sed -n 's/^emon-loop: loop at \(0x[0-9a-f]*\)-\(0x[0-9a-f]*\)$/\1 \2/p' /tmp/loop.out)"
     perf script -i /tmp/perf.data -F ip 2>/dev/null >/tmp/ips
     total="$(count instructions:u 1000000)"

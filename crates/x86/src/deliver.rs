@@ -91,21 +91,7 @@ pub fn deliver(
         return Err(Unsupported("the gate's code segment is less privileged than the CPL"));
     }
     cs.selector = selector & !3 | u16::from(new_cpl);
-    // The new stack: an IST stack, or RSPn of the TSS on a privilege change (SDM Vol. 3A 6.14.4,
-    // 6.14.5), aligned to 16 bytes.
-    let tss_slot = match (ist, new_cpl < mode.cpl) {
-        (0, false) => None,
-        (0, true) => Some(4 + 8 * u64::from(new_cpl)),
-        (n, _) => Some(0x24 + 8 * (n - 1)),
-    };
-    let mut rsp = match tss_slot {
-        None => regs.rsp,
-        Some(at) => {
-            let mut b = [0u8; 8];
-            mode.read_linear(mem, sregs.tr.base + at, &mut b).ok_or(Unsupported("the TSS is unreadable"))?;
-            u64::from_le_bytes(b)
-        }
-    } & !0xF;
+    let mut rsp = new_stack(mode, mem, sregs, ist, new_cpl)?.unwrap_or(regs.rsp) & !0xF;
     let rip = match event {
         Event::External => regs.rip,
         Event::Software { next_rip } => next_rip,
@@ -127,6 +113,41 @@ pub fn deliver(
         regs.rflags &= !RFLAGS_IF;
     }
     Ok(())
+}
+
+/// The stack a delivery switches to (before its 16-byte alignment): an IST stack, or RSPn of
+/// the TSS on a privilege change (SDM Vol. 3A 6.14.4, 6.14.5); `None` where it stays on the
+/// current stack.
+fn new_stack(
+    mode: &CpuMode,
+    mem: &GuestMemoryMmap,
+    sregs: &kvm_sregs,
+    ist: u64,
+    new_cpl: u8,
+) -> Result<Option<u64>, NotDelivered> {
+    let tss_slot = match (ist, new_cpl < mode.cpl) {
+        (0, false) => return Ok(None),
+        (0, true) => 4 + 8 * u64::from(new_cpl),
+        (n, _) => 0x24 + 8 * (n - 1),
+    };
+    let mut b = [0u8; 8];
+    mode.read_linear(mem, sregs.tr.base + tss_slot, &mut b)
+        .ok_or(NotDelivered::Unsupported("the TSS is unreadable"))?;
+    Ok(Some(u64::from_le_bytes(b)))
+}
+
+/// The RIP in the frame of an event `vector` delivered from user mode (`from`: the CPL3 mode
+/// it was delivered in) to a CPL0 handler, read back after the delivery: the user-mode
+/// instruction boundary it interrupted. `None` where the gate or the stack is unreadable.
+pub fn interrupted_user_rip(from: &CpuMode, mem: &GuestMemoryMmap, sregs: &kvm_sregs, vector: u8) -> Option<u64> {
+    let mut gate = [0u8; 8];
+    from.read_linear(mem, from.idt_base + u64::from(vector) * 16, &mut gate)?;
+    let ist = (u64::from_le_bytes(gate) >> 32) & 7;
+    let top = new_stack(from, mem, sregs, ist, 0).ok()?? & !0xF;
+    // The frame: SS, RSP, RFLAGS, CS, RIP pushed from the top down (SDM Vol. 3A Figure 6-9).
+    let mut rip = [0u8; 8];
+    from.read_linear(mem, top - 40, &mut rip)?;
+    Some(u64::from_le_bytes(rip))
 }
 
 #[cfg(test)]
@@ -196,6 +217,7 @@ mod tests {
         assert_eq!(regs.rflags, 0x2, "TF, RF and IF cleared");
         assert_eq!((sregs.cs.selector, sregs.cs.dpl, sregs.cs.l), (KERNEL_CS, 0, 1));
         assert_eq!((sregs.ss.selector, sregs.ss.unusable), (0, 1), "a null SS at CPL0");
+        assert_eq!(interrupted_user_rip(&mode, &mem, &sregs, 0xEC), Some(0x40_0000), "read back from RSP0's frame");
     }
 
     #[test]
@@ -206,6 +228,7 @@ mod tests {
         assert_eq!(regs.rsp, 0xA000 - 40, "IST1");
         assert_eq!(frame(&mem, regs.rsp)[0], 0x40_0002);
         assert_eq!(regs.rflags & RFLAGS_IF, RFLAGS_IF, "a trap gate keeps IF");
+        assert_eq!(interrupted_user_rip(&mode, &mem, &sregs, 0x80), Some(0x40_0002), "read back from IST1's frame");
     }
 
     #[test]

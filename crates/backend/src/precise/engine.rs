@@ -193,6 +193,13 @@ mod fast_forward {
                 if !user {
                     return Ok(None);
                 }
+                if run.stop == tcg::Stop::Budget && run.state.regs != before.regs {
+                    // A REP string instruction's iterations outran the run's budget or time:
+                    // they stay done, and the next run goes on with it (it retires once, after
+                    // its last iteration: SDM Vol. 2B, REP).
+                    self.take_run(cx, &before, run)?;
+                    return Ok(Some(Next::Retired));
+                }
                 if first.is_string_instruction()
                     && run.state.regs.rip == before.regs.rip
                     && run.state.regs != before.regs
@@ -269,6 +276,12 @@ mod fast_forward {
                 }
             }
             Ok(true)
+        }
+
+        /// The next user-mode engine run retires at most `n` instructions (unit tests).
+        #[cfg(test)]
+        pub(in super::super) fn limit_next_user_run(&mut self, n: u64) {
+            self.engine.tcg.user_budget = Some(n);
         }
 
         /// Whether `i`, at CPL0, is IRETQ to user mode or SYSRETQ.

@@ -270,6 +270,17 @@ impl Precise {
         // not counted (README, "User mode (CPL3)").
         if p.cpl == 3 && handler.as_ref().is_none_or(|(v, _, _)| *v == DB_VECTOR) {
             self.stats.cpl3_lost += 1;
+        } else if let Some((v, _, _)) = handler.filter(|_| p.cpl == 3 && self.user_in_engine()) {
+            // The event KVM was to deliver before any user instruction: its frame says where
+            // user mode was interrupted, and anything else means KVM ran user code first, which
+            // this host cannot step (whatever the event, and whatever the code).
+            let user = CpuMode { cpl: 3, ..mode };
+            let sregs = cx.vcpu.sregs()?;
+            let at = emon_x86::deliver::interrupted_user_rip(&user, cx.vcpu.memory(), &sregs, v);
+            if at != Some(p.rip) {
+                tracing::debug!(vector = v, pending = format_args!("{:#x}", p.rip), frame = ?at, "user code ran in KVM before the event");
+                self.stats.cpl3_lost += 1;
+            }
         }
         // The handler's first instruction ran with registers emon never saw.
         let first = handler.as_ref().map_or(pc, |(_, h, _)| *h);

@@ -649,6 +649,28 @@ fn an_event_emon_cannot_deliver_goes_back_to_kvm_for_the_next_entry() {
     assert_eq!(r.vcpu.regs.rip, CODE, "nothing delivered by emon");
 }
 
+/// A user-mode REP string instruction whose iterations outrun one engine run (its budget, or its
+/// time on a loaded machine) goes on in the next run and retires once, never going to KVM.
+#[cfg(feature = "tcg")]
+#[test]
+fn a_user_mode_rep_string_instruction_longer_than_a_run_stays_in_the_engine() {
+    // rep stosb; nop; hlt
+    let mut r = user_rig(&[0xF3, 0xAA, NOP, 0xF4], TIMER, Precise::with_engine(Engine::Tcg).with_user_in_engine(true));
+    (r.vcpu.regs.rcx, r.vcpu.regs.rdi, r.vcpu.regs.rax) = (100_000, 0x10_0000, 0xAB);
+    r.count();
+    r.precise.limit_next_user_run(600);
+    assert_eq!(r.before(true), Next::Retired);
+    assert_eq!(r.vcpu.regs.rip, CODE, "stopped midway");
+    assert!(r.vcpu.regs.rcx > 0 && r.vcpu.regs.rcx < 100_000, "{}", r.vcpu.regs.rcx);
+    while r.vcpu.regs.rip == CODE {
+        assert_eq!(r.before(true), Next::Retired);
+    }
+    assert_eq!(r.vcpu.regs.rcx, 0);
+    assert_eq!(r.vcpu.mem.read_obj::<u8>(GuestAddress(0x10_0000 + 99_999)).unwrap(), 0xAB);
+    assert!(r.precise.stats.user_to_kvm.is_empty(), "nothing went to KVM");
+    assert_eq!(r.pmc(0), 2, "the REP STOSB retired once, then the NOP");
+}
+
 /// On a host where user mode runs in the engine, a user-mode instruction neither the engine nor
 /// emon runs goes to KVM, which cannot step it there: the run says so, NOT EXACT, by mnemonic,
 /// whatever the code; an invalid opcode raises #UD without going to KVM.
@@ -712,4 +734,36 @@ fn a_pic_interrupt_due_in_user_mode_goes_to_the_next_entry() {
     assert_eq!(r.vcpu.regs.rip, CODE, "not delivered by emon");
     assert!(r.precise.step.pending.as_ref().is_some_and(|p| p.expect_event), "the entry delivers an event");
     assert!(r.precise.stats.user_to_kvm.is_empty(), "no user instruction goes to KVM");
+    // KVM's entry delivers it before any user instruction: the frame returns to CODE.
+    pic_interrupt_delivered(&mut r, CODE);
+    assert_eq!(r.precise.stats.cpl3_lost, 0);
+    assert_eq!(r.pmc(0), 1, "the handler's first instruction");
+}
+
+/// Where KVM's entry ran user code before it delivered the event it was to deliver (the frame
+/// returns past the boundary the entry began at), what it ran is not counted: NOT EXACT,
+/// whatever the code and whatever the event.
+#[cfg(feature = "tcg")]
+#[test]
+fn user_code_kvm_ran_before_the_event_it_delivered_is_reported_not_exact() {
+    use crate::DueEvent;
+    let mut r = user_rig(&[NOP, NOP], TIMER, Precise::with_engine(Engine::Tcg).with_user_in_engine(true));
+    r.vcpu.due_events.push_back(Some(DueEvent::ExtInt));
+    r.count();
+    assert_eq!(r.before(true), Next::Run);
+    pic_interrupt_delivered(&mut r, CODE + 1);
+    assert_eq!(r.precise.stats.cpl3_lost, 1);
+    assert!(r.precise.notes().iter().any(|n| n.starts_with("NOT EXACT: user-mode (CPL3) code")));
+}
+
+/// KVM's entry delivered TIMER from user mode at `rip` (its frame on RSP0's stack) and the
+/// handler's first instruction was stepped.
+#[cfg(feature = "tcg")]
+fn pic_interrupt_delivered(r: &mut Rig, rip: u64) {
+    for (i, word) in [rip, 0x33, 0x202, STACK, 0x2B].into_iter().enumerate() {
+        r.vcpu.mem.write_obj(word, GuestAddress(KERNEL_STACK - 40 + 8 * i as u64)).unwrap();
+    }
+    r.vcpu.mode.cpl = 0;
+    r.vcpu.sregs.cs.selector = 0x08;
+    r.exit_at(HANDLER + 1);
 }
