@@ -76,7 +76,7 @@ fn the_initramfs_holds_init_busybox_emons_programs_and_a_console() {
     assert_eq!(init.data, std::fs::read("resources/initramfs/init").unwrap());
     let console = &e["dev/console"];
     assert_eq!((console.mode & S_IFMT, console.rdev), (S_IFCHR, (5, 1)), "/dev/console is char 5:1");
-    for program in ["bin/busybox", "bin/emon-perf-user"] {
+    for program in ["bin/busybox", "bin/emon-perf-user", "bin/emon-seed", "bin/emon-loop"] {
         let p = &e[program];
         assert_eq!(p.mode & (S_IFMT | 0o111), S_IFREG | 0o111, "{program}");
         assert_eq!(&p.data[..4], b"\x7fELF", "{program}");
@@ -96,6 +96,8 @@ fn the_initramfs_holds_init_busybox_emons_programs_and_a_console() {
     for applet in ["bin/sh", "bin/mount", "sbin/poweroff"] {
         assert_eq!((e[applet].mode & S_IFMT, e[applet].data.as_slice()), (S_IFLNK, &b"/bin/busybox"[..]), "{applet}");
     }
+    let seed = &e["etc/emon-random-seed"];
+    assert_eq!((seed.mode & 0o777, seed.data.len()), (0o600, 64), "the random seed /init credits (emon-seed)");
     for dir in ["proc", "sys", "dev", "tmp", "run"] {
         assert!(e.contains_key(dir), "/{dir}, where /init mounts");
     }
