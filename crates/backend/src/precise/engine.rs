@@ -262,6 +262,8 @@ mod fast_forward {
                     return Ok(true);
                 }
             };
+            // The vCPU leaves user mode for the handler: the next boundary there is a first one.
+            self.engine.tcg.events_asked = None;
             let from = cx.vcpu.regs()?.rip;
             match self.deliver_event(cx, mode, vector, Event::External)? {
                 Ok(handler) => {

@@ -629,11 +629,15 @@ fn an_event_due_on_entering_user_mode_is_taken_at_once_and_one_that_starves_it_w
     r.vcpu.due_events.push_back(Some(DueEvent::Interrupt(TIMER)));
     assert_eq!(r.before(true), Next::Retired);
     assert_eq!(r.vcpu.event_probes, 1, "not asked: the last event left user mode no progress");
+    assert!(r.pmc(0) > 0, "user code ran");
+    // Asked once user mode has run 1,000 instructions (the run stops there, within a block) or a
+    // millisecond, whichever comes first.
+    while r.vcpu.event_probes == 1 {
+        assert_eq!(r.before(true), Next::Retired);
+    }
+    assert_eq!(r.vcpu.regs.rip, HANDLER, "then the event is taken");
     let ran = r.pmc(0);
-    assert!((1000..1000 + 512 + 2).contains(&ran), "user mode ran its 1,000 instructions (within a block): {ran}");
-    assert_eq!(r.before(true), Next::Retired);
-    assert_eq!((r.vcpu.event_probes, r.vcpu.regs.rip), (2, HANDLER), "then the event is taken");
-    assert_eq!(r.pmc(0), ran);
+    assert!(ran < 1000 + 512 + 2, "no further than the progress rule's budget: {ran}");
     assert_eq!(r.precise.stats.user_events, 2);
 }
 
