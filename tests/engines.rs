@@ -156,6 +156,7 @@ fn cpl0_in_kvm_or_in_the_engine_gives_the_same_output() {
         ("user-mode", &[]),
         ("msr-semantics", &[]),
         ("model-msrs", &[]),
+        ("page-tables", &[]),
     ]);
     for (guest, args) in guests {
         let g = format!("guest:{guest}");

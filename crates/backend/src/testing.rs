@@ -29,6 +29,8 @@ pub struct Script {
     pub due_events: std::collections::VecDeque<Option<crate::DueEvent>>,
     pub event_probes: u32,
     pub queued_event: Option<crate::DueEvent>,
+    /// How many times the backend had the guest's cached translations dropped.
+    pub tlb_flushes: u32,
 }
 
 impl Vcpu for Script {
@@ -61,6 +63,10 @@ impl Vcpu for Script {
         Ok(())
     }
     fn end_interrupt_shadow(&mut self) -> Result<(), VcpuError> {
+        Ok(())
+    }
+    fn flush_tlb(&mut self) -> Result<(), VcpuError> {
+        self.tlb_flushes += 1;
         Ok(())
     }
     fn inject_exception(&mut self, vector: u8, error_code: Option<u32>) -> Result<(), VcpuError> {
@@ -132,6 +138,7 @@ impl Script {
             due_events: Default::default(),
             event_probes: 0,
             queued_event: None,
+            tlb_flushes: 0,
         }
     }
 }

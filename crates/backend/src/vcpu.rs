@@ -58,12 +58,16 @@ pub trait Vcpu {
     /// An instruction retired outside the vCPU: any interrupt shadow (STI's, MOV SS's) it was
     /// under has ended.
     fn end_interrupt_shadow(&mut self) -> Result<(), VcpuError>;
-    /// The guest's own DR7 (its breakpoints, which only KVM makes fire).
+    /// The guest's translations KVM caches (its TLB, and the shadow page tables of a KVM without
+    /// nested paging) are dropped before the next entry, as a MOV to CR3 that flushes drops them
+    /// (SDM Vol. 3A 4.10.4.1): the guest changed its page tables and flushed, outside the vCPU.
+    fn flush_tlb(&mut self) -> Result<(), VcpuError>;
     /// The vCPU's CPUID table as KVM holds it (with the bits KVM keeps up to date as the guest
     /// runs, such as OSXSAVE); empty where there is none to read.
     fn cpuid_entries(&mut self) -> Result<Vec<kvm_bindings::kvm_cpuid_entry2>, VcpuError> {
         Ok(Vec::new())
     }
+    /// The guest's own DR7 (its breakpoints, which only KVM makes fire).
     fn guest_dr7(&mut self) -> Result<u64, VcpuError> {
         Ok(0)
     }

@@ -72,6 +72,11 @@ pub enum Special {
     /// CPUID: some hosts override the table the VMM gives KVM (README, "CPUID fidelity"); where
     /// emon runs user-mode code in the TCG engine, it answers from that table itself.
     Cpuid,
+    /// INVLPG drops the translations of one page (SDM Vol. 3A 4.10.4.1). At CPL0 emon retires it
+    /// and has KVM drop all the guest's cached translations before its next entry, as a MOV to
+    /// CR3 would: a round trip through KVM per page costs tens of microseconds on a host that
+    /// emulates CPL0 code, and Linux flushes tens of thousands of pages one by one.
+    Invlpg,
 }
 
 /// A decoded guest instruction.
@@ -218,6 +223,7 @@ pub fn of(i: &Instruction) -> Insn {
         Cpuid => Special::Cpuid,
         Int => Special::Int(i.immediate8()),
         Int3 => Special::Int(3),
+        Invlpg => Special::Invlpg,
         _ => Special::None,
     };
     let changes_mode = is_far_transfer(i)

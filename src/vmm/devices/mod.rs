@@ -1,4 +1,5 @@
 //! Port-I/O devices and the bus that routes guest IN/OUT to them.
+pub mod cmos;
 pub mod debug_exit;
 pub mod fw_cfg;
 pub mod serial;
@@ -32,18 +33,25 @@ pub const I8042_DATA: u16 = 0x60;
 pub const I8042_COMMAND: u16 = 0x64;
 
 /// Routes port I/O: COM1, the debug-exit port, fw_cfg, the i8042 (its reset command; it has no
-/// keyboard: status and data read 0); everything else reads as all-ones and ignores writes,
+/// keyboard: status and data read 0), the real-time clock and CMOS RAM; everything else reads as all-ones and ignores writes,
 /// counted per port for `--verbose`.
 pub struct PioBus {
     pub serial: serial::SerialPort,
     pub fw_cfg: fw_cfg::FwCfg,
     i8042: vm_superio::I8042Device<ResetLine>,
+    cmos: cmos::Cmos,
     pub unhandled: BTreeMap<u16, u64>,
 }
 
 impl PioBus {
     pub fn new(serial: serial::SerialPort, fw_cfg: fw_cfg::FwCfg) -> Self {
-        PioBus { serial, fw_cfg, i8042: vm_superio::I8042Device::new(ResetLine::default()), unhandled: BTreeMap::new() }
+        PioBus {
+            serial,
+            fw_cfg,
+            i8042: vm_superio::I8042Device::new(ResetLine::default()),
+            cmos: cmos::Cmos::default(),
+            unhandled: BTreeMap::new(),
+        }
     }
 
     pub fn write(&mut self, port: u16, data: &[u8]) -> PioAction {
@@ -57,6 +65,7 @@ impl PioBus {
                     return PioAction::Reset;
                 }
             }
+            cmos::INDEX_PORT | cmos::DATA_PORT => self.cmos.write(port, data.first().copied().unwrap_or(0)),
             _ => *self.unhandled.entry(port).or_default() += 1,
         }
         PioAction::Continue
@@ -67,6 +76,7 @@ impl PioBus {
             serial::COM1..=serial::COM1_END => self.serial.read(port - serial::COM1, data),
             fw_cfg::SELECTOR_PORT | fw_cfg::DATA_PORT => self.fw_cfg.read(port, data),
             I8042_DATA | I8042_COMMAND => data.fill(self.i8042.read((port - I8042_DATA) as u8)),
+            cmos::INDEX_PORT | cmos::DATA_PORT => data.fill(self.cmos.read(port)),
             _ => {
                 data.fill(0xFF);
                 *self.unhandled.entry(port).or_default() += 1;

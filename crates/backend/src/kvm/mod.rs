@@ -108,6 +108,9 @@ pub struct KvmCpu {
     pub event_probe: Option<event_probe::EventProbe>,
     /// The VM's file descriptor (a duplicate), for the in-kernel PIC's state.
     pub vm: Option<std::os::fd::OwnedFd>,
+    /// The guest flushed translations outside the vCPU (an INVLPG emon retired): KVM drops its
+    /// cached ones before the next entry ([`Self::flush_guest_tlb`]).
+    tlb_stale: bool,
 }
 
 /// CPUID bits KVM updates as the guest runs, as (leaf, sub-leaf, register 0-3, mask):
@@ -119,7 +122,17 @@ const LIVE_CPUID: [(u32, u32, usize, u32); 4] =
 impl KvmCpu {
     pub fn new(kvm: &kvm_ioctls::Kvm, mut fd: VcpuFd, debug: GuestDebug, xsave: Option<xsave::XsaveAbi>) -> KvmCpu {
         let regs = regs::RegCache::new(kvm, &mut fd);
-        KvmCpu { fd, debug, xsave, regs, step_survives_set_regs: false, cpuid: Vec::new(), event_probe: None, vm: None }
+        KvmCpu {
+            fd,
+            debug,
+            xsave,
+            regs,
+            step_survives_set_regs: false,
+            cpuid: Vec::new(),
+            event_probe: None,
+            vm: None,
+            tlb_stale: false,
+        }
     }
 
     /// The vCPU with its guest memory, as the backends drive it.
@@ -129,6 +142,9 @@ impl KvmCpu {
 
     /// KVM_RUN.
     pub fn run(&mut self) -> Result<kvm_ioctls::VcpuExit<'_>, vmm_sys_util::errno::Error> {
+        if std::mem::take(&mut self.tlb_stale) {
+            self.flush_guest_tlb().map_err(|e| e.source)?;
+        }
         self.regs.ran(true);
         let r = self.fd.run();
         if r.is_err() {
@@ -253,6 +269,20 @@ impl KvmCpu {
         self.regs.events(&mut self.fd)
     }
 
+    /// Makes KVM drop every translation it caches for the guest, as a flushing MOV to CR3 makes
+    /// it (SDM Vol. 3A 4.10.4.1). KVM has no call for that alone; KVM_SET_SREGS with another CR3
+    /// resets the vCPU's MMU context: its shadow roots are unloaded and synced again from the
+    /// guest's page tables, and the TLB is flushed, before the next entry. So CR3 is set to
+    /// another value (PWT toggled) and back, with no entry between. The interrupt bitmap is left
+    /// empty, which queues nothing.
+    fn flush_guest_tlb(&mut self) -> Result<(), VcpuError> {
+        /// CR3.PWT (SDM Vol. 3A 4.5): any bit KVM takes in CR3 would do.
+        const CR3_PWT: u64 = 1 << 3;
+        let sregs = kvm_sregs { interrupt_bitmap: [0; 4], ..self.sregs()? };
+        self.set_sregs(&kvm_sregs { cr3: sregs.cr3 ^ CR3_PWT, ..sregs })?;
+        self.set_sregs(&sregs)
+    }
+
     pub fn set_events(&mut self, e: &kvm_vcpu_events) -> Result<(), VcpuError> {
         self.regs.set_events(&mut self.fd, e)
     }
@@ -353,6 +383,11 @@ impl Vcpu for KvmVcpu<'_> {
 
     fn guest_dr7(&mut self) -> Result<u64, VcpuError> {
         Ok(self.cpu.fd.get_debug_regs().map_err(VcpuError::op("KVM_GET_DEBUGREGS"))?.dr7)
+    }
+
+    fn flush_tlb(&mut self) -> Result<(), VcpuError> {
+        self.cpu.tlb_stale = true;
+        Ok(())
     }
 
     fn end_interrupt_shadow(&mut self) -> Result<(), VcpuError> {

@@ -1,7 +1,8 @@
 //! Instructions the precise backend completes itself while it counts, instead of stepping them
 //! in KVM: HLT (which KVM steps over), RDPMC (which has no userspace exit), the time-stamp
 //! counter's reads and IA32_TSC_DEADLINE (the guest's time follows the model, README "Guest
-//! time"), and the fences (after which some hosts lose the single-step trap).
+//! time"), the fences (after which some hosts lose the single-step trap), and INVLPG (a KVM
+//! round trip per page on a host that emulates CPL0 code).
 use super::stepper::Pending;
 use super::Precise;
 use crate::{BackendError, Cx, Next};
@@ -47,6 +48,12 @@ impl Precise {
                     Some(next) => next,
                     None => return Ok(None),
                 }
+            }
+            // At CPL3 it raises #GP(0), which KVM raises.
+            Special::Invlpg if p.cpl == 0 => {
+                cx.vcpu.flush_tlb()?;
+                let regs = cx.vcpu.regs()?;
+                self.complete(cx, p, i, regs)?
             }
             // User mode on a host where it runs in the engine (README, "User mode (CPL3)").
             Special::Cpuid if p.cpl == 3 && self.user_in_engine() => {

@@ -95,6 +95,8 @@ mod tcg_slot {
         /// The instructions the next user-mode run may retire: what is left of
         /// [`USER_PROGRESS`] when a due event waits for it, so that KVM is asked right then.
         pub user_budget: Option<u64>,
+        /// The instructions and REP iterations the next run may take, at any level (unit tests).
+        pub next_budget: Option<u64>,
     }
 
     // SAFETY: the engine (which holds unicorn's non-thread-safe handle) is created in
@@ -190,15 +192,18 @@ mod fast_forward {
             }
             let Some((before, run)) = self.engine_run(cx, mode)? else { return Ok(None) };
             if run.retired == 0 {
-                if !user {
-                    return Ok(None);
-                }
                 if run.stop == tcg::Stop::Budget && run.state.regs != before.regs {
                     // A REP string instruction's iterations outran the run's budget or time:
                     // they stay done, and the next run goes on with it (it retires once, after
                     // its last iteration: SDM Vol. 2B, REP).
                     self.take_run(cx, &before, run)?;
+                    if !user {
+                        self.take_event_mid_rep(cx)?;
+                    }
                     return Ok(Some(Next::Retired));
+                }
+                if !user {
+                    return Ok(None);
                 }
                 if first.is_string_instruction()
                     && run.state.regs.rip == before.regs.rip
@@ -280,10 +285,26 @@ mod fast_forward {
             Ok(true)
         }
 
-        /// The next user-mode engine run retires at most `n` instructions (unit tests).
+        /// A REP string instruction at CPL0 stopped mid-way for KVM's turn, which delivers the
+        /// interrupts that came meanwhile. KVM stepping it would run all its remaining iterations
+        /// (its single-step trap comes when the instruction retires), and a host that emulates
+        /// CPL0 code runs them a thousand times slower than the engine: KVM is asked instead,
+        /// without entering the guest. An event due goes out at the next entry, between two
+        /// iterations, where the CPU takes it too (SDM Vol. 2B, REP); otherwise the engine goes on.
+        fn take_event_mid_rep(&mut self, cx: &mut Cx) -> Result<(), BackendError> {
+            self.engine.tcg.cooldown = 0;
+            self.stats.event_checks += 1;
+            if let Some(due) = cx.vcpu.due_event()? {
+                cx.vcpu.queue_event(due)?;
+                self.step.expect_event = true;
+            }
+            Ok(())
+        }
+
+        /// The next engine run takes at most `n` instructions and REP iterations (unit tests).
         #[cfg(test)]
-        pub(in super::super) fn limit_next_user_run(&mut self, n: u64) {
-            self.engine.tcg.user_budget = Some(n);
+        pub(in super::super) fn limit_next_run(&mut self, n: u64) {
+            self.engine.tcg.next_budget = Some(n);
         }
 
         /// Whether `i`, at CPL0, is IRETQ to user mode or SYSRETQ.
@@ -351,7 +372,8 @@ mod fast_forward {
                     budget: match mode.cpl {
                         3 => self.engine.tcg.user_budget.take().unwrap_or(tcg::BUDGET),
                         _ => tcg::BUDGET,
-                    },
+                    }
+                    .min(self.engine.tcg.next_budget.take().unwrap_or(u64::MAX)),
                     cache: self.feed.lend(),
                     deadline,
                     lbr: self.branches.tail(cx.pmu),
@@ -439,6 +461,9 @@ mod fast_forward {
                 self.set_stepping(cx, false)?;
             }
             tcg::write_back(cx.vcpu, before, &run.state)?;
+            if run.flushed_tlb {
+                cx.vcpu.flush_tlb()?;
+            }
             if run.iret {
                 cx.vcpu.end_nmi_blocking()?;
             }

@@ -662,7 +662,7 @@ fn a_user_mode_rep_string_instruction_longer_than_a_run_stays_in_the_engine() {
     let mut r = user_rig(&[0xF3, 0xAA, NOP, 0xF4], TIMER, Precise::with_engine(Engine::Tcg).with_user_in_engine(true));
     (r.vcpu.regs.rcx, r.vcpu.regs.rdi, r.vcpu.regs.rax) = (100_000, 0x10_0000, 0xAB);
     r.count();
-    r.precise.limit_next_user_run(600);
+    r.precise.limit_next_run(600);
     assert_eq!(r.before(true), Next::Retired);
     assert_eq!(r.vcpu.regs.rip, CODE, "stopped midway");
     assert!(r.vcpu.regs.rcx > 0 && r.vcpu.regs.rcx < 100_000, "{}", r.vcpu.regs.rcx);
@@ -770,4 +770,78 @@ fn pic_interrupt_delivered(r: &mut Rig, rip: u64) {
     r.vcpu.mode.cpl = 0;
     r.vcpu.sregs.cs.selector = 0x08;
     r.exit_at(HANDLER + 1);
+}
+
+/// INVLPG at CPL0 retires in emon, and KVM drops its cached translations before its next
+/// entry; at CPL3 it is KVM's #GP.
+#[test]
+fn invlpg_at_cpl0_retires_in_emon_and_kvm_drops_its_translations() {
+    // invlpg [rax]; nop
+    let mut r = Rig::new(&[0x0F, 0x01, 0x38, NOP]);
+    r.count();
+    assert_eq!(r.before(true), Next::Retired, "INVLPG is retired by emon");
+    assert_eq!(r.vcpu.regs.rip, CODE + 3);
+    assert_eq!(r.vcpu.tlb_flushes, 1);
+    assert_eq!((r.pmc(0), r.pmc(1)), (1, 0));
+
+    let mut r = user_rig(&[0x0F, 0x01, 0x38, NOP], TIMER, Precise::with_engine(Engine::Step));
+    r.count();
+    assert_eq!(r.before(true), Next::Run, "at CPL3 KVM raises its #GP");
+    assert_eq!(r.vcpu.tlb_flushes, 0);
+}
+
+/// The engine runs INVLPG itself (dropping its own translation); a run through one has KVM drop
+/// its cached translations, and a run without one does not.
+#[cfg(feature = "tcg")]
+#[test]
+fn an_engine_run_through_invlpg_has_kvm_drop_its_translations() {
+    for (code, flushes) in [(&[NOP, NOP, 0xF4][..], 0), (&[NOP, 0x0F, 0x01, 0x38, NOP, 0xF4], 1)] {
+        let mut r = Rig::new(code);
+        r.precise = Precise::with_engine(Engine::Tcg);
+        r.count();
+        assert_eq!(r.before(true), Next::Retired);
+        assert_eq!(r.vcpu.regs.rip, CODE + code.len() as u64 - 1, "the engine ran up to the HLT");
+        assert_eq!(r.precise.stats.engine_runs, 1);
+        assert_eq!(r.vcpu.tlb_flushes, flushes, "{code:x?}");
+        assert_eq!(r.pmc(0), code.len() as u64 - 1 - 2 * flushes as u64);
+    }
+}
+
+/// A CPL0 REP string instruction whose iterations outrun one engine run goes on in the engine:
+/// KVM is asked for the events due between two runs (it is not entered, which would run all the
+/// remaining iterations at once), and one that is due goes out at the next entry, between two
+/// iterations. It retires once.
+#[cfg(feature = "tcg")]
+#[test]
+fn a_cpl0_rep_string_instruction_longer_than_a_run_stays_in_the_engine_and_takes_events_between_runs() {
+    use crate::DueEvent;
+    // rep stosb; nop; hlt
+    let code = [0xF3, 0xAA, NOP, 0xF4];
+    let mut r = Rig::new(&code);
+    r.precise = Precise::with_engine(Engine::Tcg);
+    (r.vcpu.regs.rcx, r.vcpu.regs.rdi, r.vcpu.regs.rax) = (100_000, 0x10_0000, 0xAB);
+    r.count();
+    let mut runs = 0;
+    while r.vcpu.regs.rip == CODE {
+        r.precise.limit_next_run(30_000);
+        assert_eq!(r.before(true), Next::Retired, "nothing goes to KVM");
+        runs += 1;
+    }
+    assert_eq!(runs, 4, "30,000 iterations a run");
+    assert_eq!(r.vcpu.event_probes, 3, "KVM asked after each run that stopped midway");
+    assert_eq!((r.vcpu.regs.rcx, r.vcpu.regs.rip), (0, CODE + 3));
+    assert_eq!(r.vcpu.mem.read_obj::<u8>(GuestAddress(0x10_0000 + 99_999)).unwrap(), 0xAB);
+    assert_eq!(r.pmc(0), 2, "the REP STOSB retired once, then the NOP");
+
+    let mut r = Rig::new(&code);
+    r.precise = Precise::with_engine(Engine::Tcg);
+    (r.vcpu.regs.rcx, r.vcpu.regs.rdi) = (100_000, 0x10_0000);
+    r.vcpu.due_events.push_back(Some(DueEvent::Interrupt(TIMER)));
+    r.count();
+    r.precise.limit_next_run(30_000);
+    assert_eq!(r.before(true), Next::Retired);
+    assert_eq!((r.vcpu.regs.rip, r.vcpu.regs.rcx), (CODE, 70_000), "stopped between two iterations");
+    assert_eq!(r.vcpu.queued_event, Some(DueEvent::Interrupt(TIMER)), "the next entry delivers it");
+    assert_eq!(r.before(true), Next::Run, "KVM's entry, to deliver it");
+    assert_eq!(r.pmc(0), 0, "nothing retired yet");
 }

@@ -53,15 +53,16 @@ const HANDED_OVER: &[Mnemonic] = {
         Cpuid, Rdtsc, Rdtscp, Rdpmc, Rdmsr, Wrmsr, In, Out, Insb, Insw, Insd, Outsb, Outsw, Outsd, Hlt, Sti, Popf,
         Popfq, Popfd, Iret, Iretd, Syscall, Sysret, Sysretq, Sysenter, Sysexit, Int, Int1, Int3, Into, Ud0, Ud1, Ud2,
         Retf, Lss, Lfs, Lgs, Lds, Les, Xsetbv, Rdseed, Rdpid, Wbinvd, Invd, Monitor, Mwait, Umonitor, Umwait, Tpause,
-        Enqcmd, Serialize, Invlpg, Invpcid, Xsave, Xsave64, Xsaveopt, Xsaveopt64, Xsavec, Xsavec64, Xrstor, Xrstor64,
+        Enqcmd, Serialize, Invpcid, Xsave, Xsave64, Xsaveopt, Xsaveopt64, Xsavec, Xsavec64, Xrstor, Xrstor64,
     ]
 };
 
 /// Privileged instructions the engine runs at CPL0 all the same: their effect is registers the
-/// engine holds and gives back (RFLAGS.IF cleared, RFLAGS.AC, GS's base).
+/// engine holds and gives back (RFLAGS.IF cleared, RFLAGS.AC, GS's base), or the TLB: INVLPG
+/// drops the engine's own translation, and the run says so (`Run::flushed_tlb`) for KVM's.
 const PRIVILEGED_IN_ENGINE: &[Mnemonic] = {
     use Mnemonic::*;
-    &[Cli, Clac, Stac, Swapgs]
+    &[Cli, Clac, Stac, Swapgs, Invlpg]
 };
 
 /// The instruction sets the engine runs: what QEMU's TCG implements of what a guest may be told
@@ -255,6 +256,8 @@ pub struct Block {
     pub ends_in_sysret: bool,
     /// The block is `loop .` alone (LOOP to itself, counting in RCX): see `loop_ahead`.
     pub self_loop: bool,
+    /// It has an INVLPG.
+    pub flushes_tlb: bool,
     /// Per armed counter: the events of every instruction but the last.
     pub body: Vec<u64>,
     /// Per armed counter: the last instruction's events when it branches and when it does not.
@@ -332,6 +335,7 @@ pub fn decode_block(
     let mut self_loop = false;
     let mut ends_in_iret = false;
     let mut ends_in_sysret = false;
+    let mut flushes_tlb = false;
     let mut d = Decoder::with_ip(64, &bytes, addr, DecoderOptions::NONE);
     let mut info = InstructionInfoFactory::new();
     while d.ip() < addr + size as u64 {
@@ -346,6 +350,7 @@ pub fn decode_block(
                 self_loop = i.code() == Code::Loop_rel8_64_RCX && i.near_branch_target() == i.ip();
                 ends_in_iret = i.code() == Code::Iretq;
                 ends_in_sysret = i.code() == Code::Sysretq;
+                flushes_tlb |= i.mnemonic() == Mnemonic::Invlpg;
                 insns.push((i.ip(), insn::of(&i)));
             }
             (false, Class::Runs(n), Some(_)) => {
@@ -371,6 +376,7 @@ pub fn decode_block(
         ends_in_iret,
         ends_in_sysret,
         self_loop,
+        flushes_tlb,
         body: Vec::new(),
         last_taken: Vec::new(),
         last_not: Vec::new(),

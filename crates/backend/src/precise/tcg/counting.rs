@@ -57,6 +57,8 @@ pub struct Acc {
     pub cpl: u8,
     pub iret: bool,
     pub sysret: bool,
+    /// A block with an INVLPG ran.
+    pub flushed_tlb: bool,
     /// Instruction-at-a-time execution near an overflow: the block hook stands aside.
     pub single: bool,
     /// The cache model (while an LLC event counts), and the data accesses of the instructions
@@ -113,6 +115,7 @@ impl Acc {
             stop: None,
             cpl: mode.cpl,
             iret: false,
+            flushed_tlb: false,
             sysret: false,
             single: false,
             accesses: Vec::new(),
@@ -387,7 +390,7 @@ pub fn on_block(uc: &mut Unicorn<'_, Data>, addr: u64, size: u32) {
     };
     let block = &acc.blocks[k as usize];
     let (runnable, n, needs, stops_at) = (block.runnable, block.insns.len(), block.needs, block.stops_at);
-    let (insns_need, self_loop) = (block.insns_need, block.self_loop);
+    let (insns_need, self_loop, flushes_tlb) = (block.insns_need, block.self_loop, block.flushes_tlb);
     acc.blocks_run += 1;
     let late = acc.blocks_run % DEADLINE_EVERY == 0 && acc.deadline.is_some_and(|d| Instant::now() >= d);
     // A block that runs up to a handed-over instruction runs only where a stop hook waits there.
@@ -418,6 +421,7 @@ pub fn on_block(uc: &mut Unicorn<'_, Data>, addr: u64, size: u32) {
         None => {
             acc.current = Some(k);
             acc.used = acc.used.union(insns_need);
+            acc.flushed_tlb |= flushes_tlb;
             if self_loop {
                 loop_ahead(uc, k, addr);
             }

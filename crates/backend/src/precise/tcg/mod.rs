@@ -115,6 +115,9 @@ pub struct Run {
     pub cpl: u8,
     /// An IRETQ retired: it may have changed the segments and ends NMI blocking.
     pub iret: bool,
+    /// An INVLPG ran (or the block that has it was entered): the translations KVM caches for
+    /// the guest are to be dropped before it runs the guest again.
+    pub flushed_tlb: bool,
     /// What the code that ran needed of the state the run loaded.
     pub used: Needs,
     /// The cache model given in [`Counting::cache`].
@@ -345,6 +348,7 @@ impl Tcg {
             stop,
             cpl,
             iret: acc.iret,
+            flushed_tlb: acc.flushed_tlb,
             used: acc.used,
             cache: acc.cache,
             lbr: acc.lbr,
