@@ -132,7 +132,13 @@ fn main(_boot: &emon_guest::BootInfo) -> i32 {
         fill(&raw mut DATA_A, 0xAAAA);
         fill(&raw mut DATA_B, 0xBBBB);
         fill(&raw mut DATA_C, 0xCCCC);
-        (&raw mut PT, &raw mut PT2, page_addr(&raw const DATA_A), page_addr(&raw const DATA_B), page_addr(&raw const DATA_C))
+        (
+            &raw mut PT,
+            &raw mut PT2,
+            page_addr(&raw const DATA_A),
+            page_addr(&raw const DATA_B),
+            page_addr(&raw const DATA_C),
+        )
     };
     set_pte(pt, a | LEAF);
     let pde = pde();
