@@ -16,6 +16,9 @@ fn check_cpuid_report(r: &Run, p: &Profile) {
     );
     assert!(out.contains(&format!("architectural perfmon version: {}", pmu.version)), "{out}");
     assert!(out.contains(&format!("vendor {}", p.vendor)), "{out}");
+    if let Some(brand) = &p.brand {
+        assert!(out.contains(&format!("cpuid-report: brand [{brand}]")), "{}: the brand string\n{out}", p.name);
+    }
     assert!(out.contains(&format!("(leaf 1 eax {:#010x})", p.leaf1_eax())), "{out}");
     assert!(out.contains(&format!("CPUID.01H:ECX.PDCM = {}", u8::from(pmu.perf_capabilities != 0))), "{out}");
     if pmu.version == 0 {

@@ -20,6 +20,8 @@ const LEAF1_ECX_DS_CPL: u32 = 1 << 4;
 const LEAF1_EDX_DS: u32 = 1 << 21;
 /// AMD's core/NB/LLC performance-counter extensions (CPUID.80000001H:ECX[23,24,28]).
 const EXT1_ECX_AMD_PERFCTR: u32 = (1 << 23) | (1 << 24) | (1 << 28);
+/// The processor brand string's leaves (SDM Vol. 2A, CPUID, "The Processor Brand String Method").
+const BRAND_LEAVES: std::ops::RangeInclusive<u32> = 0x8000_0002..=0x8000_0004;
 /// Leaves that describe PMUs other than architectural perfmon v0-v5: Intel's leaf 0x23
 /// (architectural perfmon extended) and AMD's 0x80000022 (PerfMonV2).
 const HIDDEN_LEAVES: [u32; 2] = [0x23, 0x8000_0022];
@@ -56,6 +58,20 @@ pub fn apply_profile(entries: &mut Vec<kvm_cpuid_entry2>, profile: &Profile, ds:
     let max_basic = if profile.clock.leaf_15h { LEAF_TSC_CRYSTAL } else { LEAF_PERFMON };
     let [vb, vd, vc] = profile.vendor_regs();
     let [a, b, c, d] = profile.pmu.leaf_0a();
+    if profile.brand.is_some() {
+        // The brand string's leaves, and a maximum extended leaf that reaches them.
+        for function in BRAND_LEAVES {
+            if !entries.iter().any(|e| e.function == function) {
+                entries.push(kvm_cpuid_entry2 { function, ..Default::default() });
+            }
+        }
+        match entries.iter_mut().find(|e| e.function == 0x8000_0000) {
+            Some(e) => e.eax = e.eax.max(*BRAND_LEAVES.end()),
+            None => {
+                entries.push(kvm_cpuid_entry2 { function: 0x8000_0000, eax: *BRAND_LEAVES.end(), ..Default::default() })
+            }
+        }
+    }
     for e in entries.iter_mut() {
         match e.function {
             0 => {
@@ -81,6 +97,11 @@ pub fn apply_profile(entries: &mut Vec<kvm_cpuid_entry2>, profile: &Profile, ds:
             0x8000_0000 if intel => {
                 // Intel reports no vendor string in the extended range.
                 (e.ebx, e.ecx, e.edx) = (0, 0, 0);
+            }
+            f if BRAND_LEAVES.contains(&f) => {
+                if let Some(brand) = profile.brand_regs() {
+                    [e.eax, e.ebx, e.ecx, e.edx] = brand[(f - BRAND_LEAVES.start()) as usize];
+                }
             }
             0x8000_0001 => e.ecx &= !EXT1_ECX_AMD_PERFCTR,
             _ => {}
@@ -111,6 +132,31 @@ mod tests {
 
     fn entry(function: u32, eax: u32, ebx: u32, ecx: u32, edx: u32) -> kvm_cpuid_entry2 {
         kvm_cpuid_entry2 { function, eax, ebx, ecx, edx, ..Default::default() }
+    }
+
+    /// The profile's brand string replaces the host's in leaves 8000_0002H-8000_0004H (48 bytes,
+    /// NUL-padded), added with a maximum extended leaf that reaches them where the host has none.
+    #[test]
+    fn the_brand_string_is_the_profiles() {
+        for name in ["skylake", "sandybridge", "pentium4"] {
+            let p = Profile::load(name).expect("built-in");
+            let mut t = vec![entry(0x8000_0000, 0x8000_0001, 0, 0, 0), entry(0x8000_0002, 1, 2, 3, 4)];
+            apply_profile(&mut t, &p, false, HOST);
+            assert_eq!(t.iter().find(|e| e.function == 0x8000_0000).unwrap().eax, 0x8000_0004);
+            let bytes: Vec<u8> = (0x8000_0002..=0x8000_0004)
+                .flat_map(|f| {
+                    let e = t.iter().find(|e| e.function == f).unwrap();
+                    [e.eax, e.ebx, e.ecx, e.edx].into_iter().flat_map(u32::to_le_bytes)
+                })
+                .collect();
+            let brand = p.brand.as_deref().unwrap();
+            assert_eq!(&bytes[..brand.len()], brand.as_bytes(), "{name}");
+            assert!(bytes[brand.len()..].iter().all(|&b| b == 0), "{name}: NUL-padded");
+        }
+        // The i7-2635QM's leaves as VBoxCpuReport read them: six spaces, then the name.
+        let p = Profile::load("sandybridge").unwrap();
+        assert_eq!(p.brand_regs().unwrap()[0], [0x2020_2020, 0x6E49_2020, 0x286C_6574, 0x4320_2952]);
+        assert_eq!(p.brand_regs().unwrap()[2], [0x5043_204D, 0x2040_2055, 0x3030_2E32, 0x007A_4847]);
     }
 
     #[test]

@@ -32,6 +32,18 @@ fn main(_boot: &emon_guest::BootInfo) -> i32 {
         sig.eax & 0xF,
         sig.eax
     );
+    // The processor brand string (leaves 8000_0002H-8000_0004H, NUL-terminated).
+    if cpuid(0x8000_0000, 0).eax >= 0x8000_0004 {
+        let mut brand = [0u8; 48];
+        for (n, leaf) in (0x8000_0002u32..=0x8000_0004).enumerate() {
+            let r = cpuid(leaf, 0);
+            for (k, reg) in [r.eax, r.ebx, r.ecx, r.edx].into_iter().enumerate() {
+                brand[16 * n + 4 * k..16 * n + 4 * k + 4].copy_from_slice(&reg.to_le_bytes());
+            }
+        }
+        let len = brand.iter().position(|&b| b == 0).unwrap_or(48);
+        println!("cpuid-report: brand [{}]", core::str::from_utf8(&brand[..len]).unwrap_or("?"));
+    }
     // The feature leaves as this guest reads them (README, "CPUID fidelity").
     println!("CPUID.01H: eax={:#010x} ebx={:#010x} ecx={:#010x} edx={:#010x}", sig.eax, sig.ebx, sig.ecx, sig.edx);
     if max_leaf() >= 7 {

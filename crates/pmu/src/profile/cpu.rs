@@ -19,6 +19,10 @@ pub struct Profile {
     pub model: u8,
     /// Stepping ID, CPUID.01H:EAX[3:0].
     pub stepping: u8,
+    /// The processor brand string of CPUID leaves 8000_0002H-8000_0004H, as the real CPU returns
+    /// it (up to 47 ASCII characters, leading spaces included where the CPU has them), e.g.
+    /// `Intel(R) Core(TM) i7-6700K CPU @ 4.00GHz`; `None` leaves the hypervisor's leaves.
+    pub brand: Option<String>,
     /// The microcode update revision the real CPU reported in IA32_BIOS_SIGN_ID (MSR 0x8B,
     /// bits 63:32), where a guest's behaviour depends on it (Linux turns PEBS off on Sandy
     /// Bridge below revision 0x28); `None` leaves the hypervisor's value.
@@ -52,6 +56,19 @@ impl Profile {
             super::PmuKind::Architectural => crate::events::EventList::for_cpu(&self.vendor, self.family, self.model),
             super::PmuKind::NetBurst => None,
         };
+    }
+
+    /// The brand string as CPUID leaves 8000_0002H-8000_0004H return it: 48 bytes, NUL-padded,
+    /// 16 per leaf in EAX, EBX, ECX, EDX order, little endian (SDM Vol. 2A, CPUID, "The Processor
+    /// Brand String Method").
+    pub fn brand_regs(&self) -> Option<[[u32; 4]; 3]> {
+        let brand = self.brand.as_ref()?;
+        let mut bytes = [0u8; 48];
+        for (dst, src) in bytes.iter_mut().zip(brand.bytes().take(47)) {
+            *dst = src;
+        }
+        let reg = |i: usize| u32::from_le_bytes([bytes[i], bytes[i + 1], bytes[i + 2], bytes[i + 3]]);
+        Some(std::array::from_fn(|leaf| std::array::from_fn(|r| reg(16 * leaf + 4 * r))))
     }
 
     /// The vendor string as CPUID.0 returns it: `[ebx, edx, ecx]`, 4 bytes each, little

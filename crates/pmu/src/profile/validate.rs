@@ -349,6 +349,14 @@ impl Check<'_> {
                 "vendor string must be exactly 12 printable ASCII characters (CPUID.0:EBX,EDX,ECX)",
             );
         }
+        if let Some(brand) = &profile.brand {
+            if brand.len() > 47 || !brand.bytes().all(|b| (0x20..=0x7E).contains(&b)) {
+                return self.fail(
+                    format!("brand = {brand:?}"),
+                    "brand string must be at most 47 printable ASCII characters (CPUID.80000002H-80000004H, NUL-terminated)",
+                );
+            }
+        }
         if !FAMILIES.contains(&profile.family) {
             return self.fail(
                 format!("family = 0x{:X}", profile.family),

@@ -104,8 +104,18 @@ fn unknown_key_is_rejected() {
     let text = NEHALEM.replace("gp = 4", "gp = 4\nanythread-deprecated = true");
     let e = err(Profile::from_toml("x.toml", &text));
     assert_mentions(&e.to_string(), &["x.toml: ", "unknown field", "anythread-deprecated"]);
-    let text = NEHALEM.replace("stepping = 5", "stepping = 5\nbrand = \"x\"");
-    assert_mentions(&err(Profile::from_toml("x.toml", &text)).to_string(), &["unknown field", "brand"]);
+    let text = NEHALEM.replace("stepping = 5", "stepping = 5\ncodename = \"x\"");
+    assert_mentions(&err(Profile::from_toml("x.toml", &text)).to_string(), &["unknown field", "codename"]);
+}
+
+#[test]
+fn a_brand_string_longer_than_cpuid_holds_is_rejected() {
+    let long = "x".repeat(48);
+    let text = NEHALEM.replace("stepping = 5", &format!("stepping = 5\nbrand = \"{long}\""));
+    assert_mentions(&err(Profile::from_toml("x.toml", &text)).to_string(), &["x.toml", "brand", "47"]);
+    let text = NEHALEM.replace("stepping = 5", &format!("stepping = 5\nbrand = \"{}\"", &long[..47]));
+    let p = Profile::from_toml("x.toml", &text).unwrap();
+    assert_eq!(p.brand_regs().unwrap()[2][3] >> 24, 0, "the 48th byte is the NUL");
 }
 
 #[test]
