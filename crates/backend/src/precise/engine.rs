@@ -458,7 +458,7 @@ mod fast_forward {
             if !self.counting && run.state.regs.rflags & RFLAGS_TF != 0 {
                 // An IRETQ set the guest's own TF: KVM runs on free (its single-step would hide
                 // and clobber the guest's TF), so the guest's #DBs reach it.
-                self.set_stepping(cx, false)?;
+                self.run_free_for_guest_debug(cx)?;
             }
             tcg::write_back(cx.vcpu, before, &run.state)?;
             if run.flushed_tlb {

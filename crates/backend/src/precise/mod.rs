@@ -84,6 +84,9 @@ pub struct Stats {
     /// User-mode instructions neither the engine nor emon ran, handed to KVM on a host where
     /// user mode runs in the engine because KVM cannot step it, by mnemonic.
     pub user_to_kvm: std::collections::BTreeMap<String, u64>,
+    /// Times KVM was left to run free, on a host where user mode runs in the engine, because the
+    /// guest debugs its own code (RFLAGS.TF, DR7 breakpoints), which only KVM makes trap.
+    pub debugged_in_kvm: u64,
     /// TCG engine runs, and the counted instructions they retired.
     pub engine_runs: u64,
     pub engine_retired: u64,
@@ -258,7 +261,11 @@ impl Precise {
         let executing = !counting && self.runs_free_in_engine() && self.engine_takes(cx)?;
         if !counting && !executing {
             if self.step.stepping {
-                self.set_stepping(cx, false)?;
+                if self.guest_debugs(cx)? {
+                    self.run_free_for_guest_debug(cx)?;
+                } else {
+                    self.set_stepping(cx, false)?;
+                }
             }
             self.step.pending = None;
             self.step.expect_event = false;
@@ -276,6 +283,11 @@ impl Precise {
             }
         }
         self.pend(cx, rip, &mode)
+    }
+
+    /// Whether the guest single-steps itself (RFLAGS.TF) or has breakpoints on (DR7).
+    fn guest_debugs(&mut self, cx: &mut Cx) -> Result<bool, BackendError> {
+        Ok(cx.vcpu.regs()?.rflags & RFLAGS_TF != 0 || cx.vcpu.guest_dr7()? & DR7_ENABLES != 0)
     }
 
     /// Whether the engine takes the code at the boundary while nothing counts: 64-bit CPL0 code
@@ -321,7 +333,7 @@ impl Precise {
                 if !self.counting && self.popped_rflags(cx, mode, &i)?.is_some_and(|f| f & RFLAGS_TF != 0) {
                     // The guest turns on its own single-stepping: KVM's single-step would hide
                     // and clobber its TF, so KVM runs on free, and its #DBs reach the guest.
-                    self.set_stepping(cx, false)?;
+                    self.run_free_for_guest_debug(cx)?;
                     return Ok(Next::Run);
                 }
                 if i.special == Special::Iret {
@@ -341,6 +353,16 @@ impl Precise {
         }
         self.step.pending = Some(p);
         Ok(Next::Run)
+    }
+
+    /// Nothing counts and the guest debugs its own code (RFLAGS.TF, DR7 breakpoints), which only
+    /// KVM makes trap: KVM runs free. Where user mode runs in the engine because KVM cannot run
+    /// it right, that is noted (KVM will run user code).
+    fn run_free_for_guest_debug(&mut self, cx: &mut Cx) -> Result<(), BackendError> {
+        if self.user_in_engine() {
+            self.stats.debugged_in_kvm += 1;
+        }
+        self.set_stepping(cx, false)
     }
 
     fn set_stepping(&mut self, cx: &mut Cx, on: bool) -> Result<(), BackendError> {
@@ -486,6 +508,12 @@ impl Backend for Precise {
             notes.push(format!(
                 "NOT EXACT: {n} user-mode instructions went to KVM, which cannot single-step user mode on this host, and what KVM ran of user code then was not counted ({}; README, \"User mode (CPL3)\")",
                 which.join(", ")
+            ));
+        }
+        if self.stats.debugged_in_kvm > 0 {
+            notes.push(format!(
+                "NOT AS ON SILICON: the guest debugged its own code (RFLAGS.TF or DR7 breakpoints) {} times; KVM runs it then, and on this host KVM neither single-steps user mode nor makes breakpoints fire there, and a SYSCALL there does not enter the kernel (README, \"User mode (CPL3)\")",
+                self.stats.debugged_in_kvm
             ));
         }
         if self.stats.cpl3_lost > 0 {

@@ -845,3 +845,25 @@ fn a_cpl0_rep_string_instruction_longer_than_a_run_stays_in_the_engine_and_takes
     assert_eq!(r.before(true), Next::Run, "KVM's entry, to deliver it");
     assert_eq!(r.pmc(0), 0, "nothing retired yet");
 }
+
+/// Where user mode runs in the engine because KVM cannot run it right, the guest debugging its
+/// own code (here RFLAGS.TF) leaves it to KVM all the same, which only KVM makes trap: the run says
+/// so, as not what silicon does.
+#[cfg(feature = "tcg")]
+#[test]
+fn user_code_the_guest_debugs_goes_to_kvm_and_the_run_says_so() {
+    // nop; nop; 1: jmp 1b
+    let mut r = user_rig(&[NOP, NOP, 0xEB, 0xFE], TIMER, Precise::with_engine(Engine::Tcg).with_user_in_engine(true));
+    assert_eq!(r.before(true), Next::Retired, "nothing counts: the engine runs user code");
+    assert_eq!(r.vcpu.regs.rip, CODE + 2, "until its time is up, in the loop");
+    assert!(r.vcpu.single_step);
+    r.vcpu.regs.rflags |= RFLAGS_TF;
+    assert_eq!(r.before(true), Next::Run, "KVM runs it free");
+    assert!(!r.vcpu.single_step);
+    assert_eq!(r.precise.stats.debugged_in_kvm, 1);
+    assert!(
+        r.precise.notes().iter().any(|n| n.starts_with("NOT AS ON SILICON: the guest debugged its own code")),
+        "{:?}",
+        r.precise.notes()
+    );
+}
