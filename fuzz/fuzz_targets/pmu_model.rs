@@ -513,6 +513,7 @@ impl ProfileChoice {
             family,
             model: if family == 0xF { 4 } else { 0x5E },
             stepping: 3,
+            brand: None,
             microcode: None,
             pmu,
             cache: Cache { prefetchers, ..Cache::default() },
