@@ -60,6 +60,14 @@ impl EngineSlot {
         }
     }
 
+    /// The vCPU enters KVM at the boundary: it delivers the interrupts due there.
+    pub fn kvm_entered(&mut self) {
+        #[cfg(feature = "tcg")]
+        {
+            self.tcg.kernel_since = None;
+        }
+    }
+
     /// What the run summary says about the engine.
     pub fn notes(&self) -> Vec<String> {
         self.failed.iter().map(|why| format!("counted by single-stepping only ({why})")).collect()
@@ -97,6 +105,12 @@ mod tcg_slot {
         pub user_budget: Option<u64>,
         /// The instructions and REP iterations the next run may take, at any level (unit tests).
         pub next_budget: Option<u64>,
+        /// Since when kernel code has run in the engine, and in emon, with no KVM entry (which
+        /// delivers the interrupts that came meanwhile); `None` after an entry.
+        pub kernel_since: Option<std::time::Instant>,
+        /// An event was just taken in kernel code: another may be due as soon as the handler
+        /// lets interrupts in again.
+        pub kernel_recheck: bool,
     }
 
     // SAFETY: the engine (which holds unicorn's non-thread-safe handle) is created in
@@ -150,6 +164,11 @@ mod fast_forward {
     /// (starved): this many instructions, or this much real time.
     const USER_PROGRESS: u64 = 1000;
     const USER_RUN: Duration = Duration::from_millis(1);
+    /// The instructions a run at CPL0 retires at most while emon waits to ask KVM for the next
+    /// event due (`kernel_recheck`): a few blocks.
+    const RECHECK_BUDGET: u64 = 4 * tcg::MAX_BLOCK;
+    /// RFLAGS.IF: maskable interrupts are let in.
+    const RFLAGS_IF: u64 = 1 << 9;
 
     impl Precise {
         /// Runs counted code in the TCG engine from the boundary at `rip`, when it may (see
@@ -170,9 +189,19 @@ mod fast_forward {
                 if let Some(t) = slot.user_since.take() {
                     slot.user_ran += t.elapsed();
                 }
-            } else if self.take_user_event(cx, mode)? {
-                // Delivered (the vCPU is at the handler), or KVM delivers it at the next entry.
-                return Ok((!self.step.expect_event).then_some(Next::Retired));
+                let since = *slot.kernel_since.get_or_insert_with(Instant::now);
+                let recheck = slot.kernel_recheck && cx.vcpu.regs()?.rflags & RFLAGS_IF != 0;
+                if (recheck || since.elapsed() >= EVENT_CHECK) && self.take_kernel_event(cx)? {
+                    // KVM delivers it at this boundary's entry.
+                    return Ok(None);
+                }
+            } else {
+                // User mode is asked for its events on its own clock.
+                self.engine.tcg.kernel_since = None;
+                if self.take_user_event(cx, mode)? {
+                    // Delivered (the vCPU is at the handler), or KVM delivers it at the next entry.
+                    return Ok((!self.step.expect_event).then_some(Next::Retired));
+                }
             }
             if self.engine.tcg.cooldown > 0 && !user {
                 self.engine.tcg.cooldown -= 1;
@@ -198,7 +227,7 @@ mod fast_forward {
                     // its last iteration: SDM Vol. 2B, REP).
                     self.take_run(cx, &before, run)?;
                     if !user {
-                        self.take_event_mid_rep(cx)?;
+                        self.take_kernel_event(cx)?;
                     }
                     return Ok(Some(Next::Retired));
                 }
@@ -285,20 +314,28 @@ mod fast_forward {
             Ok(true)
         }
 
-        /// A REP string instruction at CPL0 stopped mid-way for KVM's turn, which delivers the
-        /// interrupts that came meanwhile. KVM stepping it would run all its remaining iterations
-        /// (its single-step trap comes when the instruction retires), and a host that emulates
-        /// CPL0 code runs them a thousand times slower than the engine: KVM is asked instead,
-        /// without entering the guest. An event due goes out at the next entry, between two
-        /// iterations, where the CPU takes it too (SDM Vol. 2B, REP); otherwise the engine goes on.
-        fn take_event_mid_rep(&mut self, cx: &mut Cx) -> Result<(), BackendError> {
+        /// Kernel code that emon runs (in the engine, or completing an instruction such as RDTSC
+        /// itself) with no KVM entry for [`EVENT_CHECK`], or a REP string instruction at CPL0
+        /// stopped mid-way for KVM's turn: KVM is asked for the event due, without entering the
+        /// guest, as at a user-mode boundary. A polling loop (`pause; rdtsc` while waiting for
+        /// the timer's interrupt) would otherwise never take one. KVM stepping a REP string
+        /// instruction would run all its remaining iterations (its single-step trap comes when it
+        /// retires), a thousand times slower than the engine where the host emulates CPL0 code.
+        /// An event due is queued for the next entry, between two iterations of a REP string
+        /// instruction, where the CPU takes it too (SDM Vol. 2B, REP); true if one was.
+        fn take_kernel_event(&mut self, cx: &mut Cx) -> Result<bool, BackendError> {
             self.engine.tcg.cooldown = 0;
+            self.engine.tcg.kernel_since = Some(Instant::now());
             self.stats.event_checks += 1;
-            if let Some(due) = cx.vcpu.due_event()? {
-                cx.vcpu.queue_event(due)?;
-                self.step.expect_event = true;
-            }
-            Ok(())
+            let due = cx.vcpu.due_event()?;
+            // The CPU takes the next one at the first boundary where RFLAGS.IF lets it in (SDM
+            // Vol. 3A 6.8.1), such as right after the handler's IRET: until emon has asked again
+            // there, runs at CPL0 are short.
+            self.engine.tcg.kernel_recheck = due.is_some();
+            let Some(due) = due else { return Ok(false) };
+            cx.vcpu.queue_event(due)?;
+            self.step.expect_event = true;
+            Ok(true)
         }
 
         /// The next engine run takes at most `n` instructions and REP iterations (unit tests).
@@ -371,6 +408,7 @@ mod fast_forward {
                     clock,
                     budget: match mode.cpl {
                         3 => self.engine.tcg.user_budget.take().unwrap_or(tcg::BUDGET),
+                        _ if self.engine.tcg.kernel_recheck => RECHECK_BUDGET,
                         _ => tcg::BUDGET,
                     }
                     .min(self.engine.tcg.next_budget.take().unwrap_or(u64::MAX)),

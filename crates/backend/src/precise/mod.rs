@@ -282,7 +282,11 @@ impl Precise {
                 return Ok(next);
             }
         }
-        self.pend(cx, rip, &mode)
+        let next = self.pend(cx, rip, &mode)?;
+        if next == Next::Run {
+            self.engine.kvm_entered();
+        }
+        Ok(next)
     }
 
     /// Whether the guest single-steps itself (RFLAGS.TF) or has breakpoints on (DR7).

@@ -867,3 +867,43 @@ fn user_code_the_guest_debugs_goes_to_kvm_and_the_run_says_so() {
         r.precise.notes()
     );
 }
+
+/// Kernel code that emon runs without entering KVM (here a loop that polls RDTSC, which emon
+/// answers, between engine runs) still takes its interrupts: after a millisecond KVM is asked
+/// for the event due, which goes out at the next entry. Once one was, the next is asked for as
+/// soon as RFLAGS.IF lets it in, not a millisecond later.
+#[cfg(feature = "tcg")]
+#[test]
+fn kernel_code_emon_runs_without_entering_kvm_takes_its_interrupts() {
+    use crate::DueEvent;
+    // 1: pause; rdtsc; jmp 1b
+    let mut r = Rig::new(&[0xF3, 0x90, 0x0F, 0x31, 0xEB, 0xFA]);
+    r.precise = Precise::with_engine(Engine::Tcg);
+    r.vcpu.regs.rflags |= 1 << 9;
+    r.count();
+    // Until KVM is first asked, with nothing due (the engine is made meanwhile).
+    while r.vcpu.event_probes == 0 {
+        assert_eq!(r.before(true), Next::Retired);
+    }
+    r.vcpu.due_events.extend([Some(DueEvent::Interrupt(TIMER)), Some(DueEvent::Interrupt(TIMER + 1))]);
+    let start = std::time::Instant::now();
+    let mut boundaries = 0;
+    let next = loop {
+        let next = r.before(true);
+        boundaries += 1;
+        if r.vcpu.event_probes > 1 {
+            break next;
+        }
+        assert_eq!(next, Next::Retired, "the loop runs in the engine and in emon, with no entry");
+        assert!(start.elapsed() < std::time::Duration::from_secs(10), "KVM never asked");
+    };
+    assert!(boundaries > 2 && r.pmc(0) > 2, "the loop ran between two questions, with no entry");
+    assert_eq!(next, Next::Run, "KVM's entry, to deliver it");
+    assert_eq!(r.vcpu.queued_event, Some(DueEvent::Interrupt(TIMER)));
+    // The handler's first instruction retired (here: the loop's, as if the vector's handler were
+    // the loop), with IF set again: KVM is asked again at once.
+    r.exit_at(CODE + 2);
+    assert_eq!(r.before(true), Next::Run, "the second event, asked for at the next boundary");
+    assert_eq!(r.vcpu.event_probes, 3);
+    assert_eq!(r.vcpu.queued_event, Some(DueEvent::Interrupt(TIMER + 1)));
+}
