@@ -50,6 +50,7 @@ pub fn build(config: VmConfig) -> Result<BuiltVm, VmmError> {
     let NewVcpu { fd, cpuid, cpuid_overrides, ds: DebugStore { pebs, bts }, tsc_note, isa_note } =
         create_vcpu(&kvm, &vm, &config)?;
     let format = load_kernel(&fd, &mem, ram, &config)?;
+    boot::mptable::install(&mem, &cpuid)?;
     let bus = create_bus(&vm, ram, &config)?;
     let tracer = config.trace.as_deref().map(create_tracer).transpose()?;
     let mut pmu = Pmu::new(&config.profile.pmu).with_prefetchers(config.profile.cache.prefetchers);
@@ -101,8 +102,26 @@ fn create_vm(kvm: &Kvm) -> Result<VmFd, VmmError> {
     vm.set_tss_address(TSS_ADDRESS).map_err(kvm_err("KVM_SET_TSS_ADDR"))?;
     vm.create_irq_chip().map_err(kvm_err("KVM_CREATE_IRQCHIP"))?;
     vm.create_pit2(kvm_pit_config::default()).map_err(kvm_err("KVM_CREATE_PIT2"))?;
+    pit_without_reinjection(&vm)?;
     crate::backend::kvm::trap_pmu_msrs(&vm)?;
     Ok(vm)
+}
+
+vmm_sys_util::ioctl_io_nr!(KVM_REINJECT_CONTROL, kvm_bindings::KVMIO, 0x71);
+
+/// The PIT raises IRQ 0 as an 8254 does: a tick that comes while the last is still unacknowledged
+/// is lost, as in the PIC's or the I/O APIC's IRR. KVM's default instead counts the ticks the guest
+/// missed and delivers them later, back to back, as soon as each is acknowledged: slow kernel code
+/// here then sees jiffies race ahead of real time, and Linux calibrates its local APIC timer
+/// against them wrongly ("APIC timer disabled due to verification failure").
+fn pit_without_reinjection(vm: &VmFd) -> Result<(), VmmError> {
+    let control = kvm_bindings::kvm_reinject_control { pit_reinject: 0, ..Default::default() };
+    // SAFETY: KVM_REINJECT_CONTROL reads the kvm_reinject_control it is given, which outlives the
+    // call.
+    if unsafe { vmm_sys_util::ioctl::ioctl_with_ref(vm, KVM_REINJECT_CONTROL(), &control) } != 0 {
+        return Err(VmmError::Kvm { op: "KVM_REINJECT_CONTROL", source: vmm_sys_util::errno::Error::last() });
+    }
+    Ok(())
 }
 
 /// `ram` bytes of guest RAM from address 0, registered with the VM.

@@ -8,7 +8,9 @@
 //! 0x0000_A000  Linux boot_params (the "zero page", 4 KiB) for bzImage kernels
 //! 0x0000_B000  PVH hvm_start_info, 0xB040 its module list, 0xB080 its memory map
 //! 0x0008_0000  top of the boot stack (long-mode entry RSP)
+//! 0x0009_FC00  the MP table, in the EBDA (MP spec 4.1)
 //! 0x0010_0000  kernels load here or above
+//! 0xFEC0_0000  I/O APIC (KVM's in-kernel one)
 //! 0xFEE0_0000  local APIC (identity-mapped, uncached)
 //! ```
 pub const GDT_ADDR: u64 = 0x500;
@@ -33,6 +35,11 @@ pub const BOOT_AREA_END: u64 = 0x8_0000;
 pub const LOW_MEM_END: u64 = 0x9_FC00;
 pub const HIGH_MEM_START: u64 = 0x10_0000;
 pub const APIC_BASE: u64 = 0xFEE0_0000;
+/// The I/O APIC KVM_CREATE_IRQCHIP creates.
+pub const IOAPIC_BASE: u64 = 0xFEC0_0000;
+/// The MP floating pointer and configuration table: the first KiB of the EBDA, which the memory
+/// map reserves.
+pub const MP_TABLE_ADDR: u64 = LOW_MEM_END;
 /// Guest RAM must end below the 32-bit MMIO hole (the APIC lives at the top of it).
 pub const MAX_RAM: u64 = 0xC000_0000;
 pub const MIN_RAM: u64 = 2 << 20;

@@ -1,6 +1,7 @@
 //! The CPU state kernels are entered with: 64-bit long mode for ELF64 kernels and Linux bzImages,
 //! 32-bit protected mode for multiboot and PVH kernels.
 mod gdt;
+pub mod mptable;
 mod paging;
 
 use super::layout::*;
