@@ -16,8 +16,7 @@ const MAX_INSN_LEN: usize = 15;
 
 #[derive(Debug, Clone)]
 struct Entry {
-    /// The bytes the decoding used: the instruction's, or all that were fetched if it did not
-    /// decode.
+    /// The bytes the decoding used: the instruction's.
     bytes: [u8; MAX_INSN_LEN],
     len: u8,
     insn: Option<Insn>,
@@ -47,12 +46,15 @@ impl DecodeCache {
         if self.entries.len() >= MAX_CACHED_INSNS {
             self.entries.clear();
         }
-        let insn = insn::decode(&bytes, rip, mode.bitness);
-        let len = insn.map_or(bytes.len().min(MAX_INSN_LEN), |i| usize::from(i.len));
+        // What does not decode is not kept: an address not mapped yet fetches no bytes at all,
+        // which every later fetch there would match (a forked process's code, before its first
+        // page fault there, stayed undecodable, and its SYSCALL went to KVM).
+        let insn = insn::decode(&bytes, rip, mode.bitness)?;
+        let len = usize::from(insn.len);
         let mut kept = [0u8; MAX_INSN_LEN];
         kept[..len].copy_from_slice(&bytes[..len]);
-        self.entries.insert(rip, Entry { bytes: kept, len: len as u8, insn });
-        insn
+        self.entries.insert(rip, Entry { bytes: kept, len: len as u8, insn: Some(insn) });
+        Some(insn)
     }
 }
 
@@ -81,6 +83,32 @@ mod tests {
         // A change past the instruction's bytes does not matter.
         mem.write_slice(&[0xCC], GuestAddress(0x5005)).unwrap();
         assert_eq!(cache.get(&mem, &mode, 0x5000), Some(jmp));
+    }
+
+    /// An address that cannot be fetched (its page not mapped yet) or does not decode is tried
+    /// again next time: once the page is mapped, its instruction decodes.
+    #[test]
+    fn code_that_could_not_be_fetched_is_decoded_once_it_can_be() {
+        let mem = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 1 << 20)]).unwrap();
+        // Long mode, paging: PML4 0x1000 -> PDPT 0x2000 -> PD 0x3000 -> PT 0x4000, whose entry
+        // for linear 0x5000 is not present.
+        for (table, next) in [(0x1000u64, 0x2003u64), (0x2000, 0x3003), (0x3000, 0x4003)] {
+            mem.write_obj(next, GuestAddress(table)).unwrap();
+        }
+        let mode = CpuMode {
+            bitness: 64,
+            cr0: 1 << 31 | 1,
+            cr3: 0x1000,
+            cr4: 1 << 5,
+            efer: 1 << 10 | 1 << 8,
+            ..CpuMode::default()
+        };
+        mem.write_slice(&[0x0F, 0x05], GuestAddress(0x8000)).unwrap(); // syscall
+        let mut cache = DecodeCache::default();
+        assert_eq!(cache.get(&mem, &mode, 0x5000), None, "not mapped");
+        mem.write_obj(0x8003u64, GuestAddress(0x4000 + 5 * 8)).unwrap();
+        let syscall = cache.get(&mem, &mode, 0x5000).expect("mapped now");
+        assert_eq!(syscall.special, emon_x86::insn::Special::Syscall);
     }
 
     #[test]
