@@ -86,9 +86,11 @@ pub(crate) fn recover(regs: &mut Regs) -> bool {
     regs.rax = CAUGHT | ((regs.error_code & 0xFFFF_FFFF) << 8) | (regs.vector & 0xFF);
     regs.rip = emon_catch_recover as *const () as u64;
     regs.rsp = rsp;
-    // The catch runs in the kernel even when the fault came from user mode (CPL3).
+    // The catch runs in the kernel even when the fault came from user mode (CPL3), and does not
+    // single-step itself when user mode did (RFLAGS.TF).
     regs.cs = crate::idt::KERNEL_CS as u64;
     regs.ss = crate::idt::KERNEL_DS as u64;
+    regs.rflags &= !(1 << 8);
     true
 }
 

@@ -257,10 +257,12 @@ pub fn exception_name(v: u64) -> &'static str {
 #[no_mangle]
 extern "C" fn emon_isr_dispatch(regs: &mut Regs) {
     let v = regs.vector as usize;
-    if v < 32 && v != 2 && crate::catch::recover(regs) {
+    let h = HANDLERS[v & 0xFF].load(Ordering::SeqCst);
+    // An active catch takes the exceptions, but NMIs and the #DBs a handler was set for (a
+    // single-step trap is not a fault to unwind: the code goes on after it).
+    if v < 32 && v != 2 && !(v == 1 && h != 0) && crate::catch::recover(regs) {
         return;
     }
-    let h = HANDLERS[v & 0xFF].load(Ordering::SeqCst);
     if h != 0 {
         // SAFETY: only `set_handler` stores non-zero values, and it stores `Handler`s.
         let h: Handler = unsafe { core::mem::transmute::<usize, Handler>(h) };

@@ -69,7 +69,14 @@ pub fn run_user_interruptible(entry: unsafe extern "C" fn(), rcx: u64) -> u8 {
     e.map_or(0xFF, |e| e.vector)
 }
 
-/// RFLAGS.IF (SDM Vol. 1 3.4.3.3).
+/// As [`run_user`], with RFLAGS.TF set in user mode: a single-step #DB after each user
+/// instruction (SDM Vol. 3B 17.3.1.4), whose handler returns with TF still set.
+pub fn run_user_traced(entry: unsafe extern "C" fn(), rcx: u64) -> u8 {
+    enter_user(entry, rcx, RFLAGS_TF).map_or(0xFF, |e| e.vector)
+}
+
+/// RFLAGS.TF and RFLAGS.IF (SDM Vol. 1 3.4.3.3).
+const RFLAGS_TF: u64 = 1 << 8;
 const RFLAGS_IF: u64 = 1 << 9;
 
 /// IRETQ to `entry` at CPL3 with the current RFLAGS plus `set_flags`.

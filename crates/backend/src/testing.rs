@@ -31,6 +31,9 @@ pub struct Script {
     pub queued_event: Option<crate::DueEvent>,
     /// How many times the backend had the guest's cached translations dropped.
     pub tlb_flushes: u32,
+    /// The guest's DR6 and DR7.
+    pub dr6: u64,
+    pub dr7: u64,
 }
 
 impl Vcpu for Script {
@@ -63,6 +66,13 @@ impl Vcpu for Script {
         Ok(())
     }
     fn end_interrupt_shadow(&mut self) -> Result<(), VcpuError> {
+        Ok(())
+    }
+    fn guest_dr7(&mut self) -> Result<u64, VcpuError> {
+        Ok(self.dr7)
+    }
+    fn set_single_step_status(&mut self) -> Result<(), VcpuError> {
+        self.dr6 |= emon_x86::arch::DR6_BS;
         Ok(())
     }
     fn flush_tlb(&mut self) -> Result<(), VcpuError> {
@@ -138,6 +148,8 @@ impl Script {
             due_events: Default::default(),
             event_probes: 0,
             queued_event: None,
+            dr6: 0xFFFF_0FF0,
+            dr7: 0x400,
             tlb_flushes: 0,
         }
     }

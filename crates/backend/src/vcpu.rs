@@ -71,6 +71,8 @@ pub trait Vcpu {
     fn guest_dr7(&mut self) -> Result<u64, VcpuError> {
         Ok(0)
     }
+    /// Sets DR6.BS, as a single-step trap does (SDM Vol. 3B 17.2.3).
+    fn set_single_step_status(&mut self) -> Result<(), VcpuError>;
     /// Takes the interrupt or NMI due at this instruction boundary as the CPU takes one to
     /// deliver it (an interrupt goes in service in the local APIC; an NMI's blocking begins),
     /// without running a guest instruction: which one, if any. The caller delivers it, or hands

@@ -3,6 +3,11 @@
 
 /// #DB, the debug exception: single-step traps and instruction breakpoints.
 pub const DB_VECTOR: u8 = 1;
+/// RFLAGS.TF, the trap flag: a single-step #DB after each instruction (SDM Vol. 1 3.4.3.3).
+pub const RFLAGS_TF: u64 = 1 << 8;
+/// DR6.BS, set by a single-step trap (SDM Vol. 3B 17.2.3); DR6's other status bits stay as
+/// they were (the CPU never clears them).
+pub const DR6_BS: u64 = 1 << 14;
 /// #DE, the divide error.
 pub const DE_VECTOR: u8 = 0;
 /// The non-maskable interrupt.

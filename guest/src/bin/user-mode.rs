@@ -126,7 +126,51 @@ global_asm!(
     apic = const apic::BASE,
 );
 
+/// A user run traced with RFLAGS.TF: two NOPs, `mov eax, 0x5A`, `mov ecx, 3`, `lea rdi, [TRACED_BUF]`, `rep
+/// stosb` (three iterations), then HLT's #GP. A single-step trap follows each instruction and
+/// each iteration of the REP: TRACED_TRAPS of them, over TRACED_INSNS retired instructions.
+const TRACED_TRAPS: u64 = 3 + 2 + 3;
+const TRACED_INSNS: u64 = 3 + 2 + 1;
+static mut TRACED_BUF: [u8; 16] = [0; 16];
+static DB_TRAPS: AtomicU64 = AtomicU64::new(0);
+static DB_FROM_USER: AtomicU64 = AtomicU64::new(0);
+static DB_STEP_STATUS: AtomicU64 = AtomicU64::new(0);
+static DB_LAST_RIP: AtomicU64 = AtomicU64::new(0);
+
+global_asm!(
+    ".global user_traced",
+    "user_traced:",
+    "nop",
+    "nop",
+    "mov eax, 0x5A",
+    "mov ecx, 3",
+    "lea rdi, [rip + {buf}]",
+    "rep stosb",
+    ".global user_traced_end",
+    "user_traced_end:",
+    "hlt", // #GP at CPL3: back to the kernel
+    buf = sym TRACED_BUF,
+);
+
+/// The single-step #DB: counts it, from user mode, with DR6.BS (SDM Vol. 3B 17.2.3), which it
+/// clears (the CPU never does).
+fn on_db(regs: &mut Regs) {
+    DB_TRAPS.fetch_add(1, SeqCst);
+    if regs.cs & 3 == 3 {
+        DB_FROM_USER.fetch_add(1, SeqCst);
+    }
+    DB_LAST_RIP.store(regs.rip, SeqCst);
+    let dr6: u64;
+    // SAFETY: DR6 at CPL0.
+    unsafe { core::arch::asm!("mov {}, dr6", "mov dr6, {}", out(reg) dr6, in(reg) 0xFFFF_0FF0u64) };
+    if dr6 & (1 << 14) != 0 {
+        DB_STEP_STATUS.fetch_add(1, SeqCst);
+    }
+}
+
 extern "C" {
+    fn user_traced();
+    fn user_traced_end();
     fn exit_gp();
     fn exit_ud();
     fn exit_de();
@@ -419,6 +463,29 @@ fn main(_boot: &emon_guest::BootInfo) -> i32 {
             "{name} run: zero skid, the PMI comes right after the 100th NOP"
         );
     }
+    // User code that single-steps itself (RFLAGS.TF): a #DB after each instruction and each REP
+    // iteration, from user mode, with DR6.BS; USR counts the retired instructions exactly.
+    idt::set_handler(1, on_db);
+    let used = count_usr_os(&pmu);
+    let v = user::run_user_traced(user_traced, 0);
+    check_eq!(v, 13u8, "traced run: back from user mode through HLT's #GP (no trap after it)");
+    check_eq!(DB_TRAPS.load(SeqCst), TRACED_TRAPS, "traced run: a #DB after each instruction and each REP iteration");
+    check_eq!(DB_FROM_USER.load(SeqCst), TRACED_TRAPS, "traced run: every #DB from user mode (CS.RPL = 3)");
+    check_eq!(DB_STEP_STATUS.load(SeqCst), TRACED_TRAPS, "traced run: every #DB with DR6.BS");
+    check_eq!(
+        DB_LAST_RIP.load(SeqCst),
+        user_traced_end as *const () as u64,
+        "traced run: the last trap after the REP's last iteration"
+    );
+    // SAFETY: user mode has finished with the buffer.
+    let buf = unsafe { core::ptr::read_volatile(&raw const TRACED_BUF) };
+    check_eq!(
+        u32::from_le_bytes([buf[0], buf[1], buf[2], buf[3]]),
+        0x005A_5A5Au32,
+        "traced run: REP STOSB stored its three bytes and no more"
+    );
+    check_usr_os(used, TRACED_INSNS, "traced run", "the run's retired user instructions, the REP once");
+
     let e = user::run_user_caught(user_int_kernel, 0);
     check_eq!(e.map_or(0xFF, |e| e.vector), 13u8, "INT to a DPL0 gate from user mode raises #GP");
     check_eq!(

@@ -385,6 +385,12 @@ impl Vcpu for KvmVcpu<'_> {
         Ok(self.cpu.fd.get_debug_regs().map_err(VcpuError::op("KVM_GET_DEBUGREGS"))?.dr7)
     }
 
+    fn set_single_step_status(&mut self) -> Result<(), VcpuError> {
+        let mut d = self.cpu.fd.get_debug_regs().map_err(VcpuError::op("KVM_GET_DEBUGREGS"))?;
+        d.dr6 |= emon_x86::arch::DR6_BS;
+        self.cpu.fd.set_debug_regs(&d).map_err(VcpuError::op("KVM_SET_DEBUGREGS"))
+    }
+
     fn flush_tlb(&mut self) -> Result<(), VcpuError> {
         self.cpu.tlb_stale = true;
         Ok(())

@@ -145,7 +145,7 @@ mod fast_forward {
     use super::Engine;
     use crate::vcpu::DueEvent;
     use crate::{BackendError, Cx, Next};
-    use emon_x86::arch::{plain_error_code, DE_VECTOR, GP_VECTOR, NMI_VECTOR, UD_VECTOR};
+    use emon_x86::arch::{plain_error_code, DB_VECTOR, DE_VECTOR, GP_VECTOR, NMI_VECTOR, UD_VECTOR};
     use emon_x86::deliver::Event;
     use emon_x86::mode::CpuMode;
     use std::time::{Duration, Instant};
@@ -184,6 +184,9 @@ mod fast_forward {
             }
             let user = mode.cpl == 3;
             if !user {
+                // Whatever left user mode cleared TF (SYSCALL through IA32_FMASK, an event's
+                // delivery); an IRET back to user mode sets it again if its frame has it.
+                self.step.user_tf = false;
                 let slot = &mut self.engine.tcg;
                 slot.events_asked = None;
                 if let Some(t) = slot.user_since.take() {
@@ -198,6 +201,15 @@ mod fast_forward {
             } else {
                 // User mode is asked for its events on its own clock.
                 self.engine.tcg.kernel_since = None;
+                if self.step.user_tf {
+                    // The guest's TF, which KVM_GET_REGS hides while KVM single-steps: back in
+                    // the registers, for the frames emon writes and the trap below.
+                    let mut regs = cx.vcpu.regs()?;
+                    if regs.rflags & RFLAGS_TF == 0 {
+                        regs.rflags |= RFLAGS_TF;
+                        cx.vcpu.set_regs(&regs)?;
+                    }
+                }
                 if self.take_user_event(cx, mode)? {
                     // Delivered (the vCPU is at the handler), or KVM delivers it at the next entry.
                     return Ok((!self.step.expect_event).then_some(Next::Retired));
@@ -209,6 +221,9 @@ mod fast_forward {
             }
             let bytes = mode.fetch(cx.vcpu.memory(), rip);
             let first = iced_x86::Decoder::with_ip(64, &bytes, rip, iced_x86::DecoderOptions::NONE).decode();
+            if user && cx.vcpu.regs()?.rflags & RFLAGS_TF != 0 {
+                return self.traced_user_step(cx, &first, mode);
+            }
             if !user && !self.counting && !self.cpl0_in_engine() && !self.returns_to_user(cx, &first, mode)? {
                 // CPL0 code while nothing counts, user mode in the engine and `--cpl0 kvm`: KVM
                 // steps it, all but the return to user mode, which the engine runs (it stops
@@ -342,6 +357,103 @@ mod fast_forward {
         #[cfg(test)]
         pub(in super::super) fn limit_next_run(&mut self, n: u64) {
             self.engine.tcg.next_budget = Some(n);
+        }
+
+        /// User code with RFLAGS.TF set, where it runs in the engine (KVM neither steps it nor
+        /// makes its traps here): emon runs the one instruction (completing it as it completes
+        /// others, or alone in the engine), then takes the single-step trap the CPU takes after it
+        /// (SDM Vol. 3B 17.3.1.4): DR6.BS, and #DB with the frame at the next boundary, TF still
+        /// set in its RFLAGS. A REP string instruction traps after each iteration. One that leaves
+        /// user mode (SYSCALL, whose IA32_FMASK clears TF; INT n; a fault) takes no trap there.
+        fn traced_user_step(
+            &mut self,
+            cx: &mut Cx,
+            first: &iced_x86::Instruction,
+            mode: &CpuMode,
+        ) -> Result<Option<Next>, BackendError> {
+            let rip = first.ip();
+            let Some(i) = self.decode(cx, mode, rip) else { return Ok(None) };
+            let p = self.pending_at(rip, mode.cpl);
+            let needs = match tcg::classify(first, &mut iced_x86::InstructionInfoFactory::new()) {
+                Class::Runs(needs) => needs,
+                Class::HandedOver => {
+                    // As untraced: a privileged instruction, a page fault, an invalid opcode
+                    // raise their exception (and do not retire: no trap); what emon completes
+                    // (SYSCALL, INT n, RDTSC, ...) traps after it if it stayed in user mode.
+                    if let Some(raised) = self.user_mode_handover(cx, first, mode, None)? {
+                        return Ok(Some(raised));
+                    }
+                    let mut p = p;
+                    let Some(next) = self.emulate(cx, &mut p, &i, mode)? else { return Ok(None) };
+                    if next == Next::Retired {
+                        self.single_step_trap(cx)?;
+                    }
+                    return Ok(Some(next));
+                }
+            };
+            let before = tcg::state_of(cx.vcpu, needs)?;
+            let engine = match self.engine.tcg.engine.get(cx.vcpu.memory()) {
+                Ok(engine) => engine,
+                Err(e) => {
+                    self.engine.give_up(e.to_string());
+                    return Ok(None);
+                }
+            };
+            // TF set: TCG stops after the instruction, or after one iteration of a REP string
+            // instruction; the trap is emon's.
+            let done = match engine.complete(&before) {
+                Ok(done) => done,
+                Err(e) => {
+                    tracing::debug!("{e}: KVM runs the traced user instruction");
+                    return Ok(None);
+                }
+            };
+            let with_tf = |mut s: tcg::CpuState| {
+                s.regs.rflags |= RFLAGS_TF;
+                s
+            };
+            match done {
+                tcg::Completed::Retired(after) => {
+                    let after = with_tf(after);
+                    tcg::write_back(cx.vcpu, &before, &after)?;
+                    self.retire_one(cx, &p, (&i, rip, mode.cpl), after.regs.rip, true)?;
+                }
+                // An iteration of a REP string instruction: it has not retired.
+                tcg::Completed::Iteration(after) => tcg::write_back(cx.vcpu, &before, &with_tf(after))?,
+                tcg::Completed::Fault { .. } | tcg::Completed::PageFault { .. } => {
+                    // Raised as when untraced (the engine runs it again, and hands it back).
+                    return self.user_mode_handover(cx, first, mode, None);
+                }
+            }
+            self.single_step_trap(cx)?;
+            Ok(Some(Next::Retired))
+        }
+
+        /// The single-step trap after an instruction that began in user mode with TF set, if the
+        /// vCPU is still there with TF set: DR6.BS, and #DB delivered through the IDT, the frame
+        /// at the next instruction boundary.
+        fn single_step_trap(&mut self, cx: &mut Cx) -> Result<(), BackendError> {
+            self.step.mode = None;
+            let mode = self.mode(cx)?;
+            let from = cx.vcpu.regs()?;
+            if mode.cpl != 3 || from.rflags & RFLAGS_TF == 0 {
+                return Ok(());
+            }
+            cx.vcpu.set_single_step_status()?;
+            self.stats.single_step_traps += 1;
+            self.step.user_tf = false;
+            match self.deliver_event(cx, &mode, DB_VECTOR, Event::External)? {
+                Ok(handler) => {
+                    self.step.rip = Some(handler);
+                    self.take_event_branch(cx, from.rip, handler, mode.cpl)?;
+                }
+                Err(why) => {
+                    tracing::debug!(?why, "KVM delivers the single-step #DB");
+                    cx.vcpu.inject_exception(DB_VECTOR, None)?;
+                    self.step.expect_event = true;
+                }
+            }
+            Ok(())
         }
 
         /// Whether `i`, at CPL0, is IRETQ to user mode or SYSRETQ.
@@ -493,7 +605,11 @@ mod fast_forward {
             if let Some(tail) = run.lbr {
                 self.branches.take_tail(cx.pmu, tail);
             }
-            if !self.counting && run.state.regs.rflags & RFLAGS_TF != 0 {
+            let tf = run.state.regs.rflags & RFLAGS_TF != 0;
+            if CpuMode::from_sregs(&run.state.sregs).cpl == 3 && self.user_in_engine() {
+                // In user mode emon takes the guest's single-step traps (`traced_user_step`).
+                self.step.user_tf = tf;
+            } else if !self.counting && tf {
                 // An IRETQ set the guest's own TF: KVM runs on free (its single-step would hide
                 // and clobber the guest's TF), so the guest's #DBs reach it.
                 self.run_free_for_guest_debug(cx)?;

@@ -63,8 +63,7 @@ pub struct Options {
     pub user_in_engine: bool,
 }
 
-/// RFLAGS.TF: the guest single-steps itself.
-const RFLAGS_TF: u64 = 1 << 8;
+use emon_x86::arch::RFLAGS_TF;
 /// DR7's local and global enables of breakpoints 0-3 (SDM Vol. 3B 17.2.4).
 const DR7_ENABLES: u64 = 0xFF;
 
@@ -109,6 +108,8 @@ pub struct Stats {
     /// Times KVM was asked for the event due at a user-mode boundary, and how many it had.
     pub event_checks: u64,
     pub user_events: u64,
+    /// Single-step traps (RFLAGS.TF) emon took after user-mode instructions.
+    pub single_step_traps: u64,
     /// RDTSC, RDTSCP and RDMSR(IA32_TSC) answered from the modelled guest time.
     pub tsc_reads: u64,
     /// RDTSC, RDTSCP or RDMSR that retired in counted code without their own single-step trap,
@@ -307,7 +308,10 @@ impl Precise {
             3 => self.user_in_engine(),
             _ => false,
         };
-        if !level || mode.bitness != 64 || cx.vcpu.regs()?.rflags & RFLAGS_TF != 0 {
+        // The guest's own single-stepping is KVM's to make trap, but in user mode where that runs
+        // in the engine: there emon takes the traps (`traced_user_step`).
+        let tf_is_kvms = !(mode.cpl == 3 && self.user_in_engine());
+        if !level || mode.bitness != 64 || tf_is_kvms && cx.vcpu.regs()?.rflags & RFLAGS_TF != 0 {
             return Ok(false);
         }
         if !self.step.stepping || self.step.guest_breakpoints.is_none() {
@@ -316,34 +320,46 @@ impl Precise {
         Ok(self.step.guest_breakpoints == Some(false))
     }
 
-    /// Notes the instruction at `rip` as the one the next step retires, unless emon completes it
-    /// itself.
-    fn pend(&mut self, cx: &mut Cx, rip: u64, mode: &emon_x86::mode::CpuMode) -> Result<Next, BackendError> {
-        let mut p = Pending {
+    /// The instruction at `rip`, at `cpl`, as it begins (the event the entry expects goes with it).
+    fn pending_at(&mut self, rip: u64, cpl: u8) -> Pending {
+        Pending {
             rip,
-            cpl: mode.cpl,
+            cpl,
             counting: self.counting,
             armed: self.counters.armed.clone(),
             expect_event: std::mem::take(&mut self.step.expect_event),
             iret_target: None,
             iret_to_user: false,
             accesses: Some(Vec::new()),
-        };
+        }
+    }
+
+    /// Notes the instruction at `rip` as the one the next step retires, unless emon completes it
+    /// itself.
+    fn pend(&mut self, cx: &mut Cx, rip: u64, mode: &emon_x86::mode::CpuMode) -> Result<Next, BackendError> {
+        let mut p = self.pending_at(rip, mode.cpl);
         if !p.expect_event {
             if let Some(i) = self.decode(cx, mode, rip) {
                 if let Some(next) = self.emulate(cx, &mut p, &i, mode)? {
                     return Ok(next);
                 }
-                if !self.counting && self.popped_rflags(cx, mode, &i)?.is_some_and(|f| f & RFLAGS_TF != 0) {
-                    // The guest turns on its own single-stepping: KVM's single-step would hide
-                    // and clobber its TF, so KVM runs on free, and its #DBs reach the guest.
-                    self.run_free_for_guest_debug(cx)?;
-                    return Ok(Next::Run);
-                }
+                let sets_tf = matches!(i.special, Special::Popf | Special::Iret)
+                    && self.popped_rflags(cx, mode, &i)?.is_some_and(|f| f & RFLAGS_TF != 0);
                 if i.special == Special::Iret {
                     let target = self.iret_target(cx, mode)?;
                     p.iret_target = target.map(|(rip, _)| rip);
                     p.iret_to_user = target.is_some_and(|(_, user)| user);
+                }
+                // Where user mode runs in the engine, emon takes its single-step traps: it keeps
+                // the TF an IRET to user mode pops, which KVM_GET_REGS will hide.
+                let traced_by_emon = self.user_in_engine() && (p.cpl == 3 || p.iret_to_user);
+                if traced_by_emon && p.iret_to_user {
+                    self.step.user_tf = sets_tf;
+                } else if !self.counting && sets_tf && !traced_by_emon {
+                    // The guest turns on its own single-stepping: KVM's single-step would hide
+                    // and clobber its TF, so KVM runs on free, and its #DBs reach the guest.
+                    self.run_free_for_guest_debug(cx)?;
+                    return Ok(Next::Run);
                 }
             }
             if self.feed.on {
@@ -352,6 +368,7 @@ impl Precise {
             if p.cpl == 3 && self.user_in_engine() {
                 // Whatever KVM runs from here is user code it cannot step on this host.
                 let m = format!("{:?}", decode_full(cx, mode, rip).mnemonic()).to_lowercase();
+                tracing::debug!(rip = format_args!("{rip:#x}"), insn = %m, "a user-mode instruction goes to KVM");
                 *self.stats.user_to_kvm.entry(m).or_default() += 1;
             }
         }

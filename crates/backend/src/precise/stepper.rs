@@ -54,6 +54,10 @@ pub struct Stepper {
     /// The VMM queued a PMI in KVM (see [`crate::Backend::event_queued`]): the next counted
     /// instruction is stepped in KVM, which delivers the PMI first if the guest can take it.
     pub event_queued: bool,
+    /// The guest's own RFLAGS.TF in user mode, where user mode runs in the engine and emon takes
+    /// its single-step traps: KVM_GET_REGS hides it while KVM single-steps, so emon keeps it from
+    /// the IRET that set it (in the engine or stepped) and puts it back (see `traced_user_step`).
+    pub user_tf: bool,
     /// Whether the guest's DR7 enables a breakpoint of its own, as last read; `None` after
     /// anything that may have changed it (KVM running free, a MOV to a debug register).
     pub guest_breakpoints: Option<bool>,

@@ -675,6 +675,43 @@ fn a_user_mode_rep_string_instruction_longer_than_a_run_stays_in_the_engine() {
     assert_eq!(r.pmc(0), 2, "the REP STOSB retired once, then the NOP");
 }
 
+/// User code that single-steps itself (RFLAGS.TF), on a host where user mode runs in the engine:
+/// after each instruction emon takes the trap the CPU takes (DR6.BS, #DB with the frame at the
+/// next instruction and TF in its RFLAGS); a REP string instruction traps after each iteration
+/// and retires once.
+#[cfg(feature = "tcg")]
+#[test]
+fn user_code_with_tf_set_traps_after_each_instruction() {
+    // nop; rep stosb (RCX = 2)
+    let mut r = user_rig(&[NOP, 0xF3, 0xAA, NOP], TIMER, Precise::with_engine(Engine::Tcg).with_user_in_engine(true));
+    r.vcpu.regs.rflags = 0x302;
+    (r.vcpu.regs.rcx, r.vcpu.regs.rdi) = (2, 0x10_0000);
+    let user = (r.vcpu.regs, r.vcpu.sregs, r.vcpu.mode);
+    r.count();
+    let mut frames = Vec::new();
+    for _ in 0..3 {
+        assert_eq!(r.before(true), Next::Retired, "completed and trapped by emon");
+        assert_eq!(r.vcpu.regs.rip, DB_HANDLER);
+        assert_ne!(r.vcpu.dr6 & emon_x86::arch::DR6_BS, 0, "DR6.BS");
+        frames.push((kernel_frame(&r), r.vcpu.regs.rcx, r.pmc(0)));
+        // The handler returns to user mode with IRETQ, TF still set.
+        let (regs, sregs, mode) = user;
+        (r.vcpu.regs, r.vcpu.sregs, r.vcpu.mode) = (
+            kvm_regs { rip: frames.last().unwrap().0[0], rcx: r.vcpu.regs.rcx, rdi: r.vcpu.regs.rdi, ..regs },
+            sregs,
+            mode,
+        );
+    }
+    let frame = |rip| [rip, 0x33, 0x302, STACK, 0x2B];
+    assert_eq!(
+        frames,
+        [(frame(CODE + 1), 2, 1), (frame(CODE + 1), 1, 1), (frame(CODE + 3), 0, 2)],
+        "after the NOP, after each REP iteration (the REP retiring after its last)"
+    );
+    assert_eq!(r.precise.stats.single_step_traps, 3);
+    assert!(r.precise.stats.user_to_kvm.is_empty(), "nothing went to KVM");
+}
+
 /// On a host where user mode runs in the engine, a user-mode instruction neither the engine nor
 /// emon runs goes to KVM, which cannot step it there: the run says so, NOT EXACT, by mnemonic,
 /// whatever the code; an invalid opcode raises #UD without going to KVM.
@@ -847,8 +884,8 @@ fn a_cpl0_rep_string_instruction_longer_than_a_run_stays_in_the_engine_and_takes
 }
 
 /// Where user mode runs in the engine because KVM cannot run it right, the guest debugging its
-/// own code (here RFLAGS.TF) leaves it to KVM all the same, which only KVM makes trap: the run says
-/// so, as not what silicon does.
+/// own code with breakpoints (DR7) leaves it to KVM all the same, which only KVM makes fire: the
+/// run says so, as not what silicon does.
 #[cfg(feature = "tcg")]
 #[test]
 fn user_code_the_guest_debugs_goes_to_kvm_and_the_run_says_so() {
@@ -857,7 +894,9 @@ fn user_code_the_guest_debugs_goes_to_kvm_and_the_run_says_so() {
     assert_eq!(r.before(true), Next::Retired, "nothing counts: the engine runs user code");
     assert_eq!(r.vcpu.regs.rip, CODE + 2, "until its time is up, in the loop");
     assert!(r.vcpu.single_step);
-    r.vcpu.regs.rflags |= RFLAGS_TF;
+    // The kernel enables breakpoint 0 (L0), as with a MOV to DR7, after which emon reads DR7 anew.
+    r.vcpu.dr7 |= 1;
+    r.precise.step.guest_breakpoints = None;
     assert_eq!(r.before(true), Next::Run, "KVM runs it free");
     assert!(!r.vcpu.single_step);
     assert_eq!(r.precise.stats.debugged_in_kvm, 1);

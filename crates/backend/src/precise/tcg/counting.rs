@@ -328,8 +328,7 @@ fn unicorn_gpr(r: iced_x86::Register) -> Option<RegisterX86> {
     })
 }
 
-/// RFLAGS.TF.
-const RFLAGS_TF: u64 = 1 << 8;
+use emon_x86::arch::RFLAGS_TF;
 
 /// Blocks between two looks at the clock (a look costs about as much as a short block).
 const DEADLINE_EVERY: u64 = 256;

@@ -35,6 +35,7 @@ pub use blocks::{classify, hide_lacking, runs_in_engine, Class, Needs};
 use counting::{on_block, on_insn, on_stop, Acc, Decoded};
 use emon_pmu::profile::{Clock, MIN_CACHE_LINE};
 use emon_x86::access;
+use emon_x86::arch::{DB_VECTOR, RFLAGS_TF};
 use emon_x86::insn;
 use emon_x86::mode::CpuMode;
 use iced_x86::{Code, Decoder, DecoderOptions, InstructionInfoFactory};
@@ -393,8 +394,13 @@ impl Tcg {
             self.uc.emu_start(rip, u64::MAX, 0, 1)
         };
         let pc = self.uc.reg_read(RegisterX86::RIP).map_err(uc_err("reading RIP"))?;
-        if let Some(vector) = self.uc.get_data().fault {
-            return Ok(Completed::Fault { vector });
+        // With RFLAGS.TF set, TCG raises the single-step trap after the instruction, or after a
+        // REP string instruction's iteration (SDM Vol. 3B 17.3.1.4): it completed, and the trap
+        // is the caller's to take.
+        let single_step = state.regs.rflags & RFLAGS_TF != 0;
+        match self.uc.get_data().fault {
+            Some(vector) if !(single_step && vector == u32::from(DB_VECTOR)) => return Ok(Completed::Fault { vector }),
+            _ => {}
         }
         // No progress but for a branch to itself or a REP iteration: the instruction faulted.
         let moved = pc != rip || matches!(facts.flow, insn::Flow::Direct { .. }) || facts.repeats;
