@@ -3,8 +3,10 @@
 
 /// #DB, the debug exception: single-step traps and instruction breakpoints.
 pub const DB_VECTOR: u8 = 1;
-/// RFLAGS.TF, the trap flag: a single-step #DB after each instruction (SDM Vol. 1 3.4.3.3).
+/// RFLAGS.TF, the trap flag: a single-step #DB after each instruction; RFLAGS.IF, maskable
+/// interrupts let in (SDM Vol. 1 3.4.3.3).
 pub const RFLAGS_TF: u64 = 1 << 8;
+pub const RFLAGS_IF: u64 = 1 << 9;
 /// DR6.BS, set by a single-step trap (SDM Vol. 3B 17.2.3); DR6's other status bits stay as
 /// they were (the CPU never clears them).
 pub const DR6_BS: u64 = 1 << 14;

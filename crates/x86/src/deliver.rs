@@ -3,15 +3,13 @@
 //! switch (TSS.RSPn or an IST stack), the 64-bit frame and the flags. The VMM uses it where the
 //! host cannot deliver the event itself without running the guest: an interrupt taken at a
 //! user-mode boundary while user code runs in emon's engine, and INT n from user mode.
-use crate::arch::{GP_VECTOR, NP_VECTOR};
+use crate::arch::{GP_VECTOR, NP_VECTOR, RFLAGS_IF, RFLAGS_TF};
 use crate::mode::CpuMode;
 use kvm_bindings::{kvm_regs, kvm_segment, kvm_sregs};
 use vm_memory::GuestMemoryMmap;
 
 /// RFLAGS bits an event clears (SDM Vol. 3A 6.12.1.3): TF, NT, RF, VM; IF too through an
 /// interrupt gate.
-const RFLAGS_TF: u64 = 1 << 8;
-const RFLAGS_IF: u64 = 1 << 9;
 const RFLAGS_NT: u64 = 1 << 14;
 const RFLAGS_RF: u64 = 1 << 16;
 const RFLAGS_VM: u64 = 1 << 17;

@@ -9,6 +9,7 @@ pub mod xsave;
 use crate::guest_debug::GuestDebug;
 use crate::{lapic, Vcpu, VcpuError};
 use emon_pmu::pmu::Pmu;
+use emon_x86::arch::RFLAGS_IF;
 use emon_x86::fpu::Fpu;
 use kvm_bindings::{
     kvm_device_attr, kvm_enable_cap, kvm_mp_state, kvm_msr_entry, kvm_regs, kvm_sregs, kvm_vcpu_events, Msrs,
@@ -571,8 +572,6 @@ pub fn guest_tsc_settable(kvm: &kvm_ioctls::Kvm) -> Result<bool, VcpuError> {
 
 /// RFLAGS.RF, the resume flag.
 const RFLAGS_RF: u64 = 1 << 16;
-/// RFLAGS.IF: maskable interrupts enabled.
-const RFLAGS_IF: u64 = 1 << 9;
 
 /// Exceptions of the fault class (SDM Vol. 3A, Table 6-1): #DE, #BR, #UD, #NM, #TS, #NP, #SS,
 /// #GP, #PF, #MF, #AC, #XM, #VE. (#DB is a fault or a trap depending on its cause.)

@@ -19,7 +19,7 @@ struct Entry {
     /// The bytes the decoding used: the instruction's.
     bytes: [u8; MAX_INSN_LEN],
     len: u8,
-    insn: Option<Insn>,
+    insn: Insn,
 }
 
 /// See the module documentation.
@@ -40,7 +40,7 @@ impl DecodeCache {
         let bytes = mode.fetch(mem, rip);
         if let Some(e) = self.entries.get(&rip) {
             if bytes.get(..usize::from(e.len)) == Some(&e.bytes[..usize::from(e.len)]) {
-                return e.insn;
+                return Some(e.insn);
             }
         }
         if self.entries.len() >= MAX_CACHED_INSNS {
@@ -53,7 +53,7 @@ impl DecodeCache {
         let len = usize::from(insn.len);
         let mut kept = [0u8; MAX_INSN_LEN];
         kept[..len].copy_from_slice(&bytes[..len]);
-        self.entries.insert(rip, Entry { bytes: kept, len: len as u8, insn: Some(insn) });
+        self.entries.insert(rip, Entry { bytes: kept, len: len as u8, insn });
         Some(insn)
     }
 }

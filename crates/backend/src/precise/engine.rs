@@ -145,7 +145,7 @@ mod fast_forward {
     use super::Engine;
     use crate::vcpu::DueEvent;
     use crate::{BackendError, Cx, Next};
-    use emon_x86::arch::{plain_error_code, DB_VECTOR, DE_VECTOR, GP_VECTOR, NMI_VECTOR, UD_VECTOR};
+    use emon_x86::arch::{plain_error_code, DB_VECTOR, DE_VECTOR, GP_VECTOR, NMI_VECTOR, RFLAGS_IF, UD_VECTOR};
     use emon_x86::deliver::Event;
     use emon_x86::mode::CpuMode;
     use std::time::{Duration, Instant};
@@ -167,8 +167,6 @@ mod fast_forward {
     /// The instructions a run at CPL0 retires at most while emon waits to ask KVM for the next
     /// event due (`kernel_recheck`): a few blocks.
     const RECHECK_BUDGET: u64 = 4 * tcg::MAX_BLOCK;
-    /// RFLAGS.IF: maskable interrupts are let in.
-    const RFLAGS_IF: u64 = 1 << 9;
 
     impl Precise {
         /// Runs counted code in the TCG engine from the boundary at `rip`, when it may (see

@@ -5,7 +5,7 @@ use super::*;
 use crate::testing::Script;
 use emon_pmu::pmu::{msr, Pmu};
 use emon_pmu::profile::Profile;
-use emon_x86::arch::{DB_VECTOR, GP_VECTOR};
+use emon_x86::arch::{DB_VECTOR, GP_VECTOR, RFLAGS_IF};
 use emon_x86::mode::CpuMode;
 use kvm_bindings::kvm_regs;
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
@@ -918,7 +918,7 @@ fn kernel_code_emon_runs_without_entering_kvm_takes_its_interrupts() {
     // 1: pause; rdtsc; jmp 1b
     let mut r = Rig::new(&[0xF3, 0x90, 0x0F, 0x31, 0xEB, 0xFA]);
     r.precise = Precise::with_engine(Engine::Tcg);
-    r.vcpu.regs.rflags |= 1 << 9;
+    r.vcpu.regs.rflags |= RFLAGS_IF;
     r.count();
     // Until KVM is first asked, with nothing due (the engine is made meanwhile).
     while r.vcpu.event_probes == 0 {
