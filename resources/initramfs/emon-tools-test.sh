@@ -80,8 +80,8 @@ report $? "perf list hw names the hardware events (or none without a PMU)"
 # rr: record `emon-rr-target sync` (system calls, synchronous signals), then replay it: the replay
 # prints what the recording printed. rr refuses a CPU whose PMU it does not know, no PMU, and
 # Nehalem's under Linux 5.3 and later (which keeps a Nehalem counter's period at 32 or more, so
-# rr's probe of PERF_EVENT_IOC_PERIOD with 1 fails, as on the real CPU): skipped with rr's reason. (Its asynchronous-signal run is not here yet: README, "Linux user
-# space".)
+# rr's probe of PERF_EVENT_IOC_PERIOD with 1 fails, as on the real CPU): skipped with rr's reason.
+# Its asynchronous-signal run is not here yet (README, "Linux user space").
 rr record -n -o /tmp/rr-trace emon-rr-target sync >/tmp/rr.out 2>/tmp/rr.err
 status=$?
 why="$(grep -m1 -E 'No supported microarchitectures|CPU type .* unknown|Unable to open performance counter|PERF_EVENT_IOC_PERIOD' /tmp/rr.err |
