@@ -2,10 +2,13 @@
  * emon-rr-target: the small program the initramfs's rr test records and replays (README, "Linux
  * user space"). It makes system calls of several kinds (open, read, getpid, sigaction, setitimer,
  * write), raises SIGUSR1 three times (synchronous signals), and runs a loop of conditional
- * branches until SIGALRM from a 2 ms interval timer has come three times: asynchronous signals
- * that interrupt the loop wherever it is, which rr records by its retired-conditional-branch
- * count and replays by counting to it and single-stepping the rest. What it prints depends on
- * where they came, so a replay that prints the same line has put them in the same places.
+ * branches until SIGVTALRM has come three times: asynchronous signals that interrupt the loop
+ * wherever it is, which rr records by its retired-conditional-branch count and replays by
+ * counting to it and single-stepping the rest. What it prints depends on where they came, so a
+ * replay that prints the same line has put them in the same places. The timer counts the
+ * process's own user time (ITIMER_VIRTUAL), so the loop runs between signals however long rr
+ * takes to handle each: a timer of real time shorter than that would interrupt the program
+ * again before its next instruction, for ever.
  * `emon-rr-target sync`: no timer, 100,000 iterations.
  */
 #include <fcntl.h>
@@ -37,7 +40,7 @@ int main(int argc, char **argv)
 	sa.sa_handler = on_usr1;
 	sigaction(SIGUSR1, &sa, NULL);
 	sa.sa_handler = on_alarm;
-	sigaction(SIGALRM, &sa, NULL);
+	sigaction(SIGVTALRM, &sa, NULL);
 	for (int i = 0; i < 3; i++)
 		raise(SIGUSR1);
 
@@ -50,15 +53,15 @@ int main(int argc, char **argv)
 	struct itimerval every = { { 0, 2000 }, { 0, 2000 } }, off;
 	memset(&off, 0, sizeof off);
 	if (timer)
-		setitimer(ITIMER_REAL, &every, NULL);
+		setitimer(ITIMER_VIRTUAL, &every, NULL);
 	unsigned long x = 1, odd = 0, i;
 	for (i = 0; i < (timer ? 20000000UL : 100000UL) && alarms < 3; i++) {
 		x = x * 6364136223846793005UL + 1442695040888963407UL;
 		if (x >> 63)
 			odd++;
 	}
-	setitimer(ITIMER_REAL, &off, NULL);
-	printf("emon-rr-target: pid %d, read %zd bytes, %d SIGUSR1, %d SIGALRM, %lu iterations, x %lx, odd %lu\n",
+	setitimer(ITIMER_VIRTUAL, &off, NULL);
+	printf("emon-rr-target: pid %d, read %zd bytes, %d SIGUSR1, %d SIGVTALRM, %lu iterations, x %lx, odd %lu\n",
 	       (int)getpid(), got, (int)usr1, (int)alarms, i, x, odd);
 	return !(usr1 == 3 && (alarms >= 1 || !timer) && got > 0);
 }

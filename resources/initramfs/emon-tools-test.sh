@@ -7,7 +7,7 @@
 # - perf record of instructions:u every 100,000 over a loop of 2,000,000 instructions: perf
 #   script's sample IPs are all in the loop, one per period;
 # - perf list names the hardware events;
-# - rr records `emon-rr-target sync` and replays it to the same output.
+# - rr records `emon-rr-target` and replays it to the same output.
 # Without a PMU that Linux drives, perf stat reports the hardware events <not supported>, and the
 # hardware tests are skipped with that reason.
 tests=0 failures=0 known=0 skipped=0
@@ -77,12 +77,12 @@ fi
 perf list hw 2>/dev/null | grep -q "instructions" && [ "$hardware" -eq 1 ] || [ "$hardware" -eq 0 ]
 report $? "perf list hw names the hardware events (or none without a PMU)"
 
-# rr: record `emon-rr-target sync` (system calls, synchronous signals), then replay it: the replay
-# prints what the recording printed. rr refuses a CPU whose PMU it does not know, no PMU, and
-# Nehalem's under Linux 5.3 and later (which keeps a Nehalem counter's period at 32 or more, so
-# rr's probe of PERF_EVENT_IOC_PERIOD with 1 fails, as on the real CPU): skipped with rr's reason.
-# Its asynchronous-signal run is not here yet (README, "Linux user space").
-rr record -n -o /tmp/rr-trace emon-rr-target sync >/tmp/rr.out 2>/tmp/rr.err
+# rr: record `emon-rr-target` (system calls, synchronous signals, and asynchronous ones wherever
+# its loop is), then replay it: the replay prints what the recording printed. rr refuses a CPU
+# whose PMU it does not know, no PMU, and Nehalem's under Linux 5.3 and later (which keeps a
+# Nehalem counter's period at 32 or more, so rr's probe of PERF_EVENT_IOC_PERIOD with 1 fails, as
+# on the real CPU): skipped with rr's reason.
+rr record -n -o /tmp/rr-trace emon-rr-target >/tmp/rr.out 2>/tmp/rr.err
 status=$?
 why="$(grep -m1 -E 'No supported microarchitectures|CPU type .* unknown|Unable to open performance counter|PERF_EVENT_IOC_PERIOD' /tmp/rr.err |
     sed -e 's/^\[FATAL [^]]*\] //' -e 's/;.*//')"
