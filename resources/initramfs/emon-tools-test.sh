@@ -61,7 +61,8 @@ else
     perf record -q -e instructions:u -c "$period" -o /tmp/perf.data emon-loop 1000000 >/tmp/loop.out 2>/tmp/record.err
     status=$?
     report $status "perf record -e instructions:u -c $period of emon-loop"
-    [ $status -eq 0 ] || sed "s/^/  perf record (status $status): /" /tmp/record.err
+    # perf's own SIGSEGV handler writes its backtrace to standard output, the workload's file.
+    [ $status -eq 0 ] || sed "s/^/  perf record (status $status): /" /tmp/record.err /tmp/loop.out
     range="$(sed -n 's/^emon-loop: loop at \(0x[0-9a-f]*\)-\(0x[0-9a-f]*\)$/\1 \2/p' /tmp/loop.out)"
     perf script -i /tmp/perf.data -F ip 2>/dev/null >/tmp/ips
     total="$(count instructions:u 1000000)"

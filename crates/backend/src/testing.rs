@@ -34,6 +34,8 @@ pub struct Script {
     /// The guest's DR6 and DR7.
     pub dr6: u64,
     pub dr7: u64,
+    /// Other MSRs the guest has set (the SYSCALL MSRs), read back as set; 0 where unset.
+    pub msrs: std::collections::BTreeMap<u32, u64>,
 }
 
 impl Vcpu for Script {
@@ -109,7 +111,7 @@ impl Vcpu for Script {
         Ok(match index {
             emon_x86::arch::IA32_TSC => self.tsc,
             emon_x86::arch::IA32_TSC_DEADLINE => self.tsc_deadline,
-            _ => 0,
+            _ => self.msrs.get(&index).copied().unwrap_or(0),
         })
     }
     fn set_msr(&mut self, index: u32, value: u64) -> Result<(), VcpuError> {
@@ -151,6 +153,7 @@ impl Script {
             dr6: 0xFFFF_0FF0,
             dr7: 0x400,
             tlb_flushes: 0,
+            msrs: Default::default(),
         }
     }
 }

@@ -66,6 +66,9 @@ pub enum Special {
     /// SYSCALL from CPL3 does not enter the kernel on some hosts (kvm_pvm: RIP moves to
     /// IA32_LSTAR at CPL3): emon completes it there.
     Syscall,
+    /// SYSRET returns to user mode: where emon runs user mode in the TCG engine, KVM must not
+    /// execute it (it would run the user code after it), so emon completes it.
+    Sysret,
     /// INT n and INT3 (the vector): from CPL3 some hosts swallow them (kvm_pvm: execution goes
     /// on after the instruction): emon delivers them there.
     Int(u8),
@@ -220,6 +223,7 @@ pub fn of(i: &Instruction) -> Insn {
         Lfence | Mfence | Sfence => Special::Fence,
         Xsave | Xsave64 | Xsaveopt | Xsaveopt64 | Xsavec | Xsavec64 | Xrstor | Xrstor64 => Special::Xsave,
         Syscall => Special::Syscall,
+        Sysret | Sysretq => Special::Sysret,
         Cpuid => Special::Cpuid,
         Int => Special::Int(i.immediate8()),
         Int3 => Special::Int(3),

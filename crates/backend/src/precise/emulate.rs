@@ -43,6 +43,12 @@ impl Precise {
             #[cfg(feature = "tcg")]
             Special::Xsave => return self.emulate_xsave(cx, p, i),
             Special::Syscall if p.cpl == 3 && self.user_in_engine => self.emulate_syscall(cx, p, i, mode)?,
+            // KVM would run the user code after a return to user mode, which it cannot step on a
+            // host where user mode runs in the engine (README, "User mode (CPL3)").
+            #[cfg(feature = "tcg")]
+            Special::Iret | Special::Sysret if p.cpl == 0 && self.user_in_engine => {
+                return self.emulate_return_to_user(cx, p, i, mode)
+            }
             Special::Int(vector) if p.cpl == 3 && self.user_in_engine => {
                 match self.emulate_int(cx, p, i, mode, vector)? {
                     Some(next) => next,

@@ -140,6 +140,7 @@ mod step_only {
 
 #[cfg(feature = "tcg")]
 mod fast_forward {
+    use super::super::stepper::Pending;
     use super::super::tcg::{self, Class, CpuState, Needs};
     use super::super::{Precise, DR7_ENABLES, RFLAGS_TF};
     use super::Engine;
@@ -147,6 +148,7 @@ mod fast_forward {
     use crate::{BackendError, Cx, Next};
     use emon_x86::arch::{plain_error_code, DB_VECTOR, DE_VECTOR, GP_VECTOR, NMI_VECTOR, RFLAGS_IF, UD_VECTOR};
     use emon_x86::deliver::Event;
+    use emon_x86::insn::{Insn, Special};
     use emon_x86::mode::CpuMode;
     use std::time::{Duration, Instant};
 
@@ -355,6 +357,49 @@ mod fast_forward {
         #[cfg(test)]
         pub(in super::super) fn limit_next_run(&mut self, n: u64) {
             self.engine.tcg.next_budget = Some(n);
+        }
+
+        /// A return to user mode (SYSRET, or IRET to CPL3) where user mode runs in the engine: the
+        /// engine completes it, so that no user instruction runs in KVM. Anything else, and a return
+        /// that faults (SDM Vol. 2B, IRET and SYSRET: #GP where the frame or RCX does not hold), KVM
+        /// runs, as any other CPL0 instruction.
+        pub(in super::super) fn emulate_return_to_user(
+            &mut self,
+            cx: &mut Cx,
+            p: &mut Pending,
+            i: &Insn,
+            mode: &CpuMode,
+        ) -> Result<Option<Next>, BackendError> {
+            if i.special == Special::Iret && !self.iret_target(cx, mode)?.is_some_and(|(_, user)| user) {
+                return Ok(None);
+            }
+            let before = tcg::state_of(cx.vcpu, Needs { fpu: false, msrs: i.special == Special::Sysret })?;
+            let engine = match self.engine.tcg.engine.get(cx.vcpu.memory()) {
+                Ok(engine) => engine,
+                Err(e) => {
+                    self.engine.give_up(e.to_string());
+                    return Ok(None);
+                }
+            };
+            let after = match engine.complete(&before) {
+                Ok(tcg::Completed::Retired(after)) if CpuMode::from_sregs(&after.sregs).cpl == 3 => after,
+                Ok(_) => return Ok(None),
+                Err(e) => {
+                    tracing::debug!("{e}: KVM runs the return to user mode");
+                    return Ok(None);
+                }
+            };
+            // The guest's TF, popped by IRET or restored from R11 by SYSRET: emon takes its traps in
+            // user mode (`traced_user_step`).
+            self.step.user_tf = after.regs.rflags & RFLAGS_TF != 0;
+            tcg::write_back(cx.vcpu, &before, &after)?;
+            if i.special == Special::Iret {
+                // IRET ends NMI blocking (SDM Vol. 3A 6.7.1).
+                cx.vcpu.end_nmi_blocking()?;
+            }
+            self.stats.returns_completed += 1;
+            self.retire_one(cx, p, (i, p.rip, p.cpl), after.regs.rip, true)?;
+            Ok(Some(Next::Retired))
         }
 
         /// User code with RFLAGS.TF set, where it runs in the engine (KVM neither steps it nor

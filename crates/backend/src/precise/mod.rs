@@ -110,6 +110,8 @@ pub struct Stats {
     pub user_events: u64,
     /// Single-step traps (RFLAGS.TF) emon took after user-mode instructions.
     pub single_step_traps: u64,
+    /// Returns to user mode (SYSRET, IRET) the engine completed where KVM was to step them.
+    pub returns_completed: u64,
     /// RDTSC, RDTSCP and RDMSR(IA32_TSC) answered from the modelled guest time.
     pub tsc_reads: u64,
     /// RDTSC, RDTSCP or RDMSR that retired in counted code without their own single-step trap,

@@ -156,9 +156,11 @@ impl Precise {
             if self.retire_lost_traps(cx, &mode, &p, &i, pc)? {
                 return Ok(());
             }
-            if i.special == Special::Iret && p.iret_to_user {
-                // The IRET went to user mode and the step came back only somewhere the user code
-                // led to: it ran unseen (README, "User mode (CPL3)").
+            let to_user = (i.special == Special::Iret && p.iret_to_user)
+                || (i.special == Special::Sysret && self.user_in_engine());
+            if to_user {
+                // The IRET or SYSRET went to user mode and the step came back only somewhere the
+                // user code led to: it ran unseen (README, "User mode (CPL3)").
                 self.stats.cpl3_lost += 1;
             }
         }

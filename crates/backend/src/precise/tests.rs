@@ -712,6 +712,49 @@ fn user_code_with_tf_set_traps_after_each_instruction() {
     assert!(r.precise.stats.user_to_kvm.is_empty(), "nothing went to KVM");
 }
 
+/// Where user mode runs in the engine, a return to user mode (IRETQ to CPL3, SYSRETQ) that KVM
+/// was to step, because the engine does not run the counted kernel code (here a counter with an
+/// edge-detected CMASK), is completed by the engine: KVM would run the user code after it, which
+/// such a host cannot step (a SYSCALL there lands at IA32_LSTAR still at CPL3). It retires once,
+/// counted; the vCPU is at the user instruction with the user's segments (SDM Vol. 2A IRET, Vol.
+/// 2B SYSRET).
+#[cfg(feature = "tcg")]
+#[test]
+fn a_return_to_user_mode_that_kvm_was_to_step_is_completed_by_the_engine() {
+    // iretq; nop (the user code) / sysretq; nop
+    for code in [&[0x48, 0xCF, NOP][..], &[0x48, 0x0F, 0x07, NOP][..]] {
+        let mut r = user_rig(code, TIMER, Precise::with_engine(Engine::Tcg).with_user_in_engine(true));
+        let user = CODE + code.len() as u64 - 1;
+        r.vcpu.mode.cpl = 0;
+        r.vcpu.sregs.cs =
+            kvm_bindings::kvm_segment { selector: 0x08, l: 1, s: 1, type_: 11, present: 1, ..Default::default() };
+        r.vcpu.sregs.ss = kvm_bindings::kvm_segment { selector: 0, unusable: 1, ..Default::default() };
+        // The IRETQ frame: RIP, CS, RFLAGS, RSP, SS.
+        r.vcpu.regs.rsp = STACK - 40;
+        for (k, v) in [user, 0x33, 0x202, STACK, 0x2B].into_iter().enumerate() {
+            r.vcpu.mem.write_obj(v, GuestAddress(STACK - 40 + 8 * k as u64)).unwrap();
+        }
+        // SYSRETQ: RIP from RCX, RFLAGS from R11, CS and SS from IA32_STAR[63:48] (0x23) + 16 and + 8.
+        (r.vcpu.regs.rcx, r.vcpu.regs.r11) = (user, 0x202);
+        r.vcpu.msrs.insert(emon_x86::arch::IA32_STAR, 0x0023_0010 << 32);
+        r.vcpu.sregs.efer |= 1; // SCE
+        r.vcpu.mode.efer = r.vcpu.sregs.efer;
+        // INST_RETIRED.ANY_P at any CPL, with edge detect and CMASK 1: the engine does not run it.
+        r.wrmsr(msr::IA32_PERFEVTSEL0, 0x0147_00C0);
+        r.wrmsr(msr::IA32_PERF_GLOBAL_CTRL, 1);
+        assert_eq!(r.before(true), Next::Retired, "{code:x?}: completed by emon, not stepped in KVM");
+        assert_eq!(
+            (r.vcpu.regs.rip, r.vcpu.sregs.cs.selector, r.vcpu.sregs.ss.selector),
+            (user, 0x33, 0x2B),
+            "{code:x?}"
+        );
+        assert_eq!(r.vcpu.regs.rflags & 0x200, 0x200, "{code:x?}: RFLAGS from the frame or R11");
+        assert_eq!(r.precise.stats.returns_completed, 1, "{code:x?}");
+        assert_eq!(r.pmc(0), 1, "{code:x?}: the return retired once");
+        assert!(r.precise.stats.user_to_kvm.is_empty(), "{code:x?}");
+    }
+}
+
 /// On a host where user mode runs in the engine, a user-mode instruction neither the engine nor
 /// emon runs goes to KVM, which cannot step it there: the run says so, NOT EXACT, by mnemonic,
 /// whatever the code; an invalid opcode raises #UD without going to KVM.

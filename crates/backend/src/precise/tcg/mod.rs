@@ -408,7 +408,9 @@ impl Tcg {
             return Ok(Completed::Fault { vector: u32::from(emon_x86::arch::UD_VECTOR) });
         }
         let all = Needs { fpu: state.fpu.is_some(), msrs: state.msrs.is_some() };
-        let after = state::collect(&mut self.uc, &self.mem, state, pc, (all, i.code() == Code::Iretq))?;
+        // IRETQ and SYSRETQ load segments: written back.
+        let moved = matches!(i.code(), Code::Iretq | Code::Sysretq);
+        let after = state::collect(&mut self.uc, &self.mem, state, pc, (all, moved))?;
         Ok(if facts.retired_at(rip, pc) { Completed::Retired(after) } else { Completed::Iteration(after) })
     }
 
