@@ -42,6 +42,17 @@ impl EngineSlot {
         self.kind
     }
 
+    /// The TCG engine over `mem`, made the first time it is needed; `None` if it cannot be made,
+    /// and then it is given up.
+    #[cfg(feature = "tcg")]
+    fn tcg_engine(&mut self, mem: &vm_memory::GuestMemoryMmap) -> Option<&mut super::tcg::Tcg> {
+        if let Err(e) = self.tcg.engine.get(mem) {
+            self.give_up(e.to_string());
+            return None;
+        }
+        self.tcg.engine.get(mem).ok()
+    }
+
     /// The engine failed: every count from here on comes from single-stepping, and the run
     /// summary says why.
     #[cfg(feature = "tcg")]
@@ -374,13 +385,7 @@ mod fast_forward {
                 return Ok(None);
             }
             let before = tcg::state_of(cx.vcpu, Needs { fpu: false, msrs: i.special == Special::Sysret })?;
-            let engine = match self.engine.tcg.engine.get(cx.vcpu.memory()) {
-                Ok(engine) => engine,
-                Err(e) => {
-                    self.engine.give_up(e.to_string());
-                    return Ok(None);
-                }
-            };
+            let Some(engine) = self.engine.tcg_engine(cx.vcpu.memory()) else { return Ok(None) };
             let after = match engine.complete(&before) {
                 Ok(tcg::Completed::Retired(after)) if CpuMode::from_sregs(&after.sregs).cpl == 3 => after,
                 Ok(_) => return Ok(None),
@@ -435,13 +440,7 @@ mod fast_forward {
                 }
             };
             let before = tcg::state_of(cx.vcpu, needs)?;
-            let engine = match self.engine.tcg.engine.get(cx.vcpu.memory()) {
-                Ok(engine) => engine,
-                Err(e) => {
-                    self.engine.give_up(e.to_string());
-                    return Ok(None);
-                }
-            };
+            let Some(engine) = self.engine.tcg_engine(cx.vcpu.memory()) else { return Ok(None) };
             // TF set: TCG stops after the instruction, or after one iteration of a REP string
             // instruction; the trap is emon's.
             let done = match engine.complete(&before) {
@@ -535,8 +534,7 @@ mod fast_forward {
         /// with more state loaded, when the code needs it): the state it started from and the
         /// run; `None` if the engine failed (and was given up).
         fn engine_run(&mut self, cx: &mut Cx, mode: &CpuMode) -> Result<Option<(CpuState, tcg::Run)>, BackendError> {
-            if let Err(e) = self.engine.tcg.engine.get(cx.vcpu.memory()) {
-                self.engine.give_up(e.to_string());
+            if self.engine.tcg_engine(cx.vcpu.memory()).is_none() {
                 return Ok(None);
             }
             // The guest's own single-stepping (RFLAGS.TF) and breakpoints (DR7) are KVM's to
