@@ -384,7 +384,7 @@ impl fmt::Display for HostReport {
                 writeln!(f, "  single-stepping: {step} (README, \"Registers between exits\")")?;
                 let syscall = match syscall {
                     Ok(true) => "enters the kernel (measured): user mode runs in KVM while nothing counts".into(),
-                    Ok(false) => "stays at CPL3 at IA32_LSTAR (measured): the precise backend runs user mode in the TCG engine, completes SYSCALL and INT n itself, delivers user-mode faults and the interrupts due at user-mode boundaries, and the guest is not told of AVX and the other instruction sets the engine lacks; a user-mode instruction it cannot run goes to KVM, which cannot step it here, and the run summary says NOT EXACT; emon takes user code's own single-step traps (RFLAGS.TF); user code with the guest's DR7 breakpoints armed runs in KVM, where they do not fire and SYSCALL does not enter the kernel, and the run summary says NOT AS ON SILICON".into(),
+                    Ok(false) => "stays at CPL3 at IA32_LSTAR (measured): the precise backend runs user mode in the TCG engine, completes SYSCALL and INT n itself, delivers user-mode faults and the interrupts due at user-mode boundaries, and the guest is not told of AVX and the other instruction sets the engine lacks; a user-mode instruction it cannot run goes to KVM, which cannot step it here, and the run summary says NOT EXACT; emon takes user code's own single-step traps (RFLAGS.TF) and makes the guest's breakpoints (DR0-DR3) fire".into(),
                     Err(e) => format!("unknown ({e})"),
                 };
                 writeln!(f, "  SYSCALL from CPL3: {syscall} (README, \"User mode (CPL3)\")")?;

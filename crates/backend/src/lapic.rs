@@ -72,19 +72,22 @@ pub fn pic_output(irr: u8, imr: u8, isr: u8, priority_add: u8, master_fully_nest
 /// from the IRR to the ISR (SDM Vol. 3A 11.8.3, 11.8.3.1). `None` when none qualifies, or the
 /// APIC is software-disabled.
 pub fn accept_interrupt(page: &mut [u8]) -> Option<u8> {
+    let v = deliverable(page)?;
+    let (word, bit) = (usize::from(v) / 32 * 16, v % 32);
+    set_reg(page, IRR + word, reg(page, IRR + word) & !(1 << bit));
+    set_reg(page, ISR + word, reg(page, ISR + word) | 1 << bit);
+    Some(v)
+}
+
+/// The vector [`accept_interrupt`] would accept, left in the IRR.
+pub fn deliverable(page: &[u8]) -> Option<u8> {
     if reg(page, SVR) & SVR_APIC_ENABLED == 0 {
         return None;
     }
     let v = highest(page, IRR)?;
     let tpr_class = reg(page, TPR) & 0xF0;
     let isr_class = highest(page, ISR).map_or(0, |i| u32::from(i) & 0xF0);
-    if u32::from(v) & 0xF0 <= tpr_class.max(isr_class) {
-        return None;
-    }
-    let (word, bit) = (usize::from(v) / 32 * 16, v % 32);
-    set_reg(page, IRR + word, reg(page, IRR + word) & !(1 << bit));
-    set_reg(page, ISR + word, reg(page, ISR + word) | 1 << bit);
-    Some(v)
+    (u32::from(v) & 0xF0 > tpr_class.max(isr_class)).then_some(v)
 }
 
 /// Makes a register page read with KVM_GET_LAPIC safe to write back with KVM_SET_LAPIC, which

@@ -31,7 +31,8 @@ pub struct Script {
     pub queued_event: Option<crate::DueEvent>,
     /// How many times the backend had the guest's cached translations dropped.
     pub tlb_flushes: u32,
-    /// The guest's DR6 and DR7.
+    /// The guest's DR0-DR3, DR6 and DR7.
+    pub dr: [u64; 4],
     pub dr6: u64,
     pub dr7: u64,
     /// Other MSRs the guest has set (the SYSCALL MSRs), read back as set; 0 where unset.
@@ -70,11 +71,11 @@ impl Vcpu for Script {
     fn end_interrupt_shadow(&mut self) -> Result<(), VcpuError> {
         Ok(())
     }
-    fn guest_dr7(&mut self) -> Result<u64, VcpuError> {
-        Ok(self.dr7)
+    fn guest_breakpoints(&mut self) -> Result<emon_x86::debug::Breakpoints, VcpuError> {
+        Ok(emon_x86::debug::Breakpoints { addr: self.dr, dr7: self.dr7 })
     }
-    fn set_single_step_status(&mut self) -> Result<(), VcpuError> {
-        self.dr6 |= emon_x86::arch::DR6_BS;
+    fn add_debug_status(&mut self, status: u64) -> Result<(), VcpuError> {
+        self.dr6 |= status;
         Ok(())
     }
     fn flush_tlb(&mut self) -> Result<(), VcpuError> {
@@ -150,6 +151,7 @@ impl Script {
             due_events: Default::default(),
             event_probes: 0,
             queued_event: None,
+            dr: [0; 4],
             dr6: 0xFFFF_0FF0,
             dr7: 0x400,
             tlb_flushes: 0,

@@ -67,12 +67,13 @@ pub trait Vcpu {
     fn cpuid_entries(&mut self) -> Result<Vec<kvm_bindings::kvm_cpuid_entry2>, VcpuError> {
         Ok(Vec::new())
     }
-    /// The guest's own DR7 (its breakpoints, which only KVM makes fire).
-    fn guest_dr7(&mut self) -> Result<u64, VcpuError> {
-        Ok(0)
+    /// The guest's own breakpoints: DR0-DR3 and DR7.
+    fn guest_breakpoints(&mut self) -> Result<emon_x86::debug::Breakpoints, VcpuError> {
+        Ok(Default::default())
     }
-    /// Sets DR6.BS, as a single-step trap does (SDM Vol. 3B 17.2.3).
-    fn set_single_step_status(&mut self) -> Result<(), VcpuError>;
+    /// Sets the DR6 bits `status` as a debug exception does (SDM Vol. 3B 17.2.3): BS for a
+    /// single-step trap, Bn for breakpoint n met. The others stay as they were.
+    fn add_debug_status(&mut self, status: u64) -> Result<(), VcpuError>;
     /// Takes the interrupt or NMI due at this instruction boundary as the CPU takes one to
     /// deliver it (an interrupt goes in service in the local APIC; an NMI's blocking begins),
     /// without running a guest instruction: which one, if any. The caller delivers it, or hands

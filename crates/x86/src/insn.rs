@@ -47,6 +47,8 @@ pub enum Special {
     Iret,
     /// POPF may set RFLAGS.TF: the guest then single-steps itself.
     Popf,
+    /// PUSHF pushes RFLAGS, TF included: one KVM single-steps pushes the TF of KVM's step.
+    Pushf,
     /// RDTSC, RDTSCP and RDMSR read the time-stamp counter, which runs with the cost model while
     /// emon counts (README, "Guest time"): emon emulates them (RDMSR only of IA32_TSC).
     Rdtsc,
@@ -216,6 +218,7 @@ pub fn of(i: &Instruction) -> Insn {
         Rdpmc => Special::Rdpmc,
         Iret | Iretd | Iretq => Special::Iret,
         Popf | Popfd | Popfq => Special::Popf,
+        Pushf | Pushfd | Pushfq => Special::Pushf,
         Rdtsc => Special::Rdtsc,
         Rdtscp => Special::Rdtscp,
         Rdmsr => Special::Rdmsr,

@@ -8,8 +8,10 @@
 //! - [`access`]: the data accesses of an instruction (linear address, size, read/write/flush)
 //!   from the registers before it executes, for the precise backend's cache model.
 //! - [`fpu`]: the x87/MMX/SSE state as FXSAVE and XSAVE lay it out.
+//! - [`debug`]: the guest's own breakpoints (DR0-DR3, DR7), which an instruction meets.
 pub mod access;
 pub mod arch;
+pub mod debug;
 pub mod deliver;
 pub mod fpu;
 pub mod insn;

@@ -1,4 +1,4 @@
-//! User mode (CPL3): a known user-mode function counted with USR-only, OS-only and both on GP and fixed counters, an overflow PMI taken from user mode with zero skid, SYSCALL/SYSRETQ round trips, a local-APIC timer interrupt taken in a long user-mode loop and one held while the kernel had IF clear (taken before the first user instruction), INT n / INT3 round trips, and a straight-line user run ending in each kind of exception (#GP, #UD, #DE, #PF, #BP), each counted exactly at each level and each with an overflow PMI taken in its run.
+//! User mode (CPL3): a known user-mode function counted with USR-only, OS-only and both on GP and fixed counters, an overflow PMI taken from user mode with zero skid, SYSCALL/SYSRETQ round trips, a local-APIC timer interrupt taken in a long user-mode loop and one held while the kernel had IF clear (taken before the first user instruction), INT n / INT3 round trips, the guest's own single-stepping and breakpoints (DR0-DR3) in user mode, and a straight-line user run ending in each kind of exception (#GP, #UD, #DE, #PF, #BP), each counted exactly at each level and each with an overflow PMI taken in its run.
 #![no_std]
 #![no_main]
 
@@ -152,6 +152,81 @@ global_asm!(
     buf = sym TRACED_BUF,
 );
 
+/// A user run under the guest's own breakpoints (SDM Vol. 3B 17.2.4, 17.3.1): DR0 an
+/// instruction breakpoint on `user_bp_exec`, DR1 a 4-byte write breakpoint on BP_WORD, DR2 an
+/// 8-byte read/write breakpoint on BP_QUAD, DR3 a 1-byte write breakpoint on BP_BYTES[2]. Four
+/// #DBs: before `user_bp_exec` (a fault: the handler sets RF in the frame so that it runs once),
+/// after the store to BP_WORD (its load does not meet the write breakpoint), after the load
+/// from BP_QUAD + 4, and after the third iteration of `rep stosb` (its frame at the REP, RCX 1).
+/// Then HLT's #GP. USR counts the BP_INSNS retired instructions, the REP once.
+const BP_INSNS: u64 = 9;
+#[repr(align(8))]
+struct Watched([u8; 8]);
+static mut BP_WORD: Watched = Watched([0; 8]);
+static mut BP_QUAD: Watched = Watched([0; 8]);
+static mut BP_BYTES: Watched = Watched([0; 8]);
+/// DR7: L0 (R/W0 00, LEN0 00: execution), L1 (R/W1 01: writes, LEN1 11: 4 bytes), L2 (R/W2 11:
+/// reads and writes, LEN2 10: 8 bytes), L3 (R/W3 01, LEN3 00: 1 byte), and bit 10, which reads 1.
+const BP_DR7: u64 = 1 | 1 << 2 | 1 << 4 | 1 << 6 | 1 << 10 | 0b1101 << 20 | 0b1011 << 24 | 0b0001 << 28;
+/// Per #DB taken (up to 8): its frame's RIP, DR6.B0-B3 and RCX.
+static BP_SEEN: [[AtomicU64; 3]; 8] = [const { [const { AtomicU64::new(0) }; 3] }; 8];
+static BP_TRAPS: AtomicU64 = AtomicU64::new(0);
+
+global_asm!(
+    ".global user_bp",
+    "user_bp:",
+    "nop",
+    ".global user_bp_exec",
+    "user_bp_exec:",
+    "mov eax, 7",
+    "mov dword ptr [rip + {word}], eax",
+    ".global user_bp_after_write",
+    "user_bp_after_write:",
+    "mov ebx, dword ptr [rip + {word}]",
+    "mov ecx, dword ptr [rip + {quad} + 4]",
+    ".global user_bp_after_read",
+    "user_bp_after_read:",
+    "lea rdi, [rip + {bytes}]",
+    "mov ecx, 4",
+    "mov al, 0x11",
+    ".global user_bp_rep",
+    "user_bp_rep:",
+    "rep stosb",
+    "hlt", // #GP at CPL3: back to the kernel
+    word = sym BP_WORD,
+    quad = sym BP_QUAD,
+    bytes = sym BP_BYTES,
+);
+
+/// The breakpoints' #DB: notes where it came from and which breakpoints DR6 names (clearing
+/// them, as the CPU never does), and resumes past an instruction breakpoint with RF.
+fn on_bp(regs: &mut Regs) {
+    let n = BP_TRAPS.fetch_add(1, SeqCst) as usize;
+    let dr6: u64;
+    // SAFETY: DR6 at CPL0.
+    unsafe { core::arch::asm!("mov {}, dr6", "mov dr6, {}", out(reg) dr6, in(reg) 0xFFFF_0FF0u64) };
+    if let Some(seen) = BP_SEEN.get(n) {
+        seen[0].store(regs.rip, SeqCst);
+        seen[1].store(dr6 & 0xF, SeqCst);
+        seen[2].store(regs.rcx, SeqCst);
+    }
+    if dr6 & 1 != 0 {
+        // An instruction breakpoint is a fault: RF lets the instruction run (SDM Vol. 3B 17.3.1.1).
+        regs.rflags |= 1 << 16;
+    }
+}
+
+/// Sets DR0-DR3 and DR7.
+fn set_breakpoints(addr: [u64; 4], dr7: u64) {
+    // SAFETY: the debug registers at CPL0; the breakpoints are the test's own.
+    unsafe {
+        core::arch::asm!(
+            "mov dr0, {}", "mov dr1, {}", "mov dr2, {}", "mov dr3, {}", "mov dr7, {}",
+            in(reg) addr[0], in(reg) addr[1], in(reg) addr[2], in(reg) addr[3], in(reg) dr7,
+        )
+    };
+}
+
 /// The single-step #DB: counts it, from user mode, with DR6.BS (SDM Vol. 3B 17.2.3), which it
 /// clears (the CPU never does).
 fn on_db(regs: &mut Regs) {
@@ -171,6 +246,11 @@ fn on_db(regs: &mut Regs) {
 extern "C" {
     fn user_traced();
     fn user_traced_end();
+    fn user_bp();
+    fn user_bp_exec();
+    fn user_bp_after_write();
+    fn user_bp_after_read();
+    fn user_bp_rep();
     fn exit_gp();
     fn exit_ud();
     fn exit_de();
@@ -485,6 +565,39 @@ fn main(_boot: &emon_guest::BootInfo) -> i32 {
         "traced run: REP STOSB stored its three bytes and no more"
     );
     check_usr_os(used, TRACED_INSNS, "traced run", "the run's retired user instructions, the REP once");
+
+    // The guest's own breakpoints in user mode: each #DB where the CPU raises it, with DR6.Bn.
+    idt::set_handler(1, on_bp);
+    let addr = |p: *const Watched| p as u64;
+    set_breakpoints(
+        [
+            user_bp_exec as *const () as u64,
+            addr(&raw const BP_WORD),
+            addr(&raw const BP_QUAD),
+            addr(&raw const BP_BYTES) + 2,
+        ],
+        BP_DR7,
+    );
+    let used = count_usr_os(&pmu);
+    let v = user::run_user(user_bp, 0);
+    set_breakpoints([0; 4], 0x400);
+    check_eq!(v, 13u8, "breakpoint run: back from user mode through HLT's #GP");
+    check_eq!(BP_TRAPS.load(SeqCst), 4u64, "breakpoint run: four #DBs (the instruction breakpoint once)");
+    let expected = [
+        (user_bp_exec as *const () as u64, 0b0001, "before the instruction breakpoint's instruction (DR0)"),
+        (user_bp_after_write as *const () as u64, 0b0010, "after the store to the write breakpoint (DR1)"),
+        (user_bp_after_read as *const () as u64, 0b0100, "after the load in the read/write breakpoint (DR2)"),
+        (user_bp_rep as *const () as u64, 0b1000, "after the REP STOSB iteration that wrote DR3's byte"),
+    ];
+    for (k, (rip, b, what)) in expected.into_iter().enumerate() {
+        check_eq!(BP_SEEN[k][0].load(SeqCst), rip, "breakpoint #DB {k}: frame RIP {what}");
+        check_eq!(BP_SEEN[k][1].load(SeqCst), b, "breakpoint #DB {k}: DR6.B0-B3 {what}");
+    }
+    check_eq!(BP_SEEN[3][2].load(SeqCst), 1u64, "breakpoint #DB 3: RCX 1, one iteration left");
+    // SAFETY: user mode has finished with the bytes.
+    let bytes = unsafe { core::ptr::read_volatile(&raw const BP_BYTES) };
+    check_eq!(u64::from_le_bytes(bytes.0), 0x1111_1111u64, "breakpoint run: REP STOSB stored its four bytes");
+    check_usr_os(used, BP_INSNS, "breakpoint run", "the run's retired user instructions, the REP once");
 
     let e = user::run_user_caught(user_int_kernel, 0);
     check_eq!(e.map_or(0xFF, |e| e.vector), 13u8, "INT to a DPL0 gate from user mode raises #GP");

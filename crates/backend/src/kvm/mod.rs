@@ -382,13 +382,14 @@ impl Vcpu for KvmVcpu<'_> {
         self.cpu.queue_event(event)
     }
 
-    fn guest_dr7(&mut self) -> Result<u64, VcpuError> {
-        Ok(self.cpu.fd.get_debug_regs().map_err(VcpuError::op("KVM_GET_DEBUGREGS"))?.dr7)
+    fn guest_breakpoints(&mut self) -> Result<emon_x86::debug::Breakpoints, VcpuError> {
+        let d = self.cpu.fd.get_debug_regs().map_err(VcpuError::op("KVM_GET_DEBUGREGS"))?;
+        Ok(emon_x86::debug::Breakpoints { addr: d.db, dr7: d.dr7 })
     }
 
-    fn set_single_step_status(&mut self) -> Result<(), VcpuError> {
+    fn add_debug_status(&mut self, status: u64) -> Result<(), VcpuError> {
         let mut d = self.cpu.fd.get_debug_regs().map_err(VcpuError::op("KVM_GET_DEBUGREGS"))?;
-        d.dr6 |= emon_x86::arch::DR6_BS;
+        d.dr6 |= status;
         self.cpu.fd.set_debug_regs(&d).map_err(VcpuError::op("KVM_SET_DEBUGREGS"))
     }
 

@@ -153,11 +153,11 @@ mod step_only {
 mod fast_forward {
     use super::super::stepper::Pending;
     use super::super::tcg::{self, Class, CpuState, Needs};
-    use super::super::{Precise, DR7_ENABLES, RFLAGS_TF};
+    use super::super::{Precise, RFLAGS_TF};
     use super::Engine;
     use crate::vcpu::DueEvent;
     use crate::{BackendError, Cx, Next};
-    use emon_x86::arch::{plain_error_code, DB_VECTOR, DE_VECTOR, GP_VECTOR, NMI_VECTOR, RFLAGS_IF, UD_VECTOR};
+    use emon_x86::arch::{plain_error_code, DE_VECTOR, GP_VECTOR, NMI_VECTOR, RFLAGS_IF, UD_VECTOR};
     use emon_x86::deliver::Event;
     use emon_x86::insn::{Insn, Special};
     use emon_x86::mode::CpuMode;
@@ -232,7 +232,7 @@ mod fast_forward {
             }
             let bytes = mode.fetch(cx.vcpu.memory(), rip);
             let first = iced_x86::Decoder::with_ip(64, &bytes, rip, iced_x86::DecoderOptions::NONE).decode();
-            if user && cx.vcpu.regs()?.rflags & RFLAGS_TF != 0 {
+            if user && (cx.vcpu.regs()?.rflags & RFLAGS_TF != 0 || self.emons_breakpoints(cx)?.is_some()) {
                 return self.traced_user_step(cx, &first, mode);
             }
             if !user && !self.counting && !self.cpl0_in_engine() && !self.returns_to_user(cx, &first, mode)? {
@@ -296,12 +296,15 @@ mod fast_forward {
             let now = Instant::now();
             let since = *slot.user_since.get_or_insert(now);
             let progressed = slot.user_retired >= USER_PROGRESS || slot.user_ran + (now - since) >= USER_RUN;
-            if slot.user_starved && !progressed {
+            let starved = slot.user_starved && !progressed;
+            if starved && !self.interrupt_raised_by_guest(cx)? {
+                let slot = &mut self.engine.tcg;
                 // The engine checks its budget before each block: a block's worth more, so that
                 // the run retires at least the first whatever its length.
                 slot.user_budget = Some(USER_PROGRESS - slot.user_retired + tcg::MAX_BLOCK);
                 return Ok(false);
             }
+            let slot = &mut self.engine.tcg;
             if slot.events_asked.is_some_and(|t| now - t < EVENT_CHECK) {
                 return Ok(false);
             }
@@ -340,6 +343,18 @@ mod fast_forward {
             Ok(true)
         }
 
+        /// Whether the local APIC holds a deliverable interrupt that is not its timer's: one the
+        /// guest raised itself (a self-IPI, such as the one Linux's irq_work sends) or a device's.
+        /// The wait for user-mode progress (`take_user_event`) is for the timer, whose ticks come
+        /// however long the kernel takes over them; any other interrupt is taken where the CPU
+        /// takes it.
+        fn interrupt_raised_by_guest(&mut self, cx: &mut Cx) -> Result<bool, BackendError> {
+            use crate::lapic;
+            let page = cx.vcpu.lapic()?;
+            let timer = lapic::reg(&page, lapic::LVT_TIMER) & 0xFF;
+            Ok(lapic::deliverable(&page).is_some_and(|v| u32::from(v) != timer))
+        }
+
         /// Kernel code that emon runs (in the engine, or completing an instruction such as RDTSC
         /// itself) with no KVM entry for [`EVENT_CHECK`], or a REP string instruction at CPL0
         /// stopped mid-way for KVM's turn: KVM is asked for the event due, without entering the
@@ -362,6 +377,14 @@ mod fast_forward {
             cx.vcpu.queue_event(due)?;
             self.step.expect_event = true;
             Ok(true)
+        }
+
+        /// User mode as after an event that came before it made progress (unit tests).
+        #[cfg(test)]
+        pub(in super::super) fn starve_user_mode(&mut self) {
+            let slot = &mut self.engine.tcg;
+            slot.user_starved = true;
+            (slot.user_since, slot.user_ran, slot.user_retired, slot.events_asked) = (None, Duration::ZERO, 0, None);
         }
 
         /// The next engine run takes at most `n` instructions and REP iterations (unit tests).
@@ -407,12 +430,15 @@ mod fast_forward {
             Ok(Some(Next::Retired))
         }
 
-        /// User code with RFLAGS.TF set, where it runs in the engine (KVM neither steps it nor
-        /// makes its traps here): emon runs the one instruction (completing it as it completes
-        /// others, or alone in the engine), then takes the single-step trap the CPU takes after it
-        /// (SDM Vol. 3B 17.3.1.4): DR6.BS, and #DB with the frame at the next boundary, TF still
-        /// set in its RFLAGS. A REP string instruction traps after each iteration. One that leaves
-        /// user mode (SYSCALL, whose IA32_FMASK clears TF; INT n; a fault) takes no trap there.
+        /// User code with RFLAGS.TF set, or with breakpoints armed, where it runs in the engine
+        /// (KVM neither steps it nor makes its traps here): emon runs the one instruction
+        /// (completing it as it completes others, or alone in the engine), then takes the trap
+        /// the CPU takes after it (`debug_trap`): the single-step trap (SDM Vol. 3B 17.3.1.4),
+        /// DR6.BS and #DB with the frame at the next boundary, TF still set in its RFLAGS; and
+        /// DR6.Bn for the data breakpoints it met. An instruction breakpoint faults before it
+        /// (`instruction_breakpoint`). A REP string instruction traps after each iteration. One
+        /// that leaves user mode (SYSCALL, whose IA32_FMASK clears TF; INT n; a fault) takes no
+        /// single-step trap there.
         fn traced_user_step(
             &mut self,
             cx: &mut Cx,
@@ -420,7 +446,13 @@ mod fast_forward {
             mode: &CpuMode,
         ) -> Result<Option<Next>, BackendError> {
             let rip = first.ip();
-            let Some(i) = self.decode(cx, mode, rip) else { return Ok(None) };
+            // An instruction breakpoint comes before a fault fetching the instruction (SDM Vol.
+            // 3A 6.9, priority 5), which is raised as when untraced.
+            if self.instruction_breakpoint(cx, rip)? {
+                return Ok(Some(Next::Retired));
+            }
+            let Some(i) = self.decode(cx, mode, rip) else { return self.user_mode_handover(cx, first, mode, None) };
+            let watched = self.watched_accesses(cx, mode, rip)?;
             let p = self.pending_at(rip, mode.cpl);
             let needs = match tcg::classify(first, &mut iced_x86::InstructionInfoFactory::new()) {
                 Class::Runs(needs) => needs,
@@ -434,7 +466,7 @@ mod fast_forward {
                     let mut p = p;
                     let Some(next) = self.emulate(cx, &mut p, &i, mode)? else { return Ok(None) };
                     if next == Next::Retired {
-                        self.single_step_trap(cx)?;
+                        self.debug_trap(cx, &watched, true)?;
                     }
                     return Ok(Some(next));
                 }
@@ -442,16 +474,24 @@ mod fast_forward {
             let before = tcg::state_of(cx.vcpu, needs)?;
             let Some(engine) = self.engine.tcg_engine(cx.vcpu.memory()) else { return Ok(None) };
             // TF set: TCG stops after the instruction, or after one iteration of a REP string
-            // instruction; the trap is emon's.
-            let done = match engine.complete(&before) {
+            // instruction; the trap is emon's. A REP string instruction under a data breakpoint
+            // runs one iteration at a time too (it traps after the iteration that met it).
+            let mut run = before.clone();
+            if first.is_string_instruction() && !watched.is_empty() {
+                run.regs.rflags |= RFLAGS_TF;
+            }
+            let done = match engine.complete(&run) {
                 Ok(done) => done,
                 Err(e) => {
                     tracing::debug!("{e}: KVM runs the traced user instruction");
                     return Ok(None);
                 }
             };
+            // The guest's TF as before (TCG may clear it after its trap, or keep the one set for
+            // an iteration).
+            let tf = before.regs.rflags & RFLAGS_TF;
             let with_tf = |mut s: tcg::CpuState| {
-                s.regs.rflags |= RFLAGS_TF;
+                s.regs.rflags = s.regs.rflags & !RFLAGS_TF | tf;
                 s
             };
             match done {
@@ -467,35 +507,8 @@ mod fast_forward {
                     return self.user_mode_handover(cx, first, mode, None);
                 }
             }
-            self.single_step_trap(cx)?;
+            self.debug_trap(cx, &watched, true)?;
             Ok(Some(Next::Retired))
-        }
-
-        /// The single-step trap after an instruction that began in user mode with TF set, if the
-        /// vCPU is still there with TF set: DR6.BS, and #DB delivered through the IDT, the frame
-        /// at the next instruction boundary.
-        fn single_step_trap(&mut self, cx: &mut Cx) -> Result<(), BackendError> {
-            self.step.mode = None;
-            let mode = self.mode(cx)?;
-            let from = cx.vcpu.regs()?;
-            if mode.cpl != 3 || from.rflags & RFLAGS_TF == 0 {
-                return Ok(());
-            }
-            cx.vcpu.set_single_step_status()?;
-            self.stats.single_step_traps += 1;
-            self.step.user_tf = false;
-            match self.deliver_event(cx, &mode, DB_VECTOR, Event::External)? {
-                Ok(handler) => {
-                    self.step.rip = Some(handler);
-                    self.take_event_branch(cx, from.rip, handler, mode.cpl)?;
-                }
-                Err(why) => {
-                    tracing::debug!(?why, "KVM delivers the single-step #DB");
-                    cx.vcpu.inject_exception(DB_VECTOR, None)?;
-                    self.step.expect_event = true;
-                }
-            }
-            Ok(())
         }
 
         /// Whether `i`, at CPL0, is IRETQ to user mode or SYSRETQ.
@@ -530,6 +543,33 @@ mod fast_forward {
                 && !(pebs && mode.cpl != 0)
         }
 
+        /// What an engine run must honour of the guest's breakpoints (DR7), or `None` where it
+        /// may not run while they are armed. Where they are KVM's (user mode not in the engine),
+        /// the engine stands aside. Where they are emon's, a run stops before each instruction
+        /// breakpoint; with a data breakpoint armed, user code goes an instruction at a time
+        /// (`traced_user_step`, which knows each one's accesses), and kernel code runs only where
+        /// it reaches user memory with RFLAGS.AC set alone (SMAP on, every data breakpoint in user
+        /// memory, AC clear now): the run stops where AC may be set, and that code is stepped.
+        fn watch(&mut self, cx: &mut Cx, mode: &CpuMode) -> Result<Option<tcg::Watch>, BackendError> {
+            use emon_x86::debug::{CR4_SMAP, RFLAGS_AC};
+            let b = self.guest_breakpoints(cx)?;
+            if !b.armed() {
+                return Ok(Some(tcg::Watch::default()));
+            }
+            if !self.user_in_engine() {
+                return Ok(None);
+            }
+            if b.watches_data()
+                && (mode.cpl == 3
+                    || mode.cr4 & CR4_SMAP == 0
+                    || !b.data_in_lower_half()
+                    || cx.vcpu.regs()?.rflags & RFLAGS_AC != 0)
+            {
+                return Ok(None);
+            }
+            Ok(Some(tcg::Watch { exec: b.instruction_addresses(), user_data: b.watches_data() }))
+        }
+
         /// One engine run from the vCPU's state, counting for the armed counters (and again,
         /// with more state loaded, when the code needs it): the state it started from and the
         /// run; `None` if the engine failed (and was given up).
@@ -537,14 +577,7 @@ mod fast_forward {
             if self.engine.tcg_engine(cx.vcpu.memory()).is_none() {
                 return Ok(None);
             }
-            // The guest's own single-stepping (RFLAGS.TF) and breakpoints (DR7) are KVM's to
-            // make fire: the engine stands aside while they are on.
-            if self.step.guest_breakpoints.is_none() {
-                self.step.guest_breakpoints = Some(cx.vcpu.guest_dr7()? & DR7_ENABLES != 0);
-            }
-            if self.step.guest_breakpoints == Some(true) {
-                return Ok(None);
-            }
+            let Some(watch) = self.watch(cx, mode)? else { return Ok(None) };
             let armed: Vec<_> =
                 self.counters.armed.iter().map(|a| (*a, cx.pmu.events_before_attention(a.id))).collect();
             loop {
@@ -568,6 +601,7 @@ mod fast_forward {
                     cache: self.feed.lend(),
                     deadline,
                     lbr: self.branches.tail(cx.pmu),
+                    watch: watch.clone(),
                 };
                 let engine = self.engine.tcg.engine.get(cx.vcpu.memory()).expect("made above");
                 let run = match engine.run(&state, *mode, counting) {

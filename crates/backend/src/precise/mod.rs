@@ -28,6 +28,7 @@ mod decode_cache;
 mod emulate;
 mod engine;
 pub mod events;
+mod guest_debug;
 mod prefetch;
 mod stepper;
 #[cfg(feature = "tcg")]
@@ -64,8 +65,7 @@ pub struct Options {
 }
 
 use emon_x86::arch::RFLAGS_TF;
-/// DR7's local and global enables of breakpoints 0-3 (SDM Vol. 3B 17.2.4).
-const DR7_ENABLES: u64 = 0xFF;
+use emon_x86::debug::Breakpoints;
 
 /// What the backend did, for the run summary.
 #[derive(Debug, Default, Clone)]
@@ -84,7 +84,7 @@ pub struct Stats {
     /// user mode runs in the engine because KVM cannot step it, by mnemonic.
     pub user_to_kvm: std::collections::BTreeMap<String, u64>,
     /// Times KVM was left to run free, on a host where user mode runs in the engine, because the
-    /// guest debugs its own code (RFLAGS.TF, DR7 breakpoints), which only KVM makes trap.
+    /// guest single-steps its kernel code (RFLAGS.TF at CPL0), which only KVM makes trap.
     pub debugged_in_kvm: u64,
     /// TCG engine runs, and the counted instructions they retired.
     pub engine_runs: u64,
@@ -110,6 +110,11 @@ pub struct Stats {
     pub user_events: u64,
     /// Single-step traps (RFLAGS.TF) emon took after user-mode instructions.
     pub single_step_traps: u64,
+    /// The guest's own breakpoints (DR0-DR3) that fired where emon ran or stepped the code.
+    pub breakpoints_fired: u64,
+    /// Instructions that ran with a data breakpoint armed whose accesses emon could not list
+    /// before they ran (XSAVE and its kin, gathers): a breakpoint they met did not fire.
+    pub breakpoints_unchecked: std::collections::BTreeMap<String, u64>,
     /// Returns to user mode (SYSRET, IRET) the engine completed where KVM was to step them.
     pub returns_completed: u64,
     /// RDTSC, RDTSCP and RDMSR(IA32_TSC) answered from the modelled guest time.
@@ -294,12 +299,35 @@ impl Precise {
 
     /// Whether the guest single-steps itself (RFLAGS.TF) or has breakpoints on (DR7).
     fn guest_debugs(&mut self, cx: &mut Cx) -> Result<bool, BackendError> {
-        Ok(cx.vcpu.regs()?.rflags & RFLAGS_TF != 0 || cx.vcpu.guest_dr7()? & DR7_ENABLES != 0)
+        Ok(cx.vcpu.regs()?.rflags & RFLAGS_TF != 0 || cx.vcpu.guest_breakpoints()?.armed())
+    }
+
+    /// The guest's breakpoints (DR0-DR3, DR7), read once until something may have changed them:
+    /// KVM running free, or an instruction that may write a debug register.
+    fn guest_breakpoints(&mut self, cx: &mut Cx) -> Result<Breakpoints, BackendError> {
+        if let Some(b) = self.step.guest_breakpoints {
+            return Ok(b);
+        }
+        let b = cx.vcpu.guest_breakpoints()?;
+        self.step.guest_breakpoints = Some(b);
+        Ok(b)
+    }
+
+    /// The guest's breakpoints where emon makes them fire: where user mode runs in the engine,
+    /// emon runs or steps all of the guest's code while they are armed (the engine stands aside
+    /// for kernel code then, which KVM steps), and raises the #DB each meets as the CPU does.
+    /// Elsewhere they are KVM's (it runs free while they are armed and nothing counts), and
+    /// this is `None`.
+    fn emons_breakpoints(&mut self, cx: &mut Cx) -> Result<Option<Breakpoints>, BackendError> {
+        if !self.user_in_engine() {
+            return Ok(None);
+        }
+        Ok(Some(self.guest_breakpoints(cx)?).filter(Breakpoints::armed))
     }
 
     /// Whether the engine takes the code at the boundary while nothing counts: 64-bit CPL0 code
-    /// (and user code where [`Self::user_in_engine`]), unless the guest single-steps itself
-    /// (RFLAGS.TF) or has breakpoints on (DR7), which only KVM makes fire.
+    /// (and user code where [`Self::user_in_engine`]), unless the guest single-steps its kernel
+    /// code (RFLAGS.TF), or has breakpoints on (DR7) where only KVM makes them fire.
     fn engine_takes(&mut self, cx: &mut Cx) -> Result<bool, BackendError> {
         let mode = self.mode(cx)?;
         let level = match mode.cpl {
@@ -316,10 +344,11 @@ impl Precise {
         if !level || mode.bitness != 64 || tf_is_kvms && cx.vcpu.regs()?.rflags & RFLAGS_TF != 0 {
             return Ok(false);
         }
-        if !self.step.stepping || self.step.guest_breakpoints.is_none() {
-            self.step.guest_breakpoints = Some(cx.vcpu.guest_dr7()? & DR7_ENABLES != 0);
+        if !self.step.stepping {
+            self.step.guest_breakpoints = None;
         }
-        Ok(self.step.guest_breakpoints == Some(false))
+        // Breakpoints are emon's where user mode runs in the engine (`emons_breakpoints`).
+        Ok(!self.guest_breakpoints(cx)?.armed() || self.user_in_engine())
     }
 
     /// The instruction at `rip`, at `cpl`, as it begins (the event the entry expects goes with it).
@@ -333,6 +362,8 @@ impl Precise {
             iret_target: None,
             iret_to_user: false,
             accesses: Some(Vec::new()),
+            watched: Vec::new(),
+            guest_tf: None,
         }
     }
 
@@ -341,9 +372,22 @@ impl Precise {
     fn pend(&mut self, cx: &mut Cx, rip: u64, mode: &emon_x86::mode::CpuMode) -> Result<Next, BackendError> {
         let mut p = self.pending_at(rip, mode.cpl);
         if !p.expect_event {
+            if self.instruction_breakpoint(cx, rip)? {
+                return Ok(Next::Retired);
+            }
+            p.watched = self.watched_accesses(cx, mode, rip)?;
             if let Some(i) = self.decode(cx, mode, rip) {
                 if let Some(next) = self.emulate(cx, &mut p, &i, mode)? {
                     return Ok(next);
+                }
+                if i.special == Special::Pushf {
+                    // KVM's step pushes its own TF (`pushed_tf`): the guest's, where emon traces
+                    // user mode, and as KVM_GET_REGS shows it otherwise (KVM hides only its own).
+                    p.guest_tf = Some(if p.cpl == 3 && self.user_in_engine() {
+                        self.step.user_tf
+                    } else {
+                        cx.vcpu.regs()?.rflags & RFLAGS_TF != 0
+                    });
                 }
                 let sets_tf = matches!(i.special, Special::Popf | Special::Iret)
                     && self.popped_rflags(cx, mode, &i)?.is_some_and(|f| f & RFLAGS_TF != 0);
@@ -378,8 +422,8 @@ impl Precise {
         Ok(Next::Run)
     }
 
-    /// Nothing counts and the guest debugs its own code (RFLAGS.TF, DR7 breakpoints), which only
-    /// KVM makes trap: KVM runs free. Where user mode runs in the engine because KVM cannot run
+    /// Nothing counts and the guest debugs its own code where only KVM makes it trap (RFLAGS.TF
+    /// in kernel code; DR7 breakpoints where user mode does not run in the engine): KVM runs free. Where user mode runs in the engine because KVM cannot run
     /// it right, that is noted (KVM will run user code).
     fn run_free_for_guest_debug(&mut self, cx: &mut Cx) -> Result<(), BackendError> {
         if self.user_in_engine() {
@@ -502,6 +546,13 @@ impl Backend for Precise {
             )
         } else {
             String::new()
+        } + &if s.single_step_traps + s.breakpoints_fired > 0 {
+            format!(
+                "; the guest's own #DBs raised by emon: {} single-step traps in user mode, {} breakpoints met",
+                s.single_step_traps, s.breakpoints_fired
+            )
+        } else {
+            String::new()
         } + &if s.event_checks > 0 {
             format!(
                 "; {} interrupts and NMIs taken in user mode (KVM asked {} times at user-mode boundaries)",
@@ -535,8 +586,17 @@ impl Backend for Precise {
         }
         if self.stats.debugged_in_kvm > 0 {
             notes.push(format!(
-                "NOT AS ON SILICON: the guest debugged its own code (RFLAGS.TF or DR7 breakpoints) {} times; KVM runs it then, and on this host KVM neither single-steps user mode nor makes breakpoints fire there, and a SYSCALL there does not enter the kernel (README, \"User mode (CPL3)\")",
+                "NOT AS ON SILICON: the guest single-stepped its own kernel code (RFLAGS.TF at CPL0) {} times; KVM runs it then, and on this host KVM neither single-steps user mode nor makes breakpoints fire there, and a SYSCALL there does not enter the kernel (README, \"User mode (CPL3)\")",
                 self.stats.debugged_in_kvm
+            ));
+        }
+        if !self.stats.breakpoints_unchecked.is_empty() {
+            let n: u64 = self.stats.breakpoints_unchecked.values().sum();
+            let which: Vec<String> =
+                self.stats.breakpoints_unchecked.iter().map(|(m, n)| format!("{m} x{n}")).collect();
+            notes.push(format!(
+                "NOT AS ON SILICON: {n} instructions ran with the guest's data breakpoints armed whose accesses emon cannot list before they run ({}); a data breakpoint they met did not fire (README, \"The guest's own debugging\")",
+                which.join(", ")
             ));
         }
         if self.stats.cpl3_lost > 0 {

@@ -36,6 +36,11 @@ pub struct Pending {
     /// Its data accesses, from the registers before it ran, while the cache model counts
     /// (`None`: emon cannot know them before it runs, such as a REP string instruction's).
     pub accesses: Option<Vec<Access>>,
+    /// Its data accesses (or its next iteration's) while the guest has a data breakpoint armed
+    /// that emon makes fire: checked once it retires.
+    pub watched: Vec<Access>,
+    /// For a PUSHF: the guest's own RFLAGS.TF, which the image it pushes must hold.
+    pub guest_tf: Option<bool>,
 }
 
 /// The stepper's state between exits.
@@ -58,9 +63,9 @@ pub struct Stepper {
     /// its single-step traps: KVM_GET_REGS hides it while KVM single-steps, so emon keeps it from
     /// the IRET that set it (in the engine or stepped) and puts it back (see `traced_user_step`).
     pub user_tf: bool,
-    /// Whether the guest's DR7 enables a breakpoint of its own, as last read; `None` after
-    /// anything that may have changed it (KVM running free, a MOV to a debug register).
-    pub guest_breakpoints: Option<bool>,
+    /// The guest's own breakpoints (DR0-DR3, DR7), as last read; `None` after anything that may
+    /// have changed them (KVM running free, a MOV to a debug register).
+    pub guest_breakpoints: Option<emon_x86::debug::Breakpoints>,
 }
 
 /// Whether executing `i` at `rip` can leave the vCPU at `pc`.
@@ -147,9 +152,10 @@ impl Precise {
         let at_rip = self.decode(cx, &mode, p.rip);
         if at_rip.is_some_and(|i| !p.expect_event && !i.retired_at(p.rip, pc)) {
             // An iteration of a REP string instruction ended: the instruction goes on from here,
-            // and retires once, after its last iteration (`Insn::repeats`).
+            // and retires once, after its last iteration (`Insn::repeats`). A data breakpoint
+            // the iteration met traps after it (SDM Vol. 3B 17.3.1.2).
             self.step.rip = Some(pc);
-            return Ok(());
+            return self.debug_trap(cx, &p.watched, false);
         }
         let iret_elsewhere = |i: &Insn| i.special == Special::Iret && p.iret_target.is_some_and(|t| t != pc);
         if let Some(i) = at_rip.filter(|i| !p.expect_event && (!follows(i, p.rip, pc) || iret_elsewhere(i))) {
@@ -164,9 +170,11 @@ impl Precise {
                 self.stats.cpl3_lost += 1;
             }
         }
+        let mut retired_pending = false;
         let (i, rip, cpl) = match at_rip {
             Some(i) if !p.expect_event && follows(&i, p.rip, pc) => {
                 self.feed_pending(cx, &mode, &p);
+                retired_pending = true;
                 (i, p.rip, p.cpl)
             }
             None if !p.expect_event => {
@@ -181,7 +189,28 @@ impl Precise {
             pc = format_args!("{pc:#x}"),
             "step"
         );
-        self.retire_one(cx, &p, (&i, rip, cpl), pc, true)
+        self.retire_one(cx, &p, (&i, rip, cpl), pc, true)?;
+        if retired_pending {
+            if let Some(tf) = p.guest_tf {
+                self.pushed_tf(cx, &mode, tf)?;
+            }
+            self.debug_trap(cx, &p.watched, false)?;
+        }
+        Ok(())
+    }
+
+    /// A PUSHF KVM stepped pushed the TF of KVM's own single-step (KVM steps with RFLAGS.TF
+    /// and hides it only from KVM_GET_REGS): the image on the stack gets the guest's own TF
+    /// back, `tf`, so that a POPF of it does not turn on single-stepping the guest never asked
+    /// for. TF is bit 8, in the image's second byte whatever the operand size.
+    fn pushed_tf(&mut self, cx: &mut Cx, mode: &CpuMode, tf: bool) -> Result<(), BackendError> {
+        let at = cx.vcpu.regs()?.rsp + 1;
+        let mut b = [0u8; 1];
+        if mode.read_linear(cx.vcpu.memory(), at, &mut b).is_some() && (b[0] & 1 != 0) != tf {
+            b[0] = b[0] & !1 | u8::from(tf);
+            mode.write_linear(cx.vcpu.memory(), at, &b);
+        }
+        Ok(())
     }
 
     /// One instruction `i` at `rip`, begun at CPL `cpl` while `p` was pending (its counters
@@ -210,6 +239,7 @@ impl Precise {
             self.step.mode = None;
             self.step.guest_breakpoints = None;
         }
+        self.end_resume_flag(cx, i)?;
         if self.branches.on() && i.transfer.is_some() {
             let to_cpl = self.mode(cx)?.cpl;
             if let Some(b) = taken_branch(i, rip, next, taken, to_cpl) {

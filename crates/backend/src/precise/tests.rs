@@ -926,28 +926,50 @@ fn a_cpl0_rep_string_instruction_longer_than_a_run_stays_in_the_engine_and_takes
     assert_eq!(r.pmc(0), 0, "nothing retired yet");
 }
 
-/// Where user mode runs in the engine because KVM cannot run it right, the guest debugging its
-/// own code with breakpoints (DR7) leaves it to KVM all the same, which only KVM makes fire: the
-/// run says so, as not what silicon does.
+/// Where user mode runs in the engine because KVM cannot run it right, the guest's own
+/// breakpoints (DR0-DR3 armed in DR7) are emon's: an instruction breakpoint faults before its
+/// instruction (DR6.B0, the frame at it), RF lets it run once, a write breakpoint traps after the
+/// store that met it (DR6.B1, the frame after it), and nothing goes to KVM (SDM Vol. 3B 17.3.1).
 #[cfg(feature = "tcg")]
 #[test]
-fn user_code_the_guest_debugs_goes_to_kvm_and_the_run_says_so() {
-    // nop; nop; 1: jmp 1b
-    let mut r = user_rig(&[NOP, NOP, 0xEB, 0xFE], TIMER, Precise::with_engine(Engine::Tcg).with_user_in_engine(true));
-    assert_eq!(r.before(true), Next::Retired, "nothing counts: the engine runs user code");
-    assert_eq!(r.vcpu.regs.rip, CODE + 2, "until its time is up, in the loop");
-    assert!(r.vcpu.single_step);
-    // The kernel enables breakpoint 0 (L0), as with a MOV to DR7, after which emon reads DR7 anew.
-    r.vcpu.dr7 |= 1;
-    r.precise.step.guest_breakpoints = None;
-    assert_eq!(r.before(true), Next::Run, "KVM runs it free");
-    assert!(!r.vcpu.single_step);
-    assert_eq!(r.precise.stats.debugged_in_kvm, 1);
-    assert!(
-        r.precise.notes().iter().any(|n| n.starts_with("NOT AS ON SILICON: the guest debugged its own code")),
-        "{:?}",
-        r.precise.notes()
-    );
+fn the_guests_breakpoints_fire_in_user_mode_run_by_emon() {
+    // nop; mov [rdi], al; nop; 1: jmp 1b
+    let code = [NOP, 0x88, 0x07, NOP, 0xEB, 0xFE];
+    let mut r = user_rig(&code, TIMER, Precise::with_engine(Engine::Tcg).with_user_in_engine(true));
+    r.vcpu.regs.rdi = 0x10_0004;
+    // DR0: an instruction breakpoint on the store (L0); DR1: a 4-byte write breakpoint (L1,
+    // R/W1 01, LEN1 11) on 0x10_0004.
+    r.vcpu.dr = [CODE + 1, 0x10_0004, 0, 0];
+    r.vcpu.dr7 = 0x400 | 1 | 1 << 2 | 0b1101 << 20;
+    let user = (r.vcpu.regs, r.vcpu.sregs, r.vcpu.mode);
+    r.count();
+    let back_to_user = |r: &mut Rig, rflags: u64| {
+        let rip = kernel_frame(r)[0];
+        let (regs, sregs, mode) = user;
+        (r.vcpu.regs, r.vcpu.sregs, r.vcpu.mode) = (kvm_regs { rip, rflags, ..regs }, sregs, mode);
+        r.vcpu.dr6 = 0xFFFF_0FF0;
+        // As after the handler's IRETQ (which KVM's entries see): the mode and RIP read anew.
+        (r.precise.step.mode, r.precise.step.rip) = (None, None);
+    };
+    assert_eq!(r.before(true), Next::Retired, "the NOP, run by emon");
+    assert_eq!(r.vcpu.regs.rip, CODE + 1);
+    assert_eq!(r.before(true), Next::Retired, "the instruction breakpoint's #DB");
+    assert_eq!(r.vcpu.regs.rip, DB_HANDLER);
+    assert_eq!(r.vcpu.dr6 & 0x400F, 0b0001, "DR6.B0 alone");
+    assert_eq!(kernel_frame(&r)[..3], [CODE + 1, 0x33, 0x202], "a fault: the frame at the instruction");
+    assert_eq!(r.pmc(0), 1, "the store has not retired");
+    // The handler resumes with RF set in the frame, as Linux's does.
+    back_to_user(&mut r, 0x202 | emon_x86::debug::RFLAGS_RF);
+    assert_eq!(r.before(true), Next::Retired, "the store, then the write breakpoint's trap");
+    assert_eq!(r.vcpu.regs.rip, DB_HANDLER);
+    assert_eq!(r.vcpu.dr6 & 0x400F, 0b0010, "DR6.B1 alone");
+    assert_eq!(kernel_frame(&r)[..3], [CODE + 3, 0x33, 0x202], "a trap: the frame after the store, RF clear");
+    assert_eq!(r.pmc(0), 2, "the store retired once");
+    back_to_user(&mut r, 0x202);
+    assert_eq!(r.before(true), Next::Retired, "the NOP");
+    assert_eq!(r.vcpu.regs.rip, CODE + 4, "no #DB: the breakpoints met nothing");
+    assert_eq!(r.precise.stats.breakpoints_fired, 2);
+    assert!(r.precise.stats.user_to_kvm.is_empty() && r.precise.stats.debugged_in_kvm == 0, "nothing went to KVM");
 }
 
 /// Kernel code that emon runs without entering KVM (here a loop that polls RDTSC, which emon
@@ -988,4 +1010,54 @@ fn kernel_code_emon_runs_without_entering_kvm_takes_its_interrupts() {
     assert_eq!(r.before(true), Next::Run, "the second event, asked for at the next boundary");
     assert_eq!(r.vcpu.event_probes, 3);
     assert_eq!(r.vcpu.queued_event, Some(DueEvent::Interrupt(TIMER + 1)));
+}
+
+/// A PUSHF KVM single-steps pushes the TF of KVM's own step (it steps with RFLAGS.TF and hides
+/// it only from KVM_GET_REGS): the image on the stack gets the guest's TF back, clear here, so
+/// that a POPF or IRET of it does not turn single-stepping on for the guest.
+#[test]
+fn a_pushf_kvm_steps_pushes_the_guests_tf_not_kvms() {
+    // pushfq; nop
+    let mut r = Rig::new(&[0x9C, NOP]);
+    r.count();
+    assert_eq!(r.before(true), Next::Run, "KVM steps the PUSHF");
+    // What KVM's step does: RFLAGS with its own TF pushed.
+    r.vcpu.regs.rsp -= 8;
+    r.vcpu.mem.write_obj(0x302u64, GuestAddress(r.vcpu.regs.rsp)).unwrap();
+    r.exit_at(CODE + 1);
+    let pushed: u64 = r.vcpu.mem.read_obj(GuestAddress(STACK - 8)).unwrap();
+    assert_eq!(pushed, 0x202, "TF cleared in the image, the rest as pushed");
+    assert_eq!(r.pmc(0), 1, "the PUSHF retired");
+}
+
+/// While user mode waits for progress after a run of timer interrupts (`take_user_event`), an
+/// interrupt the guest raised itself (here a self-IPI's vector in the IRR, not the timer's) is
+/// taken at once, as the CPU takes it; the timer's waits.
+#[cfg(feature = "tcg")]
+#[test]
+fn an_interrupt_the_guest_raised_is_not_held_for_user_progress() {
+    use crate::{lapic, DueEvent};
+    // 1: jmp 1b
+    let mut r = user_rig(&[0xEB, 0xFE], TIMER, Precise::with_engine(Engine::Tcg).with_user_in_engine(true));
+    lapic::set_reg(&mut r.vcpu.lapic, lapic::SVR, lapic::SVR_APIC_ENABLED);
+    // The local APIC timer's vector is 0x40; TIMER (0x20) stands for a self-IPI's.
+    lapic::set_reg(&mut r.vcpu.lapic, lapic::LVT_TIMER, 0x40);
+    let pending = |r: &mut Rig, v: u8| {
+        for w in 0..8 {
+            lapic::set_reg(&mut r.vcpu.lapic, lapic::IRR + w * 16, 0);
+        }
+        lapic::set_reg(&mut r.vcpu.lapic, lapic::IRR + usize::from(v / 32) * 16, 1 << (v % 32));
+    };
+    r.precise.starve_user_mode();
+    pending(&mut r, 0x40);
+    r.vcpu.due_events.push_back(Some(DueEvent::Interrupt(0x40)));
+    r.before(true);
+    assert_eq!(r.vcpu.event_probes, 0, "the timer's interrupt waits for user-mode progress");
+    r.precise.starve_user_mode();
+    pending(&mut r, TIMER);
+    r.vcpu.due_events.clear();
+    r.vcpu.due_events.push_back(Some(DueEvent::Interrupt(TIMER)));
+    r.before(true);
+    assert_eq!(r.vcpu.event_probes, 1, "asked at once");
+    assert_eq!(r.vcpu.regs.rip, HANDLER, "delivered through the IDT");
 }

@@ -233,6 +233,15 @@ pub fn classify(i: &Instruction, info: &mut InstructionInfoFactory) -> Class {
     Class::Runs(Needs { fpu, msrs: m == Mnemonic::Swapgs })
 }
 
+/// Whether `i` may open the kernel's access to user-mode memory while SMAP is on (SDM Vol. 3A
+/// 4.6.1): STAC sets RFLAGS.AC, and IRETQ and POPF may restore it. While a data breakpoint on
+/// user-mode memory is armed the engine hands them over, so that kernel code with AC set is
+/// stepped and its accesses checked (`Watch::user_data`).
+pub fn opens_user_access(i: &Instruction) -> bool {
+    matches!(i.mnemonic(), Mnemonic::Stac | Mnemonic::Popf | Mnemonic::Popfq | Mnemonic::Iret)
+        || i.code() == Code::Iretq
+}
+
 /// Whether the engine runs `i` with nothing but the general and control registers loaded.
 pub fn runs_in_engine(i: &Instruction, info: &mut InstructionInfoFactory) -> bool {
     classify(i, info) == Class::Runs(Needs::NONE)
@@ -270,9 +279,9 @@ pub struct Block {
     /// The most cache lines its data accesses can touch (counted only with a cache model).
     pub lines: u64,
     /// What it was decoded from and for: the guest-physical pages of its first and last byte,
-    /// and the run's cache model and loaded state (see [`decode_block`]).
+    /// and the run's cache model, loaded state and watch on user memory (see [`decode_block`]).
     pub from: [Option<u64>; 2],
-    pub decoded_for: (bool, Needs),
+    pub decoded_for: (bool, Needs, bool),
     /// The size of the translated block it was decoded for (TCG translates code it has seen
     /// written again, often to another size).
     pub size: u32,
@@ -308,13 +317,16 @@ impl Block {
 
 /// Decodes the block of `size` bytes at linear `addr` for a run that loaded `loaded`.
 /// With `cache` (the cache model counts), an instruction whose data accesses cannot be known
-/// before it runs (a REP string instruction) ends the runnable part: it is stepped.
+/// before it runs (a REP string instruction) ends the runnable part: it is stepped. With
+/// `watch_user` (a data breakpoint on user memory is armed), what may open the kernel's access to
+/// user memory is handed over ([`opens_user_access`]).
 pub fn decode_block(
     mode: &CpuMode,
     mem: &GuestMemoryMmap,
     (addr, size): (u64, usize),
     cache: bool,
     loaded: Needs,
+    watch_user: bool,
 ) -> Block {
     let mut bytes = Vec::with_capacity(size + 15);
     let mut a = addr;
@@ -342,7 +354,7 @@ pub fn decode_block(
         let i = d.decode();
         // The smallest line a profile may have: the bound holds whatever the profile's line.
         let accesses = if cache { access::max_lines(&i, MIN_CACHE_LINE).ok() } else { Some(0) };
-        let class = classify(&i, &mut info);
+        let class = if watch_user && opens_user_access(&i) { Class::HandedOver } else { classify(&i, &mut info) };
         match (i.is_invalid(), class, accesses) {
             (false, Class::Runs(n), Some(l)) if n.met_by(loaded) => {
                 lines += l;
@@ -385,7 +397,7 @@ pub fn decode_block(
         cycles_not: 0,
         lines,
         from: [None; 2],
-        decoded_for: (cache, loaded),
+        decoded_for: (cache, loaded, watch_user),
         size: size as u32,
         seen: 0,
     }

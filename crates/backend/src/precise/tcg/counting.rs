@@ -82,6 +82,8 @@ pub struct Acc {
     pub changed: bool,
     /// The LBR stack's newest records, while it records.
     pub lbr: Option<LbrTail>,
+    /// A data breakpoint on user-mode memory is armed (see [`super::Watch`]).
+    pub watch_user: bool,
 }
 
 impl Acc {
@@ -94,7 +96,7 @@ impl Acc {
         loaded: Needs,
         (decoded, run): (Decoded, u64),
     ) -> Acc {
-        let Counting { armed, clock, budget, cache, deadline, lbr } = counting;
+        let Counting { armed, clock, budget, cache, deadline, lbr, watch } = counting;
         Acc {
             mode,
             mem,
@@ -128,6 +130,7 @@ impl Acc {
             cut: None,
             changed: false,
             lbr,
+            watch_user: watch.user_data,
         }
         .tracking()
     }
@@ -142,7 +145,7 @@ impl Acc {
     /// earlier run decoded it from the same pages for the same state, and summed for this
     /// run's counters. Its index in `blocks`.
     pub fn enter(&mut self, found: Option<u32>, addr: u64, size: u32, from: [Option<u64>; 2]) -> u32 {
-        let wanted = (self.cache.is_some(), self.loaded);
+        let wanted = (self.cache.is_some(), self.loaded, self.watch_user);
         let k = match found {
             Some(k)
                 if self.blocks[k as usize].from == from
@@ -156,7 +159,7 @@ impl Acc {
                     self.blocks.clear();
                     self.index.clear();
                 }
-                let mut b = decode_block(&self.mode, &self.mem, (addr, size as usize), wanted.0, wanted.1);
+                let mut b = decode_block(&self.mode, &self.mem, (addr, size as usize), wanted.0, wanted.1, wanted.2);
                 b.from = from;
                 match found.filter(|k| (*k as usize) < self.blocks.len()) {
                     Some(k) => {
@@ -426,6 +429,14 @@ pub fn on_block(uc: &mut Unicorn<'_, Data>, addr: u64, size: u32) {
             }
         }
     }
+}
+
+/// A breakpoint hook: the engine stops before the guest's instruction breakpoint at `addr`
+/// (see [`super::Watch`]), in a run only.
+pub fn on_breakpoint(uc: &mut Unicorn<'_, Data>, _addr: u64, _size: u32) {
+    let Some(acc) = uc.get_data_mut().acc.as_mut() else { return };
+    acc.stop = Some(Stop::Breakpoint);
+    let _ = uc.emu_stop();
 }
 
 /// A stop hook: the engine stops before the handed-over instruction at `addr`, which a block it

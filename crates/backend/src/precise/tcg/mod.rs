@@ -31,8 +31,8 @@ mod xsave;
 use super::branches::LbrTail;
 use super::cache::CacheModel;
 use super::events::Armed;
-pub use blocks::{classify, hide_lacking, runs_in_engine, Class, Needs};
-use counting::{on_block, on_insn, on_stop, Acc, Decoded};
+pub use blocks::{classify, hide_lacking, opens_user_access, runs_in_engine, Class, Needs};
+use counting::{on_block, on_breakpoint, on_insn, on_stop, Acc, Decoded};
 use emon_pmu::profile::{Clock, MIN_CACHE_LINE};
 use emon_x86::access;
 use emon_x86::arch::{DB_VECTOR, RFLAGS_TF};
@@ -75,6 +75,19 @@ pub enum Stop {
     /// Right after the instruction that brought a counter to its overflow (CPL3 runs only,
     /// where the overflowing instruction cannot be single-stepped: see [`Tcg::run`]).
     Overflowed,
+    /// Before an instruction at one of the guest's instruction breakpoints ([`Watch::exec`]).
+    Breakpoint,
+}
+
+/// The guest's breakpoints a run honours, where emon makes them fire (README, "The guest's own
+/// debugging"): the engine stops before each instruction breakpoint's address, and, while a
+/// data breakpoint on user-mode memory is armed, before what may open the kernel's access to
+/// user memory ([`blocks::opens_user_access`]): the caller steps such code and checks its
+/// accesses. (A run with other data breakpoints armed is not made.)
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Watch {
+    pub exec: Vec<u64>,
+    pub user_data: bool,
 }
 
 /// The model clock at the start of a run (for UnHalted Reference Cycles).
@@ -99,6 +112,8 @@ pub struct Counting<'a> {
     /// The LBR stack's records while it records: the run's taken branches go to it, and it
     /// comes back in [`Run::lbr`].
     pub lbr: Option<LbrTail>,
+    /// The guest's breakpoints the run honours.
+    pub watch: Watch,
 }
 
 /// What one engine run retired, and the vCPU state it left.
@@ -308,6 +323,17 @@ impl Tcg {
     pub fn run(&mut self, state: &CpuState, mode: CpuMode, counting: Counting) -> Result<Run, TcgError> {
         state::load(&mut self.uc, state)?;
         let loaded = Needs { fpu: state.fpu.is_some(), msrs: state.msrs.is_some() };
+        // A hook before each instruction breakpoint, in translations made for it (and none after).
+        // Only a mapped address's translations can be dropped (unicorn translates the address with
+        // the engine's state; another address space's breakpoint would raise a page fault outside
+        // any run), and only there can the run meet it.
+        let exec: Vec<u64> =
+            counting.watch.exec.iter().copied().filter(|&at| mode.translate(&self.mem, at).is_some()).collect();
+        let mut breakpoints = Vec::with_capacity(exec.len());
+        for &at in &exec {
+            breakpoints.push(self.uc.add_code_hook(at, at, on_breakpoint).map_err(uc_err("adding a breakpoint"))?);
+            self.uc.ctl_remove_cache(at, at + 1).map_err(uc_err("dropping a translation"))?;
+        }
         let data = self.uc.get_data_mut();
         data.fault = None;
         data.runs += 1;
@@ -338,6 +364,10 @@ impl Tcg {
         }
         if let Some(h) = hook {
             self.uc.remove_hook(h).map_err(uc_err("removing the code hook"))?;
+        }
+        for (h, at) in breakpoints.into_iter().zip(exec) {
+            self.uc.remove_hook(h).map_err(uc_err("removing a breakpoint"))?;
+            self.uc.ctl_remove_cache(at, at + 1).map_err(uc_err("dropping a translation"))?;
         }
         let cpl = state::cpl(&self.uc)?;
         let after = state::collect(&mut self.uc, &self.mem, state, pc, (acc.used, acc.iret || acc.sysret))?;
@@ -442,8 +472,18 @@ impl Tcg {
             if acc.stop == Some(Stop::Handover) && self.stops.contains_key(&now) {
                 let bytes = mode.fetch(&self.mem, now);
                 let i = Decoder::with_ip(64, &bytes, now, DecoderOptions::NONE).decode();
-                if classify(&i, &mut InstructionInfoFactory::new()) != Class::HandedOver && !i.is_invalid() {
+                let watched = acc.watch_user && opens_user_access(&i);
+                if classify(&i, &mut InstructionInfoFactory::new()) != Class::HandedOver && !i.is_invalid() && !watched
+                {
                     acc.stop = None;
+                    // The block entered last ran up to the stop: what of it came before retired
+                    // (the run goes on from the stop, in another block).
+                    if let Some(block) = acc.current.take() {
+                        match acc.blocks[block as usize].insns.iter().position(|(rip, _)| *rip == now) {
+                            Some(k) => acc.retire_first(block, k),
+                            None => acc.retire_block(block, now, acc.cpl),
+                        }
+                    }
                     self.drop_stop(now)?;
                     pc = now;
                     continue;
@@ -509,7 +549,9 @@ impl Tcg {
             match acc.blocks[block as usize].insns.iter().position(|(rip, _)| *rip == pc) {
                 Some(k) => {
                     acc.retire_first(block, k);
-                    stop = Stop::Fault;
+                    if stop != Stop::Breakpoint {
+                        stop = Stop::Fault;
+                    }
                 }
                 None => {
                     let to_cpl = state::cpl(&self.uc)?;

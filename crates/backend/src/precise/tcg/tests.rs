@@ -57,7 +57,27 @@ const CLOCK: ModelClock = ModelClock { cycles: 0, reference: Clock::TSC };
 
 /// Counting `armed` from model clock 0, with the full budget and no cache model.
 fn counting(armed: &[(Armed, u64)]) -> Counting<'_> {
-    Counting { armed, clock: CLOCK, budget: BUDGET, cache: None, deadline: None, lbr: None }
+    Counting { armed, clock: CLOCK, budget: BUDGET, cache: None, deadline: None, lbr: None, watch: Watch::default() }
+}
+
+/// A run stops before an instruction breakpoint's address inside a block, the instructions
+/// before it retired; with a data breakpoint on user memory armed, before STAC (which opens the
+/// kernel's access to user memory) and IRETQ; the next run, without the breakpoints, runs
+/// through them (translations made for them do not outlive them).
+#[test]
+fn a_run_stops_before_the_guests_breakpoints() {
+    // nop; nop; nop; stac; nop; out dx, al
+    let (mem, regs, sregs, mode) = machine(&[0x90, 0x90, 0x90, 0x0F, 0x01, 0xCB, 0x90, 0xEE]);
+    let mut tcg = Tcg::new(&mem).unwrap();
+    let counters = [(armed(Semantics::Instructions), u64::MAX)];
+    let state = CpuState::new(regs, sregs);
+    let run = |tcg: &mut Tcg, watch: Watch| tcg.run(&state, mode, Counting { watch, ..counting(&counters) }).unwrap();
+    let r = run(&mut tcg, Watch { exec: vec![CODE + 2], user_data: false });
+    assert_eq!((r.stop, r.state.regs.rip, r.retired, r.counts.clone()), (Stop::Breakpoint, CODE + 2, 2, vec![2]));
+    let r = run(&mut tcg, Watch { exec: Vec::new(), user_data: true });
+    assert_eq!((r.stop, r.state.regs.rip, r.retired), (Stop::Handover, CODE + 3, 3), "before STAC");
+    let r = run(&mut tcg, Watch::default());
+    assert_eq!((r.stop, r.state.regs.rip, r.retired), (Stop::Handover, CODE + 7, 5), "through both, to the OUT");
 }
 
 /// mov ecx, 1000; loop .; out dx, al
