@@ -299,7 +299,7 @@ impl Precise {
 
     /// Whether the guest single-steps itself (RFLAGS.TF) or has breakpoints on (DR7).
     fn guest_debugs(&mut self, cx: &mut Cx) -> Result<bool, BackendError> {
-        Ok(cx.vcpu.regs()?.rflags & RFLAGS_TF != 0 || cx.vcpu.guest_breakpoints()?.armed())
+        Ok(cx.vcpu.regs()?.rflags & RFLAGS_TF != 0 || self.guest_breakpoints(cx)?.armed())
     }
 
     /// The guest's breakpoints (DR0-DR3, DR7), read once until something may have changed them:
@@ -314,10 +314,10 @@ impl Precise {
     }
 
     /// The guest's breakpoints where emon makes them fire: where user mode runs in the engine,
-    /// emon runs or steps all of the guest's code while they are armed (the engine stands aside
-    /// for kernel code then, which KVM steps), and raises the #DB each meets as the CPU does.
-    /// Elsewhere they are KVM's (it runs free while they are armed and nothing counts), and
-    /// this is `None`.
+    /// emon runs or steps all of the guest's code while they are armed (user code an instruction
+    /// at a time; kernel code in engine runs that honour them, `tcg::Watch`, or stepped), and
+    /// raises the #DB each meets as the CPU does. Elsewhere they are KVM's (it runs free while
+    /// they are armed and nothing counts), and this is `None`.
     fn emons_breakpoints(&mut self, cx: &mut Cx) -> Result<Option<Breakpoints>, BackendError> {
         if !self.user_in_engine() {
             return Ok(None);
@@ -423,8 +423,9 @@ impl Precise {
     }
 
     /// Nothing counts and the guest debugs its own code where only KVM makes it trap (RFLAGS.TF
-    /// in kernel code; DR7 breakpoints where user mode does not run in the engine): KVM runs free. Where user mode runs in the engine because KVM cannot run
-    /// it right, that is noted (KVM will run user code).
+    /// in kernel code; DR7 breakpoints where user mode does not run in the engine): KVM runs
+    /// free. Where user mode runs in the engine because KVM cannot run it right, that is noted
+    /// (KVM will run user code).
     fn run_free_for_guest_debug(&mut self, cx: &mut Cx) -> Result<(), BackendError> {
         if self.user_in_engine() {
             self.stats.debugged_in_kvm += 1;

@@ -244,6 +244,22 @@ impl Acc {
         self.cycles += c;
     }
 
+    /// The block `k` entered last ran up to `pc`: if `pc` is one of its instructions, those
+    /// before it retired (and true); otherwise the block retired whole, leaving the vCPU at `pc`
+    /// at `to_cpl`.
+    pub fn retire_entered(&mut self, k: u32, pc: u64, to_cpl: u8) -> bool {
+        match self.blocks[k as usize].insns.iter().position(|(rip, _)| *rip == pc) {
+            Some(n) => {
+                self.retire_first(k, n);
+                true
+            }
+            None => {
+                self.retire_block(k, pc, to_cpl);
+                false
+            }
+        }
+    }
+
     /// Counts the first `n` instructions of block `k` (none of them a taken branch: the block
     /// was cut short at the next one, by a fault or a REP iteration).
     pub fn retire_first(&mut self, k: u32, n: usize) {

@@ -479,10 +479,7 @@ impl Tcg {
                     // The block entered last ran up to the stop: what of it came before retired
                     // (the run goes on from the stop, in another block).
                     if let Some(block) = acc.current.take() {
-                        match acc.blocks[block as usize].insns.iter().position(|(rip, _)| *rip == now) {
-                            Some(k) => acc.retire_first(block, k),
-                            None => acc.retire_block(block, now, acc.cpl),
-                        }
+                        acc.retire_entered(block, now, acc.cpl);
                     }
                     self.drop_stop(now)?;
                     pc = now;
@@ -546,17 +543,9 @@ impl Tcg {
         // present, only by ending the run there) and the ones before it retired; otherwise the
         // block retired whole.
         if let Some(block) = acc.current.take() {
-            match acc.blocks[block as usize].insns.iter().position(|(rip, _)| *rip == pc) {
-                Some(k) => {
-                    acc.retire_first(block, k);
-                    if stop != Stop::Breakpoint {
-                        stop = Stop::Fault;
-                    }
-                }
-                None => {
-                    let to_cpl = state::cpl(&self.uc)?;
-                    acc.retire_block(block, pc, to_cpl)
-                }
+            let to_cpl = state::cpl(&self.uc)?;
+            if acc.retire_entered(block, pc, to_cpl) && stop != Stop::Breakpoint {
+                stop = Stop::Fault;
             }
         }
         if stop != Stop::Overflow || mode.cpl != 3 {
