@@ -210,8 +210,10 @@ mod fast_forward {
                     return Ok(None);
                 }
             } else {
-                // User mode is asked for its events on its own clock.
+                // User mode is asked for its events on its own clock, and the kernel code after
+                // it is new code for the engine (no cooldown left from before).
                 self.engine.tcg.kernel_since = None;
+                self.engine.tcg.cooldown = 0;
                 if self.step.user_tf {
                     // The guest's TF, which KVM_GET_REGS hides while KVM single-steps: back in
                     // the registers, for the frames emon writes and the trap below.
@@ -241,8 +243,15 @@ mod fast_forward {
                 // right after it), because KVM would run the user code after it.
                 return Ok(None);
             }
-            // Not worth entering the engine for an instruction it would hand back at once.
-            if tcg::classify(&first, &mut iced_x86::InstructionInfoFactory::new()) == Class::HandedOver {
+            // Not worth entering the engine for an instruction it would hand back at once: one it
+            // cannot run, or one that may open the kernel's access to user memory while a data
+            // breakpoint watches it (`watch`).
+            let watched_opening = !user
+                && tcg::opens_user_access(&first)
+                && self.emons_breakpoints(cx)?.is_some_and(|b| b.watches_data());
+            if watched_opening
+                || tcg::classify(&first, &mut iced_x86::InstructionInfoFactory::new()) == Class::HandedOver
+            {
                 return if user { self.user_mode_handover(cx, &first, mode, None) } else { Ok(None) };
             }
             let Some((before, run)) = self.engine_run(cx, mode)? else { return Ok(None) };
@@ -259,6 +268,11 @@ mod fast_forward {
                 }
                 if !user {
                     return Ok(None);
+                }
+                if run.stop == tcg::Stop::Untranslatable {
+                    // An instruction at a time (each translated alone) up to the one that cannot
+                    // be fetched, whose page fault is then raised as the CPU raises it.
+                    return self.traced_user_step(cx, &first, mode);
                 }
                 if first.is_string_instruction()
                     && run.state.regs.rip == before.regs.rip
@@ -529,18 +543,18 @@ mod fast_forward {
         /// not write records to guest memory or report registers per instruction: while BTS
         /// records, or one counter counts with an edge-detected CMASK (or CMASK on reference ticks
         /// or the cache model, which the engine sums per block), every instruction is stepped; and
-        /// it runs 64-bit code only. A PEBS assist comes with a counter's overflow, and at CPL0
-        /// the engine stops short of every overflow, so the stepper retires the overflowing
-        /// instruction and writes the record with the registers right after it; at CPL3 the engine
-        /// runs up to the overflow itself (`Stop::Overflowed`), so PEBS-enabled user code is
-        /// stepped.
+        /// it runs 64-bit code only. A PEBS assist comes with a counter's overflow, and the
+        /// record holds the registers right after the overflowing instruction: at CPL0 the engine
+        /// stops short of every overflow, so the stepper retires that instruction and writes the
+        /// record; at CPL3 the engine stops right after it (`Stop::Overflowed`) and `take_run`
+        /// writes it.
         fn engine_may_run(&self, cx: &Cx, mode: &CpuMode) -> bool {
             let pebs = cx.pmu.pebs_on() && cx.pmu.pebs_enable() != 0;
             self.engine.engine() == Engine::Tcg
                 && mode.bitness == 64
                 && self.counters.armed.iter().all(|a| a.sums_per_instruction())
                 && !self.branches.bts_on
-                && !(pebs && mode.cpl != 0)
+                && (!pebs || matches!(mode.cpl, 0 | 3))
         }
 
         /// What an engine run must honour of the guest's breakpoints (DR7), or `None` where it
@@ -639,10 +653,12 @@ mod fast_forward {
                 // KVM runs at least the next kernel instruction: it delivers interrupts, and runs
                 // what the engine handed over or faulted on (after a handover that is the next
                 // instruction anyway). A run that retired nothing is not tried again for a while.
-                // (At CPL3 the engine goes on: KVM cannot step user mode here.)
-                slot.cooldown = match (run.retired, run.stop) {
-                    (0, _) => TCG_COOLDOWN,
-                    (_, tcg::Stop::Handover) => 0,
+                // (At CPL3 the engine goes on: KVM cannot step user mode here. What a user-mode
+                // run retired says nothing of the kernel code after it.)
+                slot.cooldown = match (mode.cpl, run.retired, run.stop) {
+                    (3, ..) => 0,
+                    (_, 0, _) => TCG_COOLDOWN,
+                    (_, _, tcg::Stop::Handover) => 0,
                     _ => 1,
                 };
                 return Ok(Some((state, run)));
@@ -700,6 +716,11 @@ mod fast_forward {
                 self.step.mode = None;
             }
             self.step.rip = Some(run.state.regs.rip);
+            if let Some(at) = run.overflowed_at {
+                // The run stopped right after the overflowing instruction, the registers its
+                // results: the PEBS assist due writes its record as after a step.
+                self.pebs_assist(cx, at, true)?;
+            }
             if run.stop == tcg::Stop::Overflowed && cx.pmu.pmi_pending() {
                 // The PMI goes out before the next entry; the vCPU takes it first thing.
                 self.step.expect_event = true;
@@ -791,7 +812,19 @@ mod fast_forward {
             use emon_x86::access::{self, AccessKind};
             use emon_x86::mode::Access;
             let sregs = cx.vcpu.sregs()?;
-            let mut spans = vec![(i.ip(), i.len().max(1) as u64, Access::Fetch)];
+            // An instruction that runs into a page it cannot be fetched from decodes as invalid
+            // for want of bytes: its fetch reaches the first byte past those it has (a #PF, not
+            // the #UD of an invalid opcode).
+            let mut fetched = i.len().max(1) as u64;
+            if i.is_invalid() {
+                let bytes = mode.fetch(cx.vcpu.memory(), i.ip());
+                let mut d = iced_x86::Decoder::with_ip(64, &bytes, i.ip(), iced_x86::DecoderOptions::NONE);
+                let _ = d.decode();
+                if d.last_error() == iced_x86::DecoderError::NoMoreBytes {
+                    fetched = bytes.len() as u64 + 1;
+                }
+            }
+            let mut spans = vec![(i.ip(), fetched, Access::Fetch)];
             if let Ok(accesses) = access::next_accesses(i, |r| access::gpr(regs, r), sregs.fs.base, sregs.gs.base) {
                 spans.extend(accesses.iter().map(|a| {
                     let kind = match a.kind {

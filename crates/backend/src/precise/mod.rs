@@ -285,12 +285,13 @@ impl Precise {
         }
         let rip = self.rip(cx)?;
         let mode = self.mode(cx)?;
-        if !self.step.expect_event && !std::mem::take(&mut self.step.event_queued) {
+        let queued = std::mem::take(&mut self.step.event_queued);
+        if !self.step.expect_event && !queued {
             if let Some(next) = self.fast_forward(cx, rip, &mode)? {
                 return Ok(next);
             }
         }
-        let next = self.pend(cx, rip, &mode)?;
+        let next = self.pend(cx, rip, &mode, queued)?;
         if next == Next::Run {
             self.engine.kvm_entered();
         }
@@ -368,8 +369,14 @@ impl Precise {
     }
 
     /// Notes the instruction at `rip` as the one the next step retires, unless emon completes it
-    /// itself.
-    fn pend(&mut self, cx: &mut Cx, rip: u64, mode: &emon_x86::mode::CpuMode) -> Result<Next, BackendError> {
+    /// itself (`queued`: the VMM queued a PMI in KVM for this entry).
+    fn pend(
+        &mut self,
+        cx: &mut Cx,
+        rip: u64,
+        mode: &emon_x86::mode::CpuMode,
+        queued: bool,
+    ) -> Result<Next, BackendError> {
         let mut p = self.pending_at(rip, mode.cpl);
         if !p.expect_event {
             if self.instruction_breakpoint(cx, rip)? {
@@ -411,7 +418,11 @@ impl Precise {
             if self.feed.on {
                 p.accesses = self.feed.accesses_at(cx, &decode_full(cx, mode, rip))?;
             }
-            if p.cpl == 3 && self.user_in_engine() {
+            // An entry that delivers a queued PMI first runs no user instruction (where RFLAGS.IF
+            // lets it in): `event_delivered` checks the handler's frame, and counts any user code
+            // KVM ran before it.
+            let delivers_first = queued && cx.vcpu.regs()?.rflags & emon_x86::arch::RFLAGS_IF != 0;
+            if p.cpl == 3 && self.user_in_engine() && !delivers_first {
                 // Whatever KVM runs from here is user code it cannot step on this host.
                 let m = format!("{:?}", decode_full(cx, mode, rip).mnemonic()).to_lowercase();
                 tracing::debug!(rip = format_args!("{rip:#x}"), insn = %m, "a user-mode instruction goes to KVM");

@@ -805,6 +805,130 @@ fn a_rep_movsb_that_faults_midway_keeps_its_progress_and_raises_the_next_iterati
     assert!(r.precise.stats.user_to_kvm.is_empty());
 }
 
+/// User code whose translation would cross into a page that is not present (TCG fails to
+/// translate it and raises nothing): the instructions before the one that crosses retire, each
+/// run by emon, and that one raises the #PF of its fetch, with CR2 at the page it cannot reach
+/// (SDM Vol. 3A 4.7); nothing goes to KVM.
+#[cfg(feature = "tcg")]
+#[test]
+fn user_code_that_runs_into_a_page_not_present_retires_up_to_the_instruction_that_crosses() {
+    let mut r = user_rig(&[], TIMER, Precise::with_engine(Engine::Tcg).with_user_in_engine(true));
+    // nop x 4; nop dword [rax+rax+0] (9 bytes); mov rax, imm64 across 0x20_0000, which the
+    // tables do not map (nor RAM holds: the rest of its bytes are nowhere).
+    let at = 0x1F_FFEC;
+    let code = [NOP, NOP, NOP, NOP, 0x66, 0x0F, 0x1F, 0x84, 0, 0, 0, 0, 0, 0x48, 0xB8, 1, 2, 3, 4, 5];
+    r.vcpu.mem.write_slice(&code, GuestAddress(at)).unwrap();
+    r.vcpu.regs.rip = at;
+    r.count();
+    for n in 0.. {
+        assert!(n < 10, "no #PF after {n} boundaries");
+        assert_eq!(r.before(true), Next::Retired);
+        if !r.vcpu.injected.is_empty() {
+            break;
+        }
+    }
+    assert_eq!(r.vcpu.injected, [(14, Some(0b100))], "not present, from user mode");
+    assert_eq!((r.vcpu.regs.rip, r.vcpu.sregs.cr2), (0x1F_FFF9, 0x20_0000));
+    assert_eq!(r.pmc(0), 5, "the five instructions before it retired");
+    assert!(r.precise.stats.user_to_kvm.is_empty(), "nothing went to KVM");
+}
+
+/// While a data breakpoint watches user memory, kernel code with RFLAGS.AC set is stepped (its
+/// accesses checked): the engine is not entered for the STAC that opens the window (it would
+/// only hand it back), and the kernel code after the CLAC runs in the engine at once.
+#[cfg(feature = "tcg")]
+#[test]
+fn kernel_code_after_a_watched_user_access_window_runs_in_the_engine_at_once() {
+    use emon_x86::debug::{CR4_SMAP, RFLAGS_AC};
+    // nop; stac; mov al, [rsi]; clac; nop; nop; hlt
+    let code = [NOP, 0x0F, 0x01, 0xCB, 0x8A, 0x06, 0x0F, 0x01, 0xCA, NOP, NOP, 0xF4];
+    let mut r = Rig::new(&code);
+    r.precise = Precise::with_engine(Engine::Tcg).with_user_in_engine(true);
+    r.vcpu.mode.cr4 |= CR4_SMAP;
+    r.vcpu.sregs.cr4 = r.vcpu.mode.cr4;
+    r.vcpu.regs.rsi = 0x10_0000;
+    // DR0: a 4-byte write breakpoint (L0, R/W0 01, LEN0 11) on user memory elsewhere.
+    r.vcpu.dr = [0x10_0100, 0, 0, 0];
+    r.vcpu.dr7 = 0x400 | 1 | 0b1101 << 16;
+    r.count();
+    assert_eq!(r.before(true), Next::Retired, "the NOP, in the engine");
+    assert_eq!(r.vcpu.regs.rip, CODE + 1);
+    let runs = r.precise.stats.engine_runs;
+    r.step(CODE + 4);
+    assert_eq!(r.precise.stats.engine_runs, runs, "no engine run for the STAC");
+    r.vcpu.regs.rflags |= RFLAGS_AC;
+    r.step(CODE + 6);
+    r.step(CODE + 9);
+    r.vcpu.regs.rflags &= !RFLAGS_AC;
+    assert_eq!(r.before(true), Next::Retired, "the NOPs after the CLAC, in the engine");
+    assert_eq!((r.vcpu.regs.rip, r.precise.stats.engine_runs), (CODE + 11, runs + 1));
+}
+
+/// A user-mode run that retired nothing (here: its first instruction faults) leaves the kernel
+/// code that handles it to the engine: what user code did says nothing of the kernel's.
+#[cfg(feature = "tcg")]
+#[test]
+fn kernel_code_after_a_user_mode_fault_runs_in_the_engine_at_once() {
+    // movabs al, [0x40_0000_0000] (no page maps it)
+    let code = [0xA0, 0, 0, 0, 0, 0x40, 0, 0, 0];
+    let mut r = user_rig(&code, TIMER, Precise::with_engine(Engine::Tcg).with_user_in_engine(true));
+    r.vcpu.mem.write_slice(&[NOP, NOP, 0xF4], GuestAddress(HANDLER)).unwrap();
+    r.count();
+    assert_eq!(r.before(true), Next::Retired, "the #PF, raised by emon");
+    assert_eq!(r.vcpu.injected.first().map(|e| e.0), Some(14));
+    assert_eq!(r.before(true), Next::Run, "KVM's entry delivers it");
+    // The entry lands in the handler, at CPL0.
+    r.vcpu.mode.cpl = 0;
+    r.vcpu.sregs.cs =
+        kvm_bindings::kvm_segment { selector: 0x08, l: 1, s: 1, type_: 11, present: 1, ..Default::default() };
+    r.exit_at(HANDLER);
+    let runs = r.precise.stats.engine_runs;
+    assert_eq!(r.before(true), Next::Retired, "the handler's NOPs, in the engine");
+    assert_eq!((r.vcpu.regs.rip, r.precise.stats.engine_runs), (HANDLER + 2, runs + 1));
+}
+
+/// PEBS on user code run by the engine: the run stops right after the event that triggers the
+/// armed assist, and the record has that instruction as EventingIP and the registers right after
+/// it, RIP the next instruction (PEBS is trap-like); no user instruction goes to KVM (which
+/// cannot step user mode on such a host).
+#[cfg(feature = "tcg")]
+#[test]
+fn pebs_records_user_code_the_engine_runs() {
+    const DS: u64 = 0x4_0000;
+    const BUFFER: u64 = 0x4_1000;
+    // 1: dec rcx; jnz 1b; hlt (#GP at CPL3)
+    let mut r = user_rig(
+        &[0x48, 0xFF, 0xC9, 0x75, 0xFB, 0xF4],
+        TIMER,
+        Precise::with_engine(Engine::Tcg).with_user_in_engine(true),
+    );
+    r.pmu.set_pebs(true);
+    r.vcpu.regs.rcx = 10;
+    // The DS area: the PEBS buffer's base, index, absolute maximum and interrupt threshold
+    // (Figure 18-22), room for 4 records.
+    for (offset, value) in [(0x20, BUFFER), (0x28, BUFFER), (0x30, BUFFER + 4 * 0x100), (0x38, BUFFER + 4 * 0x100)] {
+        r.vcpu.mem.write_obj(value, GuestAddress(DS + offset)).unwrap();
+    }
+    r.wrmsr(msr::IA32_DS_AREA, DS);
+    r.wrmsr(msr::IA32_PEBS_ENABLE, 1);
+    // IA32_PMC0 counts instructions retired at CPL3 and overflows at the fifth (a 32-bit write
+    // sign-extends).
+    r.wrmsr(msr::IA32_PMC0, 5u64.wrapping_neg() & 0xFFFF_FFFF);
+    r.wrmsr(msr::IA32_PERFEVTSEL0, 0x41_00C0);
+    r.wrmsr(msr::IA32_PERF_GLOBAL_CTRL, 1);
+    while r.vcpu.injected.is_empty() {
+        assert_eq!(r.before(true), Next::Retired);
+    }
+    let index: u64 = r.vcpu.mem.read_obj(GuestAddress(DS + 0x28)).unwrap();
+    assert!(index > BUFFER, "a record was written");
+    let word = |offset: u64| r.vcpu.mem.read_obj::<u64>(GuestAddress(BUFFER + offset)).unwrap();
+    // Format 3: RIP at 0x08, RCX at 0x20, EventingIP at 0xB0. The fifth instruction (the third
+    // DEC) overflows the counter and arms PEBS; the event after it, the JNZ, triggers the assist
+    // (SDM 18.6.1.1): RCX 7, RIP where the taken JNZ leads.
+    assert_eq!((word(0xB0), word(0x08), word(0x20)), (CODE + 3, CODE, 7));
+    assert!(r.precise.stats.user_to_kvm.is_empty(), "nothing went to KVM");
+}
+
 /// The PIC's interrupt through LINT0 (virtual wire) is KVM's to deliver at the next entry, which
 /// takes the vector from the PIC: emon does not deliver it, and the entry expects the event.
 #[cfg(feature = "tcg")]
@@ -850,6 +974,21 @@ fn pic_interrupt_delivered(r: &mut Rig, rip: u64) {
     r.vcpu.mode.cpl = 0;
     r.vcpu.sregs.cs.selector = 0x08;
     r.exit_at(HANDLER + 1);
+}
+
+/// A PMI the VMM queued in KVM at a user-mode boundary: the entry delivers it before any user
+/// instruction (user mode takes interrupts), so nothing is noted as user code gone to KVM; the
+/// handler's frame shows that no user code ran first.
+#[cfg(feature = "tcg")]
+#[test]
+fn a_pmi_queued_in_user_mode_goes_out_before_any_user_instruction() {
+    let mut r = user_rig(&[NOP, NOP], TIMER, Precise::with_engine(Engine::Tcg).with_user_in_engine(true));
+    r.count();
+    r.precise.event_queued();
+    assert_eq!(r.before(true), Next::Run, "KVM's entry delivers the PMI");
+    assert!(r.precise.stats.user_to_kvm.is_empty(), "no user instruction noted as gone to KVM");
+    pic_interrupt_delivered(&mut r, CODE);
+    assert_eq!(r.precise.stats.cpl3_lost, 0);
 }
 
 /// INVLPG at CPL0 retires in emon, and KVM drops its cached translations before its next

@@ -61,6 +61,9 @@ pub struct Acc {
     pub flushed_tlb: bool,
     /// Instruction-at-a-time execution near an overflow: the block hook stands aside.
     pub single: bool,
+    /// The instruction that brought a counter to its overflow, where the run stopped right after
+    /// it (`Stop::Overflowed`).
+    pub overflowed_at: Option<u64>,
     /// The cache model (while an LLC event counts), and the data accesses of the instructions
     /// of the current block that have started, each with its RIP, in order (see [`on_insn`]).
     pub cache: Option<CacheModel>,
@@ -120,6 +123,7 @@ impl Acc {
             flushed_tlb: false,
             sysret: false,
             single: false,
+            overflowed_at: None,
             accesses: Vec::new(),
             decoded: FxHashMap::default(),
             cache,

@@ -77,6 +77,11 @@ pub enum Stop {
     Overflowed,
     /// Before an instruction at one of the guest's instruction breakpoints ([`Watch::exec`]).
     Breakpoint,
+    /// Before a block TCG could not translate: an instruction in it crosses into a page that
+    /// cannot be fetched from. TCG then ends the run with no exception, where the CPU would run
+    /// the instructions before that one and fault on it (SDM Vol. 3A 6.15, #PF): the caller
+    /// takes the code an instruction at a time ([`Tcg::complete`] translates each alone).
+    Untranslatable,
 }
 
 /// The guest's breakpoints a run honours, where emon makes them fire (README, "The guest's own
@@ -142,6 +147,8 @@ pub struct Run {
     pub lbr: Option<LbrTail>,
     /// The exception that stopped the run, where the engine said which.
     pub fault: Option<u32>,
+    /// With `Stop::Overflowed`: the instruction that brought a counter to its overflow.
+    pub overflowed_at: Option<u64>,
 }
 
 /// What the hooks work on: a run's counting state, or the bounds of a trampoline (see
@@ -384,6 +391,7 @@ impl Tcg {
             cache: acc.cache,
             lbr: acc.lbr,
             fault: self.uc.get_data().fault,
+            overflowed_at: acc.overflowed_at,
         })
     }
 
@@ -393,12 +401,27 @@ impl Tcg {
         if let Some(done) = xsave::complete(&self.mem, state)? {
             return Ok(done);
         }
-        state::load(&mut self.uc, state)?;
+        let rip = state.regs.rip;
+        let mode = CpuMode::from_sregs(&state.sregs);
+        // A translation runs on from the instruction up to a branch, and may cross into the next
+        // page; where that page cannot be fetched from, TCG fails to translate it at all (nothing
+        // runs, no exception: `Stop::Untranslatable`). The instruction is then translated alone:
+        // with RFLAGS.TF set in the engine, TCG ends the translation after it, and the
+        // single-step trap it raises there is the engine's.
+        let next_page = (rip | 0xFFF).wrapping_add(1);
+        let alone = mode.page_fault(&self.mem, next_page, emon_x86::mode::Access::Fetch, false).is_some();
+        let tf = state.regs.rflags & RFLAGS_TF;
+        if alone && tf == 0 {
+            let mut s = state.clone();
+            s.regs.rflags |= RFLAGS_TF;
+            state::load(&mut self.uc, &s)?;
+        } else {
+            state::load(&mut self.uc, state)?;
+        }
         let data = self.uc.get_data_mut();
         data.fault = None;
         data.acc = None;
-        let rip = state.regs.rip;
-        let bytes = CpuMode::from_sregs(&state.sregs).fetch(&self.mem, rip);
+        let bytes = mode.fetch(&self.mem, rip);
         let i = Decoder::with_ip(64, &bytes, rip, DecoderOptions::NONE).decode();
         let facts = insn::of(&i);
         let next = rip + i.len() as u64;
@@ -427,7 +450,7 @@ impl Tcg {
         // With RFLAGS.TF set, TCG raises the single-step trap after the instruction, or after a
         // REP string instruction's iteration (SDM Vol. 3B 17.3.1.4): it completed, and the trap
         // is the caller's to take.
-        let single_step = state.regs.rflags & RFLAGS_TF != 0;
+        let single_step = tf != 0 || alone;
         match self.uc.get_data().fault {
             Some(vector) if !(single_step && vector == u32::from(DB_VECTOR)) => return Ok(Completed::Fault { vector }),
             _ => {}
@@ -440,7 +463,13 @@ impl Tcg {
         let all = Needs { fpu: state.fpu.is_some(), msrs: state.msrs.is_some() };
         // IRETQ and SYSRETQ load segments: written back.
         let moved = matches!(i.code(), Code::Iretq | Code::Sysretq);
-        let after = state::collect(&mut self.uc, &self.mem, state, pc, (all, moved))?;
+        let mut after = state::collect(&mut self.uc, &self.mem, state, pc, (all, moved))?;
+        // The engine's TF off again, unless the instruction loaded RFLAGS itself.
+        use iced_x86::Mnemonic::{Iret, Iretd, Iretq, Popf, Popfd, Popfq, Sysret, Sysretq};
+        let loads_rflags = matches!(i.mnemonic(), Popf | Popfd | Popfq | Iret | Iretd | Iretq | Sysret | Sysretq);
+        if alone && tf == 0 && !loads_rflags {
+            after.regs.rflags &= !RFLAGS_TF;
+        }
         Ok(if facts.retired_at(rip, pc) { Completed::Retired(after) } else { Completed::Iteration(after) })
     }
 
@@ -535,7 +564,8 @@ impl Tcg {
             (_, Some(s)) => s,
             // Memory outside RAM (the local APIC), or an instruction the engine cannot run.
             (Err(_), None) => Stop::Fault,
-            (Ok(()), None) => Stop::Budget,
+            // Every other stop is a hook's; TCG ends a run on its own where it fails to translate.
+            (Ok(()), None) => Stop::Untranslatable,
         };
         // The block hook stops before a block and has retired the one before it; otherwise the
         // engine left the block entered last at `pc`. If `pc` is one of its instructions, that
@@ -629,10 +659,11 @@ impl Tcg {
                     lbr.take(b, 1, a.clock.cycles, 0);
                 }
             }
-            pc = next;
             if hit {
-                return Ok((Stop::Overflowed, pc));
+                acc(&mut self.uc).overflowed_at = Some(pc);
+                return Ok((Stop::Overflowed, next));
             }
+            pc = next;
         }
     }
 }

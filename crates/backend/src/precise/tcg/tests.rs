@@ -537,3 +537,30 @@ fn xsave_to_a_page_not_present_raises_a_page_fault_with_cr2() {
         assert_eq!(done, Some(Completed::PageFault { error_code: 0b010, cr2 }), "at {rdi:#x}");
     }
 }
+
+/// A block whose last instruction crosses into a page that is not present: TCG cannot translate
+/// it and the run says so (nothing ran, no exception); an instruction before that one completes
+/// alone, with the guest's RFLAGS as they were (the engine's own TF does not leak).
+#[test]
+fn a_block_that_runs_into_a_page_not_present_is_untranslatable_and_its_instructions_complete_alone() {
+    let (mem, regs, sregs, mode) = machine(&[]);
+    // nop x 4; nop dword [rax+rax+0] (9 bytes); mov rax, imm64 across 0x20_0000 (past the 2 MiB
+    // the tables map, and past RAM: the rest of its bytes are nowhere).
+    let at = 0x1F_FFEC;
+    mem.write_slice(
+        &[0x90, 0x90, 0x90, 0x90, 0x66, 0x0F, 0x1F, 0x84, 0, 0, 0, 0, 0, 0x48, 0xB8, 1, 2, 3, 4, 5],
+        GuestAddress(at),
+    )
+    .unwrap();
+    let mut tcg = Tcg::new(&mem).unwrap();
+    let mut user = user_state(&sregs, &regs);
+    user.regs.rip = at;
+    let usr = Armed { os: false, ..armed(Semantics::Instructions) };
+    let r = tcg.run(&user, CpuMode { cpl: 3, ..mode }, counting(&[(usr, u64::MAX)])).unwrap();
+    assert_eq!((r.stop, r.state.regs.rip, r.retired, r.fault), (Stop::Untranslatable, at, 0, None), "{r:?}");
+    user.regs.rip = at + 4;
+    match tcg.complete(&user).unwrap() {
+        Completed::Retired(after) => assert_eq!((after.regs.rip, after.regs.rflags), (at + 13, user.regs.rflags)),
+        other => panic!("{other:?}"),
+    }
+}
