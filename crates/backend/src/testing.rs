@@ -23,6 +23,8 @@ pub struct Script {
     pub tsc_deadline: u64,
     /// The local APIC's register page, and the NMIs queued.
     pub lapic: [u8; 1024],
+    /// The vectors of the devices' interrupts (`Vcpu::device_vectors`).
+    pub device_vectors: [u64; 4],
     pub nmis: u32,
     /// Events KVM would deliver at the next entries, one per `due_event` (`None`: nothing due),
     /// how many times the backend asked, and the event handed back for the next entry.
@@ -92,6 +94,9 @@ impl Vcpu for Script {
     fn lapic(&mut self) -> Result<[u8; 1024], VcpuError> {
         Ok(self.lapic)
     }
+    fn device_vectors(&mut self) -> Result<[u64; 4], VcpuError> {
+        Ok(self.device_vectors)
+    }
     fn set_lapic(&mut self, page: &[u8; 1024]) -> Result<(), VcpuError> {
         self.lapic = *page;
         Ok(())
@@ -147,6 +152,7 @@ impl Script {
             tsc_deadline: 0,
             tsc_settable: true,
             lapic: [0; 1024],
+            device_vectors: [0; 4],
             nmis: 0,
             due_events: Default::default(),
             event_probes: 0,

@@ -101,6 +101,11 @@ pub trait Vcpu {
     /// The local APIC's register page (KVM_GET_LAPIC: each register a little-endian word at its
     /// xAPIC offset, [`crate::lapic`]).
     fn lapic(&mut self) -> Result<[u8; 1024], VcpuError>;
+    /// The vectors devices' interrupts arrive with (the I/O APIC's unmasked redirection
+    /// entries), as a 256-bit set; none where there is no I/O APIC.
+    fn device_vectors(&mut self) -> Result<[u64; 4], VcpuError> {
+        Ok([0; 4])
+    }
     fn set_lapic(&mut self, page: &[u8; 1024]) -> Result<(), VcpuError>;
     /// Queues an NMI for the vCPU (delivered at the next entry if it can take one).
     fn nmi(&mut self) -> Result<(), VcpuError>;

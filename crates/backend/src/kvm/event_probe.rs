@@ -31,6 +31,28 @@ pub fn pic_asserts(vm: &std::os::fd::OwnedFd) -> Result<bool, VcpuError> {
     Ok(crate::lapic::pic_output(pic.irr, pic.imr, pic.isr, pic.priority_add, pic.special_fully_nested_mode != 0))
 }
 
+/// The vectors of the in-kernel I/O APIC's unmasked redirection entries (its devices'
+/// interrupts, 82093AA I/O APIC datasheet 3.2.4: vector in bits 7:0, mask in bit 16), as a
+/// 256-bit set.
+pub fn ioapic_vectors(vm: &std::os::fd::OwnedFd) -> Result<[u64; 4], VcpuError> {
+    let mut chip = kvm_bindings::kvm_irqchip { chip_id: kvm_bindings::KVM_IRQCHIP_IOAPIC, ..Default::default() };
+    // SAFETY: KVM_GET_IRQCHIP fills the kvm_irqchip it is given, which outlives the call.
+    if unsafe { vmm_sys_util::ioctl::ioctl_with_mut_ref(vm, KVM_GET_IRQCHIP(), &mut chip) } != 0 {
+        return Err(VcpuError { op: "KVM_GET_IRQCHIP", source: Errno::last() });
+    }
+    let mut set = [0u64; 4];
+    // SAFETY: chip_id IOAPIC makes `ioapic` the member KVM filled; every redirection entry is
+    // plain bits.
+    for entry in unsafe { chip.chip.ioapic.redirtbl } {
+        let bits = unsafe { entry.bits };
+        if bits & 1 << 16 == 0 {
+            let v = (bits & 0xFF) as usize;
+            set[v / 64] |= 1 << (v % 64);
+        }
+    }
+    Ok(set)
+}
+
 /// `struct kvm_signal_mask` with the kernel's 64-bit sigset after its length.
 #[repr(C)]
 struct SignalMask {

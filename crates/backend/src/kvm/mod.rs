@@ -439,6 +439,10 @@ impl Vcpu for KvmVcpu<'_> {
         self.cpu.set_lapic(page)
     }
 
+    fn device_vectors(&mut self) -> Result<[u64; 4], VcpuError> {
+        self.cpu.vm.as_ref().map_or(Ok([0; 4]), event_probe::ioapic_vectors)
+    }
+
     fn nmi(&mut self) -> Result<(), VcpuError> {
         self.cpu.fd.nmi().map_err(VcpuError::op("KVM_NMI"))
     }

@@ -357,16 +357,20 @@ mod fast_forward {
             Ok(true)
         }
 
-        /// Whether the local APIC holds a deliverable interrupt that is not its timer's: one the
-        /// guest raised itself (a self-IPI, such as the one Linux's irq_work sends) or a device's.
-        /// The wait for user-mode progress (`take_user_event`) is for the timer, whose ticks come
-        /// however long the kernel takes over them; any other interrupt is taken where the CPU
-        /// takes it.
+        /// Whether the local APIC holds a deliverable interrupt the guest raised itself: a
+        /// self-IPI (such as the one Linux's irq_work sends), not its timer's nor a device's
+        /// through the I/O APIC. The wait for user-mode progress (`take_user_event`) is for those,
+        /// which come on real time however long the kernel takes over them (the PIT's tick comes
+        /// through the I/O APIC where Linux finds the local APIC's timer unusable); an interrupt
+        /// the guest's own code raised is taken where the CPU takes it.
         fn interrupt_raised_by_guest(&mut self, cx: &mut Cx) -> Result<bool, BackendError> {
             use crate::lapic;
             let page = cx.vcpu.lapic()?;
             let timer = lapic::reg(&page, lapic::LVT_TIMER) & 0xFF;
-            Ok(lapic::deliverable(&page).is_some_and(|v| u32::from(v) != timer))
+            let Some(v) = lapic::deliverable(&page) else { return Ok(false) };
+            let devices = cx.vcpu.device_vectors()?;
+            let device = devices[usize::from(v) / 64] & 1 << (v % 64) != 0;
+            Ok(u32::from(v) != timer && !device)
         }
 
         /// Kernel code that emon runs (in the engine, or completing an instruction such as RDTSC

@@ -1170,8 +1170,9 @@ fn a_pushf_kvm_steps_pushes_the_guests_tf_not_kvms() {
 }
 
 /// While user mode waits for progress after a run of timer interrupts (`take_user_event`), an
-/// interrupt the guest raised itself (here a self-IPI's vector in the IRR, not the timer's) is
-/// taken at once, as the CPU takes it; the timer's waits.
+/// interrupt the guest raised itself (here a self-IPI's vector in the IRR: neither the local
+/// APIC timer's nor a device's through the I/O APIC) is taken at once, as the CPU takes it; the
+/// timer's and the devices' wait.
 #[cfg(feature = "tcg")]
 #[test]
 fn an_interrupt_the_guest_raised_is_not_held_for_user_progress() {
@@ -1192,6 +1193,15 @@ fn an_interrupt_the_guest_raised_is_not_held_for_user_progress() {
     r.vcpu.due_events.push_back(Some(DueEvent::Interrupt(0x40)));
     r.before(true);
     assert_eq!(r.vcpu.event_probes, 0, "the timer's interrupt waits for user-mode progress");
+    // A device's through the I/O APIC (the PIT's tick where Linux gave up the local APIC timer)
+    // waits too.
+    r.vcpu.device_vectors[0] |= 1 << 0x30;
+    r.precise.starve_user_mode();
+    pending(&mut r, 0x30);
+    r.vcpu.due_events.clear();
+    r.vcpu.due_events.push_back(Some(DueEvent::Interrupt(0x30)));
+    r.before(true);
+    assert_eq!(r.vcpu.event_probes, 0, "a device's interrupt waits for user-mode progress");
     r.precise.starve_user_mode();
     pending(&mut r, TIMER);
     r.vcpu.due_events.clear();
