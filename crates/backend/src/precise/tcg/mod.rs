@@ -465,8 +465,7 @@ impl Tcg {
         let moved = matches!(i.code(), Code::Iretq | Code::Sysretq);
         let mut after = state::collect(&mut self.uc, &self.mem, state, pc, (all, moved))?;
         // The engine's TF off again, unless the instruction loaded RFLAGS itself.
-        use iced_x86::Mnemonic::{Iret, Iretd, Iretq, Popf, Popfd, Popfq, Sysret, Sysretq};
-        let loads_rflags = matches!(i.mnemonic(), Popf | Popfd | Popfq | Iret | Iretd | Iretq | Sysret | Sysretq);
+        let loads_rflags = matches!(facts.special, insn::Special::Popf | insn::Special::Iret | insn::Special::Sysret);
         if alone && tf == 0 && !loads_rflags {
             after.regs.rflags &= !RFLAGS_TF;
         }
