@@ -168,6 +168,9 @@ pub enum CliError {
     /// `emon bench`: a measurement run failed.
     #[error("{0}")]
     Bench(String),
+    /// A word for `/init` that Linux's command line cannot carry.
+    #[error("the argument {word:?} after the kernel's `--`: {why}")]
+    InitArg { word: String, why: &'static str },
 }
 
 pub fn main() -> ExitCode {
@@ -229,6 +232,31 @@ fn load_kernel(spec: &str) -> Result<loader::Kernel, CliError> {
     Ok(loader::Kernel { name: spec.to_owned(), image })
 }
 
+/// The kernel command line from the words after `emon run ... --`. Linux splits its command line
+/// at spaces and gives `/init` the words after a `--` of their own; a word in double quotes keeps
+/// its spaces, and a double quote has no escape. So each of init's words that holds a space, or
+/// nothing, is quoted, and init gets the words the user gave; the kernel's own parameters, before
+/// that `--`, go as they are (README, "Boot protocols and the guest entry state").
+fn kernel_cmdline(words: &[String]) -> Result<String, CliError> {
+    let mut init = false;
+    let mut line = Vec::with_capacity(words.len());
+    for word in words {
+        let err = |why| Err(CliError::InitArg { word: word.clone(), why });
+        if !init {
+            init = word == "--";
+        } else if word.contains('"') {
+            return err("Linux's command line cannot carry a double quote to init");
+        } else if word == "--" {
+            return err("Linux ends init's arguments at a second `--`, so the words after it would be lost");
+        } else if word.is_empty() || word.contains(' ') {
+            line.push(format!("\"{word}\""));
+            continue;
+        }
+        line.push(word.clone());
+    }
+    Ok(line.join(" "))
+}
+
 fn run(args: RunArgs) -> Result<ExitCode, CliError> {
     let profile = load_profile(&args.profile)?;
     let kernel = load_kernel(args.kernel.as_deref().unwrap_or(DEFAULT_GUEST))?;
@@ -275,7 +303,7 @@ fn run(args: RunArgs) -> Result<ExitCode, CliError> {
     let config = VmConfig {
         profile,
         kernel,
-        cmdline: args.cmdline.join(" "),
+        cmdline: kernel_cmdline(&args.cmdline)?,
         modules,
         initrd,
         memory_mib: args.memory,
@@ -627,6 +655,30 @@ mod tests {
         let e = CliError::UnknownGuest { name: "x".into(), available: vec!["a".into(), "b".into()] };
         assert_eq!(e.to_string(), "no built-in guest 'x'; built-in guests: a, b");
         assert_eq!(CliError::Timeout(-1.0).to_string(), "--timeout -1: must be a positive number of seconds");
+    }
+
+    fn words(w: &[&str]) -> Vec<String> {
+        w.iter().map(|s| s.to_string()).collect()
+    }
+
+    /// init gets the words given after the kernel's `--`: those with spaces, or none, in quotes.
+    #[test]
+    fn init_gets_its_words_whole_on_the_kernel_command_line() {
+        let line = |w: &[&str]| kernel_cmdline(&words(w)).unwrap();
+        assert_eq!(line(&[]), "");
+        assert_eq!(line(&["console=ttyS0 x=1", "quiet"]), "console=ttyS0 x=1 quiet", "the kernel's, as given");
+        assert_eq!(
+            line(&["console=ttyS0", "--", "sh", "-c", "echo a  b", "", "x=1"]),
+            r#"console=ttyS0 -- sh -c "echo a  b" "" x=1"#
+        );
+        assert_eq!(line(&["--", "true"]), "-- true");
+        for (w, why) in [
+            (&["--", "sh", "-c", r#"echo "a""#][..], "cannot carry a double quote"),
+            (&["a", "--", "b", "--", "c"][..], "ends init's arguments at a second `--`"),
+        ] {
+            let e = kernel_cmdline(&words(w)).unwrap_err().to_string();
+            assert!(e.contains(why) && !e.contains('\n'), "{w:?}: {e}");
+        }
     }
 
     #[test]

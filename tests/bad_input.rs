@@ -92,6 +92,14 @@ fn missing_kernel_file() {
     assert_error(&emon(&["run", "/nonexistent/kernel"]), &["/nonexistent/kernel", "cannot read"]);
 }
 
+/// Linux's command line cannot carry a double quote, nor a second `--`, to init: refused, not
+/// passed on to end init's words early.
+#[test]
+fn init_words_the_kernel_command_line_cannot_carry() {
+    assert_error(&emon(&["run", "--", "x", "--", "sh", "-c", "echo \"hi\""]), &["echo \\\"hi\\\"", "double quote"]);
+    assert_error(&emon(&["run", "--", "--", "a", "--", "b"]), &["second `--`"]);
+}
+
 #[test]
 fn unknown_builtin_guest_lists_the_guests() {
     assert_error(&emon(&["run", "guest:nope"]), &["nope", "cpuid-report"]);

@@ -218,3 +218,36 @@ fn linux_user_space_runs_the_perf_test_under_every_profile() {
         assert_eq!(result("page-faults alone: one per fresh page written").as_deref(), Some("pass"), "{run}");
     }
 }
+
+/// `/init` gets the words given after the kernel's `--` as they were given: a word with spaces
+/// stays one word, an empty word stays (README, "Boot protocols and the guest entry state").
+#[test]
+fn init_gets_the_words_given_after_the_kernels_separator() {
+    if !kvm_available() {
+        return;
+    }
+    let kernel = script(&["scripts/linux-kernel"]).lines().last().expect("a path").to_owned();
+    let initrd = build_the_initramfs(&[]);
+    let r = emon(&[
+        "run",
+        "--memory",
+        "256",
+        "--timeout",
+        "300",
+        "--initrd",
+        &initrd,
+        &kernel,
+        "--",
+        "console=ttyS0",
+        "emon_perf_test.run=0",
+        "--",
+        "sh",
+        "-c",
+        "IFS=; echo [$1] $#",
+        "sh",
+        "a  b",
+        "",
+    ]);
+    r.assert_status(0);
+    assert!(r.stdout.lines().any(|l| l.trim_end() == "[a  b] 2"), "$1 is one word with its two spaces: {}", r.stdout);
+}
