@@ -14,6 +14,8 @@ pub struct Script {
     pub mode: CpuMode,
     pub single_step: bool,
     pub halted: bool,
+    /// STI's interrupt shadow, where an STI that retired outside the vCPU left it.
+    pub sti_shadow: bool,
     pub injected: Vec<(u8, Option<u32>)>,
     /// The guest's TSC, which the test moves on by hand (`tsc_settable`: whether
     /// `set_guest_tsc` may change it, as on a host with KVM_VCPU_TSC_OFFSET).
@@ -71,6 +73,11 @@ impl Vcpu for Script {
         Ok(())
     }
     fn end_interrupt_shadow(&mut self) -> Result<(), VcpuError> {
+        self.sti_shadow = false;
+        Ok(())
+    }
+    fn begin_sti_shadow(&mut self) -> Result<(), VcpuError> {
+        self.sti_shadow = true;
         Ok(())
     }
     fn guest_breakpoints(&mut self) -> Result<emon_x86::debug::Breakpoints, VcpuError> {
@@ -147,6 +154,7 @@ impl Script {
             mode: CpuMode::default(),
             single_step: false,
             halted: false,
+            sti_shadow: false,
             injected: Vec::new(),
             tsc: 0,
             tsc_deadline: 0,

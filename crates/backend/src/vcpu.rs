@@ -58,6 +58,9 @@ pub trait Vcpu {
     /// An instruction retired outside the vCPU: any interrupt shadow (STI's, MOV SS's) it was
     /// under has ended.
     fn end_interrupt_shadow(&mut self) -> Result<(), VcpuError>;
+    /// STI retired outside the vCPU, last: the interrupts it lets in wait until the next
+    /// instruction has retired (SDM Vol. 2B, STI), as under the shadow the vCPU sets itself.
+    fn begin_sti_shadow(&mut self) -> Result<(), VcpuError>;
     /// The guest's translations KVM caches (its TLB, and the shadow page tables of a KVM without
     /// nested paging) are dropped before the next entry, as a MOV to CR3 that flushes drops them
     /// (SDM Vol. 3A 4.10.4.1): the guest changed its page tables and flushed, outside the vCPU.

@@ -47,6 +47,9 @@ pub enum Special {
     Iret,
     /// POPF may set RFLAGS.TF: the guest then single-steps itself.
     Popf,
+    /// STI: maskable interrupts wait until the instruction after it has retired (SDM Vol. 2B,
+    /// STI), a shadow the vCPU must keep where STI retired outside it.
+    Sti,
     /// PUSHF pushes RFLAGS, TF included: one KVM single-steps pushes the TF of KVM's step.
     Pushf,
     /// RDTSC, RDTSCP and RDMSR read the time-stamp counter, which runs with the cost model while
@@ -218,6 +221,7 @@ pub fn of(i: &Instruction) -> Insn {
         Rdpmc => Special::Rdpmc,
         Iret | Iretd | Iretq => Special::Iret,
         Popf | Popfd | Popfq => Special::Popf,
+        Sti => Special::Sti,
         Pushf | Pushfd | Pushfq => Special::Pushf,
         Rdtsc => Special::Rdtsc,
         Rdtscp => Special::Rdtscp,

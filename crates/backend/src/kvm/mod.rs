@@ -408,6 +408,13 @@ impl Vcpu for KvmVcpu<'_> {
         Ok(())
     }
 
+    fn begin_sti_shadow(&mut self) -> Result<(), VcpuError> {
+        let mut ev = self.cpu.events()?;
+        ev.interrupt.shadow = kvm_bindings::KVM_X86_SHADOW_INT_STI as u8;
+        ev.flags |= KVM_VCPUEVENT_VALID_SHADOW;
+        self.cpu.set_events(&ev)
+    }
+
     fn inject_exception(&mut self, vector: u8, error_code: Option<u32>) -> Result<(), VcpuError> {
         if is_fault(vector) {
             // The frame of a fault has RFLAGS.RF set, so that the instruction can be restarted

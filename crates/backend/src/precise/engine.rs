@@ -244,14 +244,16 @@ mod fast_forward {
                 return Ok(None);
             }
             // Not worth entering the engine for an instruction it would hand back at once: one it
-            // cannot run, or one that may open the kernel's access to user memory while a data
-            // breakpoint watches it (`watch`).
-            let watched_opening = !user
-                && tcg::opens_user_access(&first)
-                && self.emons_breakpoints(cx)?.is_some_and(|b| b.watches_data());
-            if watched_opening
-                || tcg::classify(&first, &mut iced_x86::InstructionInfoFactory::new()) == Class::HandedOver
-            {
+            // cannot run, or one the run withholds (`engine_run`): what may open the kernel's
+            // access to user memory while a data breakpoint watches it (`watch`), STI while
+            // something counts.
+            let withheld = tcg::Withheld {
+                user_access: !user
+                    && tcg::opens_user_access(&first)
+                    && self.emons_breakpoints(cx)?.is_some_and(|b| b.watches_data()),
+                sti: self.withholds_sti(mode),
+            };
+            if tcg::class_in(&first, &mut iced_x86::InstructionInfoFactory::new(), withheld) == Class::HandedOver {
                 return if user { self.user_mode_handover(cx, &first, mode, None) } else { Ok(None) };
             }
             let Some((before, run)) = self.engine_run(cx, mode)? else { return Ok(None) };
@@ -561,6 +563,15 @@ mod fast_forward {
                 && (!pebs || matches!(mode.cpl, 0 | 3))
         }
 
+        /// Whether STI goes to KVM, which delivers the interrupts it lets in right after the
+        /// instruction its shadow covers: while a counter counts, or the LBR stack records, at
+        /// this privilege level. Elsewhere the engine runs it, and those interrupts wait for the
+        /// run's end, as they wait while code with RFLAGS.IF set runs: an interrupt taken later,
+        /// in code nothing counts.
+        fn withholds_sti(&self, mode: &CpuMode) -> bool {
+            self.branches.lbr_on || self.counters.armed.iter().any(|a| if mode.cpl == 0 { a.os } else { a.usr })
+        }
+
         /// What an engine run must honour of the guest's breakpoints (DR7), or `None` where it
         /// may not run while they are armed. Where they are KVM's (user mode not in the engine),
         /// the engine stands aside. Where they are emon's, a run stops before each instruction
@@ -620,6 +631,7 @@ mod fast_forward {
                     deadline,
                     lbr: self.branches.tail(cx.pmu),
                     watch: watch.clone(),
+                    sti: !self.withholds_sti(mode),
                 };
                 let engine = self.engine.tcg.engine.get(cx.vcpu.memory()).expect("made above");
                 let run = match engine.run(&state, *mode, counting) {
@@ -710,6 +722,11 @@ mod fast_forward {
                 self.run_free_for_guest_debug(cx)?;
             }
             tcg::write_back(cx.vcpu, before, &run.state)?;
+            if run.after_sti {
+                // Not when STI set RFLAGS.IF that was set already (SDM Vol. 2B, STI), which runs
+                // in the kernel do not: an interrupt then waits one instruction more.
+                cx.vcpu.begin_sti_shadow()?;
+            }
             if run.flushed_tlb {
                 cx.vcpu.flush_tlb()?;
             }

@@ -887,6 +887,36 @@ fn kernel_code_after_a_user_mode_fault_runs_in_the_engine_at_once() {
     assert_eq!((r.vcpu.regs.rip, r.precise.stats.engine_runs), (HANDLER + 2, runs + 1));
 }
 
+/// Kernel code while nothing counts runs STI in the engine, which ends the run before the HLT it
+/// covers: the vCPU keeps STI's shadow over the HLT, so that no interrupt comes in before it
+/// (SDM Vol. 2B, STI). While kernel code counts, STI goes to KVM, which delivers what it lets in
+/// right after the instruction it covers.
+#[cfg(feature = "tcg")]
+#[test]
+fn sti_runs_in_the_engine_while_nothing_counts_and_leaves_its_shadow_to_the_vcpu() {
+    // cli; nop; sti; hlt
+    let code = [0xFA, NOP, 0xFB, 0xF4];
+    // IA32_PMC0 counts instructions retired in user mode only, or at every CPL: (the engine
+    // run's end, and what PMC0 counted).
+    for (evtsel, end, counted) in [(0x41_00C0, CODE + 3, 0), (0x43_00C0, CODE + 2, 2)] {
+        let mut r = Rig::new(&code);
+        r.precise = Precise::with_engine(Engine::Tcg).with_cpl0_in_engine(true);
+        r.vcpu.regs.rflags = 0x202;
+        r.wrmsr(msr::IA32_PERFEVTSEL0, evtsel);
+        r.wrmsr(msr::IA32_PERF_GLOBAL_CTRL, 1);
+        assert_eq!(r.before(true), Next::Retired, "in the engine");
+        assert_eq!((r.vcpu.regs.rip, r.pmc(0), r.precise.stats.engine_runs), (end, counted, 1));
+        if end == CODE + 3 {
+            assert_ne!(r.vcpu.regs.rflags & RFLAGS_IF, 0, "STI retired");
+            assert!(r.vcpu.sti_shadow, "the shadow covers the HLT");
+        } else {
+            assert_eq!(r.before(true), Next::Run, "STI is KVM's: stepped");
+            assert!(r.vcpu.single_step);
+            assert_eq!((r.precise.stats.engine_runs, r.vcpu.sti_shadow), (1, false));
+        }
+    }
+}
+
 /// PEBS on user code run by the engine: the run stops right after the event that triggers the
 /// armed assist, and the record has that instruction as EventingIP and the registers right after
 /// it, RIP the next instruction (PEBS is trap-like); no user instruction goes to KVM (which

@@ -50,20 +50,43 @@ pub enum Class {
 const HANDED_OVER: &[Mnemonic] = {
     use Mnemonic::*;
     &[
-        Cpuid, Rdtsc, Rdtscp, Rdpmc, Rdmsr, Wrmsr, In, Out, Insb, Insw, Insd, Outsb, Outsw, Outsd, Hlt, Sti, Popf,
-        Popfq, Popfd, Iret, Iretd, Syscall, Sysret, Sysretq, Sysenter, Sysexit, Int, Int1, Int3, Into, Ud0, Ud1, Ud2,
-        Retf, Lss, Lfs, Lgs, Lds, Les, Xsetbv, Rdseed, Rdpid, Wbinvd, Invd, Monitor, Mwait, Umonitor, Umwait, Tpause,
-        Enqcmd, Serialize, Invpcid, Xsave, Xsave64, Xsaveopt, Xsaveopt64, Xsavec, Xsavec64, Xrstor, Xrstor64,
+        Cpuid, Rdtsc, Rdtscp, Rdpmc, Rdmsr, Wrmsr, In, Out, Insb, Insw, Insd, Outsb, Outsw, Outsd, Hlt, Popf, Popfq,
+        Popfd, Iret, Iretd, Syscall, Sysret, Sysretq, Sysenter, Sysexit, Int, Int1, Int3, Into, Ud0, Ud1, Ud2, Retf,
+        Lss, Lfs, Lgs, Lds, Les, Xsetbv, Rdseed, Rdpid, Wbinvd, Invd, Monitor, Mwait, Umonitor, Umwait, Tpause, Enqcmd,
+        Serialize, Invpcid, Xsave, Xsave64, Xsaveopt, Xsaveopt64, Xsavec, Xsavec64, Xrstor, Xrstor64,
     ]
 };
 
 /// Privileged instructions the engine runs at CPL0 all the same: their effect is registers the
-/// engine holds and gives back (RFLAGS.IF cleared, RFLAGS.AC, GS's base), or the TLB: INVLPG
-/// drops the engine's own translation, and the run says so (`Run::flushed_tlb`) for KVM's.
+/// engine holds and gives back (RFLAGS.IF, RFLAGS.AC, GS's base), or the TLB: INVLPG drops the
+/// engine's own translation, and the run says so (`Run::flushed_tlb`) for KVM's. STI only where
+/// the run may hold interrupts back ([`Withheld::sti`]); a run that ends right after it says so
+/// (`Run::after_sti`), for its shadow.
 const PRIVILEGED_IN_ENGINE: &[Mnemonic] = {
     use Mnemonic::*;
-    &[Cli, Clac, Stac, Swapgs, Invlpg]
+    &[Cli, Sti, Clac, Stac, Swapgs, Invlpg]
 };
+
+/// What a run hands over that the engine could run: what must not happen outside KVM's or
+/// emon's sight under the run's conditions.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Withheld {
+    /// A data breakpoint watches user memory: what may open the kernel's access to it
+    /// ([`opens_user_access`]).
+    pub user_access: bool,
+    /// Interrupts must be taken where the CPU takes them (something counts at this privilege
+    /// level): STI, after whose shadow KVM delivers those it let in. Other runs run it, and the
+    /// interrupts wait for the run's end, as they wait while code with RFLAGS.IF set runs.
+    pub sti: bool,
+}
+
+/// Whether the engine may run `i` in a run that withholds `withheld` (see [`classify`]).
+pub fn class_in(i: &Instruction, info: &mut InstructionInfoFactory, withheld: Withheld) -> Class {
+    if withheld.user_access && opens_user_access(i) || withheld.sti && i.mnemonic() == Mnemonic::Sti {
+        return Class::HandedOver;
+    }
+    classify(i, info)
+}
 
 /// The instruction sets the engine runs: what QEMU's TCG implements of what a guest may be told
 /// it has (integer, x87, MMX, SSE to SSE4.2, AES-NI, PCLMULQDQ, FXSAVE and XSAVE/XSAVEOPT).
@@ -261,6 +284,8 @@ pub struct Block {
     pub stops_at: Option<u64>,
     /// Its last instruction is IRETQ.
     pub ends_in_iret: bool,
+    /// Its last instruction is STI.
+    pub ends_in_sti: bool,
     /// Its last instruction is SYSRETQ.
     pub ends_in_sysret: bool,
     /// The block is `loop .` alone (LOOP to itself, counting in RCX): see `loop_ahead`.
@@ -279,9 +304,9 @@ pub struct Block {
     /// The most cache lines its data accesses can touch (counted only with a cache model).
     pub lines: u64,
     /// What it was decoded from and for: the guest-physical pages of its first and last byte,
-    /// and the run's cache model, loaded state and watch on user memory (see [`decode_block`]).
+    /// and the run's cache model, loaded state and what it withholds (see [`decode_block`]).
     pub from: [Option<u64>; 2],
-    pub decoded_for: (bool, Needs, bool),
+    pub decoded_for: (bool, Needs, Withheld),
     /// The size of the translated block it was decoded for (TCG translates code it has seen
     /// written again, often to another size).
     pub size: u32,
@@ -317,16 +342,15 @@ impl Block {
 
 /// Decodes the block of `size` bytes at linear `addr` for a run that loaded `loaded`.
 /// With `cache` (the cache model counts), an instruction whose data accesses cannot be known
-/// before it runs (a REP string instruction) ends the runnable part: it is stepped. With
-/// `watch_user` (a data breakpoint on user memory is armed), what may open the kernel's access to
-/// user memory is handed over ([`opens_user_access`]).
+/// before it runs (a REP string instruction) ends the runnable part: it is stepped. What the run
+/// withholds is handed over ([`class_in`]).
 pub fn decode_block(
     mode: &CpuMode,
     mem: &GuestMemoryMmap,
     (addr, size): (u64, usize),
     cache: bool,
     loaded: Needs,
-    watch_user: bool,
+    withheld: Withheld,
 ) -> Block {
     let mut bytes = Vec::with_capacity(size + 15);
     let mut a = addr;
@@ -346,6 +370,7 @@ pub fn decode_block(
     let mut lines = 0;
     let mut self_loop = false;
     let mut ends_in_iret = false;
+    let mut ends_in_sti = false;
     let mut ends_in_sysret = false;
     let mut flushes_tlb = false;
     let mut d = Decoder::with_ip(64, &bytes, addr, DecoderOptions::NONE);
@@ -354,13 +379,14 @@ pub fn decode_block(
         let i = d.decode();
         // The smallest line a profile may have: the bound holds whatever the profile's line.
         let accesses = if cache { access::max_lines(&i, MIN_CACHE_LINE).ok() } else { Some(0) };
-        let class = if watch_user && opens_user_access(&i) { Class::HandedOver } else { classify(&i, &mut info) };
+        let class = class_in(&i, &mut info, withheld);
         match (i.is_invalid(), class, accesses) {
             (false, Class::Runs(n), Some(l)) if n.met_by(loaded) => {
                 lines += l;
                 insns_need = insns_need.union(n);
                 self_loop = i.code() == Code::Loop_rel8_64_RCX && i.near_branch_target() == i.ip();
                 ends_in_iret = i.code() == Code::Iretq;
+                ends_in_sti = i.mnemonic() == Mnemonic::Sti;
                 ends_in_sysret = i.code() == Code::Sysretq;
                 flushes_tlb |= i.mnemonic() == Mnemonic::Invlpg;
                 insns.push((i.ip(), insn::of(&i)));
@@ -386,6 +412,7 @@ pub fn decode_block(
         insns_need,
         stops_at,
         ends_in_iret,
+        ends_in_sti,
         ends_in_sysret,
         self_loop,
         flushes_tlb,
@@ -397,7 +424,7 @@ pub fn decode_block(
         cycles_not: 0,
         lines,
         from: [None; 2],
-        decoded_for: (cache, loaded, watch_user),
+        decoded_for: (cache, loaded, withheld),
         size: size as u32,
         seen: 0,
     }

@@ -1,7 +1,7 @@
 //! Counting in the engine: the state the hooks work on ([`Acc`]), the block hook that decides
 //! before each translated block whether it runs (and retires the one before it), the code hook
 //! that feeds the cache model, and the `loop .` fast path.
-use super::blocks::{decode_block, Block, Needs};
+use super::blocks::{decode_block, Block, Needs, Withheld};
 use super::{Counting, Data, ModelClock, Stop, MAX_BLOCKS};
 use crate::precise::branches::{taken_branch, LbrTail};
 use crate::precise::cache::{CacheEvents, CacheModel};
@@ -59,6 +59,8 @@ pub struct Acc {
     pub sysret: bool,
     /// A block with an INVLPG ran.
     pub flushed_tlb: bool,
+    /// The instruction retired last is STI (its shadow covers the next one).
+    pub after_sti: bool,
     /// Instruction-at-a-time execution near an overflow: the block hook stands aside.
     pub single: bool,
     /// The instruction that brought a counter to its overflow, where the run stopped right after
@@ -85,8 +87,8 @@ pub struct Acc {
     pub changed: bool,
     /// The LBR stack's newest records, while it records.
     pub lbr: Option<LbrTail>,
-    /// A data breakpoint on user-mode memory is armed (see [`super::Watch`]).
-    pub watch_user: bool,
+    /// What the run hands over that the engine could run.
+    pub withheld: Withheld,
 }
 
 impl Acc {
@@ -99,7 +101,7 @@ impl Acc {
         loaded: Needs,
         (decoded, run): (Decoded, u64),
     ) -> Acc {
-        let Counting { armed, clock, budget, cache, deadline, lbr, watch } = counting;
+        let Counting { armed, clock, budget, cache, deadline, lbr, watch, sti } = counting;
         Acc {
             mode,
             mem,
@@ -121,6 +123,7 @@ impl Acc {
             cpl: mode.cpl,
             iret: false,
             flushed_tlb: false,
+            after_sti: false,
             sysret: false,
             single: false,
             overflowed_at: None,
@@ -134,7 +137,7 @@ impl Acc {
             cut: None,
             changed: false,
             lbr,
-            watch_user: watch.user_data,
+            withheld: Withheld { user_access: watch.user_data, sti: !sti },
         }
         .tracking()
     }
@@ -149,7 +152,7 @@ impl Acc {
     /// earlier run decoded it from the same pages for the same state, and summed for this
     /// run's counters. Its index in `blocks`.
     pub fn enter(&mut self, found: Option<u32>, addr: u64, size: u32, from: [Option<u64>; 2]) -> u32 {
-        let wanted = (self.cache.is_some(), self.loaded, self.watch_user);
+        let wanted = (self.cache.is_some(), self.loaded, self.withheld);
         let k = match found {
             Some(k)
                 if self.blocks[k as usize].from == from
@@ -207,6 +210,7 @@ impl Acc {
         }
         let taken = crate::precise::stepper::taken(last, *rip, next);
         self.retired += b.insns.len() as u64;
+        self.after_sti = b.ends_in_sti;
         let c = b.cycles_body + if taken { b.cycles_taken } else { b.cycles_not };
         if !self.tracked {
             return self.advance_clock(c);
@@ -271,6 +275,7 @@ impl Acc {
         let cache = self.feed(fault);
         let insns = &self.blocks[k as usize].insns[..n];
         self.retired += n as u64;
+        self.after_sti &= n == 0;
         let c = insns.iter().map(|(_, i)| cycles(i, false)).sum();
         let ticks = self.clock.reference.ref_ticks_between(self.clock.cycles, c);
         for (j, (a, on)) in self.armed.iter().zip(&self.counting).enumerate() {
@@ -500,6 +505,7 @@ fn loop_ahead(uc: &mut Unicorn<'_, Data>, block: u32, addr: u64) {
     let per: Vec<u64> = b.last_taken.clone();
     let ticks = reference.ref_ticks_between(acc.clock.cycles, k * cyc);
     acc.retired += k;
+    acc.after_sti = false;
     for (j, (count, p)) in acc.counts.iter_mut().zip(per).enumerate() {
         *count += k * p;
         if acc.counting[j] {

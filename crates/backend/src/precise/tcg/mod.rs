@@ -31,7 +31,7 @@ mod xsave;
 use super::branches::LbrTail;
 use super::cache::CacheModel;
 use super::events::Armed;
-pub use blocks::{classify, hide_lacking, opens_user_access, runs_in_engine, Class, Needs};
+pub use blocks::{class_in, classify, hide_lacking, opens_user_access, runs_in_engine, Class, Needs, Withheld};
 use counting::{on_block, on_breakpoint, on_insn, on_stop, Acc, Decoded};
 use emon_pmu::profile::{Clock, MIN_CACHE_LINE};
 use emon_x86::access;
@@ -119,6 +119,9 @@ pub struct Counting<'a> {
     pub lbr: Option<LbrTail>,
     /// The guest's breakpoints the run honours.
     pub watch: Watch,
+    /// STI runs in the engine: nothing counts at this privilege level, so the interrupts it lets
+    /// in may wait for the run's end, as they wait while code with RFLAGS.IF set runs.
+    pub sti: bool,
 }
 
 /// What one engine run retired, and the vCPU state it left.
@@ -136,6 +139,9 @@ pub struct Run {
     pub cpl: u8,
     /// An IRETQ retired: it may have changed the segments and ends NMI blocking.
     pub iret: bool,
+    /// The run ended right after STI: its shadow covers the next instruction, which KVM must
+    /// keep (SDM Vol. 2B, STI).
+    pub after_sti: bool,
     /// An INVLPG ran (or the block that has it was entered): the translations KVM caches for
     /// the guest are to be dropped before it runs the guest again.
     pub flushed_tlb: bool,
@@ -386,6 +392,7 @@ impl Tcg {
             stop,
             cpl,
             iret: acc.iret,
+            after_sti: acc.after_sti,
             flushed_tlb: acc.flushed_tlb,
             used: acc.used,
             cache: acc.cache,
@@ -500,8 +507,8 @@ impl Tcg {
             if acc.stop == Some(Stop::Handover) && self.stops.contains_key(&now) {
                 let bytes = mode.fetch(&self.mem, now);
                 let i = Decoder::with_ip(64, &bytes, now, DecoderOptions::NONE).decode();
-                let watched = acc.watch_user && opens_user_access(&i);
-                if classify(&i, &mut InstructionInfoFactory::new()) != Class::HandedOver && !i.is_invalid() && !watched
+                if class_in(&i, &mut InstructionInfoFactory::new(), acc.withheld) != Class::HandedOver
+                    && !i.is_invalid()
                 {
                     acc.stop = None;
                     // The block entered last ran up to the stop: what of it came before retired
@@ -602,16 +609,16 @@ impl Tcg {
         fn acc<'a>(uc: &'a mut Unicorn<'static, Data>) -> &'a mut Acc {
             uc.get_data_mut().acc.as_mut().expect("set by run")
         }
-        let (mode, mem, cache, loaded) = {
+        let (mode, mem, cache, loaded, withheld) = {
             let a = acc(&mut self.uc);
             // Accesses of a block the block hook stopped before.
             a.accesses.clear();
-            (a.mode, a.mem.clone(), a.cache.is_some(), a.loaded)
+            (a.mode, a.mem.clone(), a.cache.is_some(), a.loaded, a.withheld)
         };
         loop {
             let bytes = mode.fetch(&mem, pc);
             let i = Decoder::with_ip(64, &bytes, pc, DecoderOptions::NONE).decode();
-            let runs = matches!(classify(&i, &mut info), Class::Runs(n) if n.met_by(loaded));
+            let runs = matches!(class_in(&i, &mut info, withheld), Class::Runs(n) if n.met_by(loaded));
             if i.is_invalid()
                 || i.code() == Code::Iretq
                 || !runs
@@ -637,6 +644,7 @@ impl Tcg {
             let taken = super::stepper::taken(&facts, pc, next);
             let a = acc(&mut self.uc);
             a.retired += 1;
+            a.after_sti = facts.special == insn::Special::Sti;
             a.used = a.used.union(match classify(&i, &mut info) {
                 Class::Runs(n) => n,
                 Class::HandedOver => Needs::NONE,

@@ -4,6 +4,7 @@ use super::*;
 use crate::precise::cache::CacheModel;
 use emon_pmu::pmu::{BranchFilter, CounterId, Semantics};
 use emon_pmu::profile::{Cache, Prefetchers};
+use emon_x86::arch::RFLAGS_IF;
 use emon_x86::fpu::Fpu;
 use kvm_bindings::{kvm_dtable, kvm_regs, kvm_segment, kvm_sregs};
 use vm_memory::{Bytes, GuestAddress};
@@ -57,7 +58,16 @@ const CLOCK: ModelClock = ModelClock { cycles: 0, reference: Clock::TSC };
 
 /// Counting `armed` from model clock 0, with the full budget and no cache model.
 fn counting(armed: &[(Armed, u64)]) -> Counting<'_> {
-    Counting { armed, clock: CLOCK, budget: BUDGET, cache: None, deadline: None, lbr: None, watch: Watch::default() }
+    Counting {
+        armed,
+        clock: CLOCK,
+        budget: BUDGET,
+        cache: None,
+        deadline: None,
+        lbr: None,
+        watch: Watch::default(),
+        sti: false,
+    }
 }
 
 /// A run stops before an instruction breakpoint's address inside a block, the instructions
@@ -78,6 +88,29 @@ fn a_run_stops_before_the_guests_breakpoints() {
     assert_eq!((r.stop, r.state.regs.rip, r.retired), (Stop::Handover, CODE + 3, 3), "before STAC");
     let r = run(&mut tcg, Watch::default());
     assert_eq!((r.stop, r.state.regs.rip, r.retired), (Stop::Handover, CODE + 7, 5), "through both, to the OUT");
+}
+
+/// STI runs in the engine where the run may hold interrupts back (`Counting::sti`: nothing
+/// counts), and a run that stops right after it says so, for the shadow that covers the next
+/// instruction (here HLT, handed over: `sti; hlt` must not let an interrupt in before the HLT);
+/// where something counts, the run hands it over, as the instruction that goes to KVM.
+#[test]
+fn sti_runs_in_the_engine_where_nothing_counts_and_a_run_that_ends_after_it_says_so() {
+    // cli; nop; sti; hlt
+    let (mem, regs, sregs, mode) = machine(&[0xFA, 0x90, 0xFB, 0xF4]);
+    let mut tcg = Tcg::new(&mem).unwrap();
+    let state = CpuState::new(regs, sregs);
+    let r = tcg.run(&state, mode, Counting { sti: true, ..counting(&[]) }).unwrap();
+    assert_eq!((r.stop, r.state.regs.rip, r.retired, r.after_sti), (Stop::Handover, CODE + 3, 3, true));
+    assert_ne!(r.state.regs.rflags & RFLAGS_IF, 0, "STI set IF");
+    let r = tcg.run(&state, mode, counting(&[])).unwrap();
+    assert_eq!((r.stop, r.state.regs.rip, r.retired, r.after_sti), (Stop::Handover, CODE + 2, 2, false));
+    assert_eq!(r.state.regs.rflags & RFLAGS_IF, 0, "CLI cleared IF");
+    // cli; sti; nop; out dx, al: the NOP under the shadow retired in the run, which ends after it.
+    let (mem, regs, sregs, mode) = machine(&[0xFA, 0xFB, 0x90, 0xEE]);
+    let mut tcg = Tcg::new(&mem).unwrap();
+    let r = tcg.run(&CpuState::new(regs, sregs), mode, Counting { sti: true, ..counting(&[]) }).unwrap();
+    assert_eq!((r.stop, r.state.regs.rip, r.retired, r.after_sti), (Stop::Handover, CODE + 3, 3, false));
 }
 
 /// mov ecx, 1000; loop .; out dx, al
@@ -348,7 +381,7 @@ fn decides_what_runs_in_the_engine() {
         (&[0x0F, 0xA2], Class::HandedOver, "cpuid"),
         (&[0x0F, 0x31], Class::HandedOver, "rdtsc"),
         (&[0xF4], Class::HandedOver, "hlt"),
-        (&[0xFB], Class::HandedOver, "sti: its interrupt shadow is KVM's"),
+        (&[0xFB], plain, "sti: where the run withholds nothing (class_in)"),
         (&[0x9D], Class::HandedOver, "popfq: may open an interrupt window"),
         (&[0xCF], Class::HandedOver, "iretd"),
         (&[0x8E, 0xD8], Class::HandedOver, "mov ds, ax"),
@@ -361,6 +394,16 @@ fn decides_what_runs_in_the_engine() {
     for (bytes, want, what) in cases {
         assert_eq!(class(bytes), *want, "{what}");
     }
+    let within = |bytes: &[u8], withheld| {
+        let i = Decoder::with_ip(64, bytes, 0, DecoderOptions::NONE).decode();
+        class_in(&i, &mut InstructionInfoFactory::new(), withheld)
+    };
+    let sti = Withheld { sti: true, ..Withheld::default() };
+    let user_access = Withheld { user_access: true, ..Withheld::default() };
+    assert_eq!(within(&[0xFB], sti), Class::HandedOver, "sti while something counts");
+    assert_eq!(within(&[0xFB], user_access), plain);
+    assert_eq!(within(&[0x0F, 0x01, 0xCB], user_access), Class::HandedOver, "stac under a watch on user memory");
+    assert_eq!(within(&[0x0F, 0x01, 0xCB], sti), plain);
 }
 
 /// The same machine at CPL3: user CS and SS, user RSP.
