@@ -251,7 +251,7 @@ mod fast_forward {
                 user_access: !user
                     && tcg::opens_user_access(&first)
                     && self.emons_breakpoints(cx)?.is_some_and(|b| b.watches_data()),
-                sti: self.withholds_sti(mode),
+                sti: self.counts_here(mode),
             };
             if tcg::class_in(&first, &mut iced_x86::InstructionInfoFactory::new(), withheld) == Class::HandedOver {
                 return if user { self.user_mode_handover(cx, &first, mode, None) } else { Ok(None) };
@@ -563,12 +563,12 @@ mod fast_forward {
                 && (!pebs || matches!(mode.cpl, 0 | 3))
         }
 
-        /// Whether STI goes to KVM, which delivers the interrupts it lets in right after the
-        /// instruction its shadow covers: while a counter counts, or the LBR stack records, at
-        /// this privilege level. Elsewhere the engine runs it, and those interrupts wait for the
-        /// run's end, as they wait while code with RFLAGS.IF set runs: an interrupt taken later,
-        /// in code nothing counts.
-        fn withholds_sti(&self, mode: &CpuMode) -> bool {
+        /// Whether a counter counts, or the LBR stack records, at this privilege level. Then STI
+        /// goes to KVM, which delivers the interrupts it lets in right after the instruction its
+        /// shadow covers. Elsewhere the engine runs it, and those interrupts wait for the run's
+        /// end, which comes on time (`FREE_SLICE`), as for any code with RFLAGS.IF set there: an
+        /// interrupt taken later, in code nothing counts.
+        fn counts_here(&self, mode: &CpuMode) -> bool {
             self.branches.lbr_on || self.counters.armed.iter().any(|a| if mode.cpl == 0 { a.os } else { a.usr })
         }
 
@@ -615,9 +615,10 @@ mod fast_forward {
                     return Ok(None);
                 }
                 let clock = tcg::ModelClock { cycles: self.clock.cycles, reference: self.clock.reference };
-                // With nothing counting, or in user mode, the run hands back on time for interrupts
-                // too (at CPL0 KVM delivers them at the next step; at CPL3 KVM is asked).
-                let deadline = (!self.counting || mode.cpl == 3).then(|| Instant::now() + FREE_SLICE);
+                // Where nothing counts at this privilege level, or in user mode, the run hands back
+                // on time for interrupts too (at CPL0 KVM delivers them at the next step; at CPL3
+                // KVM is asked): STI runs there, and what it lets in waits for the run's end.
+                let deadline = (mode.cpl == 3 || !self.counts_here(mode)).then(|| Instant::now() + FREE_SLICE);
                 let counting = tcg::Counting {
                     armed: &armed,
                     clock,
@@ -631,7 +632,7 @@ mod fast_forward {
                     deadline,
                     lbr: self.branches.tail(cx.pmu),
                     watch: watch.clone(),
-                    sti: !self.withholds_sti(mode),
+                    sti: !self.counts_here(mode),
                 };
                 let engine = self.engine.tcg.engine.get(cx.vcpu.memory()).expect("made above");
                 let run = match engine.run(&state, *mode, counting) {
