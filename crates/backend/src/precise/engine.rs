@@ -724,8 +724,9 @@ mod fast_forward {
             }
             tcg::write_back(cx.vcpu, before, &run.state)?;
             if run.after_sti {
-                // Not when STI set RFLAGS.IF that was set already (SDM Vol. 2B, STI), which runs
-                // in the kernel do not: an interrupt then waits one instruction more.
+                // Also where IF was set before the STI, when the CPU sets no shadow (SDM Vol. 2B,
+                // STI): the engine does not know IF before an STI inside a block, and an interrupt
+                // then only waits one instruction more.
                 cx.vcpu.begin_sti_shadow()?;
             }
             if run.flushed_tlb {
