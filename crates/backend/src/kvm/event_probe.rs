@@ -18,14 +18,21 @@ use vmm_sys_util::ioctl::ioctl_with_ref;
 vmm_sys_util::ioctl_iow_nr!(KVM_SET_SIGNAL_MASK, kvm_bindings::KVMIO, 0x8b, kvm_bindings::kvm_signal_mask);
 vmm_sys_util::ioctl_iowr_nr!(KVM_GET_IRQCHIP, kvm_bindings::KVMIO, 0x62, kvm_bindings::kvm_irqchip);
 
-/// Whether the in-kernel 8259 master PIC of the VM `vm` (a VM file descriptor) asserts its
-/// output ([`crate::lapic::pic_output`]).
-pub fn pic_asserts(vm: &std::os::fd::OwnedFd) -> Result<bool, VcpuError> {
-    let mut chip = kvm_bindings::kvm_irqchip { chip_id: kvm_bindings::KVM_IRQCHIP_PIC_MASTER, ..Default::default() };
+/// The state of the in-kernel interrupt controller `chip_id` of the VM `vm` (a VM file
+/// descriptor).
+fn irqchip(vm: &std::os::fd::OwnedFd, chip_id: u32) -> Result<kvm_bindings::kvm_irqchip, VcpuError> {
+    let mut chip = kvm_bindings::kvm_irqchip { chip_id, ..Default::default() };
     // SAFETY: KVM_GET_IRQCHIP fills the kvm_irqchip it is given, which outlives the call.
     if unsafe { vmm_sys_util::ioctl::ioctl_with_mut_ref(vm, KVM_GET_IRQCHIP(), &mut chip) } != 0 {
         return Err(VcpuError { op: "KVM_GET_IRQCHIP", source: Errno::last() });
     }
+    Ok(chip)
+}
+
+/// Whether the in-kernel 8259 master PIC of the VM `vm` asserts its output
+/// ([`crate::lapic::pic_output`]).
+pub fn pic_asserts(vm: &std::os::fd::OwnedFd) -> Result<bool, VcpuError> {
+    let chip = irqchip(vm, kvm_bindings::KVM_IRQCHIP_PIC_MASTER)?;
     // SAFETY: chip_id PIC_MASTER makes `pic` the member KVM filled.
     let pic = unsafe { chip.chip.pic };
     Ok(crate::lapic::pic_output(pic.irr, pic.imr, pic.isr, pic.priority_add, pic.special_fully_nested_mode != 0))
@@ -35,11 +42,7 @@ pub fn pic_asserts(vm: &std::os::fd::OwnedFd) -> Result<bool, VcpuError> {
 /// interrupts, 82093AA I/O APIC datasheet 3.2.4: vector in bits 7:0, mask in bit 16), as a
 /// 256-bit set.
 pub fn ioapic_vectors(vm: &std::os::fd::OwnedFd) -> Result<[u64; 4], VcpuError> {
-    let mut chip = kvm_bindings::kvm_irqchip { chip_id: kvm_bindings::KVM_IRQCHIP_IOAPIC, ..Default::default() };
-    // SAFETY: KVM_GET_IRQCHIP fills the kvm_irqchip it is given, which outlives the call.
-    if unsafe { vmm_sys_util::ioctl::ioctl_with_mut_ref(vm, KVM_GET_IRQCHIP(), &mut chip) } != 0 {
-        return Err(VcpuError { op: "KVM_GET_IRQCHIP", source: Errno::last() });
-    }
+    let chip = irqchip(vm, kvm_bindings::KVM_IRQCHIP_IOAPIC)?;
     let mut set = [0u64; 4];
     // SAFETY: chip_id IOAPIC makes `ioapic` the member KVM filled; every redirection entry is
     // plain bits.

@@ -369,10 +369,10 @@ mod fast_forward {
             use crate::lapic;
             let page = cx.vcpu.lapic()?;
             let timer = lapic::reg(&page, lapic::LVT_TIMER) & 0xFF;
-            let Some(v) = lapic::deliverable(&page) else { return Ok(false) };
+            let Some(v) = lapic::deliverable(&page).filter(|v| u32::from(*v) != timer) else { return Ok(false) };
+            // The I/O APIC is read only for a vector that is not the timer's.
             let devices = cx.vcpu.device_vectors()?;
-            let device = devices[usize::from(v) / 64] & 1 << (v % 64) != 0;
-            Ok(u32::from(v) != timer && !device)
+            Ok(devices[usize::from(v) / 64] & 1 << (v % 64) == 0)
         }
 
         /// Kernel code that emon runs (in the engine, or completing an instruction such as RDTSC
@@ -609,6 +609,7 @@ mod fast_forward {
             let Some(watch) = self.watch(cx, mode)? else { return Ok(None) };
             let armed: Vec<_> =
                 self.counters.armed.iter().map(|a| (*a, cx.pmu.events_before_attention(a.id))).collect();
+            let counts_here = self.counts_here(mode);
             loop {
                 let state = tcg::state_of(cx.vcpu, self.engine.tcg.wants)?;
                 if state.regs.rflags & RFLAGS_TF != 0 {
@@ -618,7 +619,7 @@ mod fast_forward {
                 // Where nothing counts at this privilege level, or in user mode, the run hands back
                 // on time for interrupts too (at CPL0 KVM delivers them at the next step; at CPL3
                 // KVM is asked): STI runs there, and what it lets in waits for the run's end.
-                let deadline = (mode.cpl == 3 || !self.counts_here(mode)).then(|| Instant::now() + FREE_SLICE);
+                let deadline = (mode.cpl == 3 || !counts_here).then(|| Instant::now() + FREE_SLICE);
                 let counting = tcg::Counting {
                     armed: &armed,
                     clock,
@@ -632,7 +633,7 @@ mod fast_forward {
                     deadline,
                     lbr: self.branches.tail(cx.pmu),
                     watch: watch.clone(),
-                    sti: !self.counts_here(mode),
+                    sti: !counts_here,
                 };
                 let engine = self.engine.tcg.engine.get(cx.vcpu.memory()).expect("made above");
                 let run = match engine.run(&state, *mode, counting) {
