@@ -518,7 +518,7 @@ fn write_cpuid_fidelity(
                 let profiled = o.iter().filter(|o| o.touches_the_profile()).count();
                 let bits: u32 = o.iter().map(|o| o.bits()).sum();
                 let pmu = if profiled == 0 {
-                    "the vendor, signature, caches, PDCM, leaf 0x0A and leaf 0x15 follow it".to_string()
+                    "the vendor, signature, caches, PDCM, leaf 0x0A and leaves 0x15 and 0x16 follow it".to_string()
                 } else {
                     format!("{profiled} of them in what the profile sets: emon cannot present this profile here")
                 };

@@ -134,24 +134,24 @@ fn msr_semantics_passes_under_unusual_pmus() {
     }
 }
 
-/// CPUID leaf 15H gives the rate the guest's TSC really runs at (README, "Guest time"): timed
-/// against the PIT, under every profile that enumerates a crystal; the others skip.
+/// CPUID leaf 15H's crystal and leaf 16H's base frequency give the rate the guest's TSC really
+/// runs at (README, "Guest time"): timed against the PIT, under every profile that has either;
+/// the others skip.
 #[test]
-fn the_tsc_runs_at_the_rate_leaf_15h_gives() {
+fn the_tsc_runs_at_the_rate_leaves_15h_and_16h_give() {
     if !kvm_available() {
         return;
     }
     for name in Profile::builtin_names() {
         let r = emon(&["run", "--profile", name, "guest:tsc-rate"]);
         r.assert_status(0).assert_no_failures();
-        let crystal = Profile::load(name).unwrap().clock.crystal_hz != 0;
-        assert_eq!(
-            r.stdout.contains("PASS: the TSC runs at the rate CPUID.15H gives"),
-            crystal,
-            "{name}: {}",
-            r.stdout
-        );
-        assert_eq!(r.stdout.contains("SKIP: CPUID leaf 15H gives no TSC frequency"), !crystal, "{name}: {}", r.stdout);
+        let clock = Profile::load(name).unwrap().clock;
+        let (crystal, base) = (clock.crystal_hz != 0, clock.frequency_mhz.is_some());
+        let passes = |what: &str| r.stdout.contains(&format!("PASS: the TSC runs at {what}"));
+        assert_eq!(passes("the rate CPUID.15H gives"), crystal, "{name}: {}", r.stdout);
+        assert_eq!(passes("the base frequency CPUID.16H gives"), base, "{name}: {}", r.stdout);
+        let skipped = r.stdout.contains("SKIP: CPUID leaves 15H and 16H give no TSC frequency");
+        assert_eq!(skipped, !crystal && !base, "{name}: {}", r.stdout);
     }
 }
 

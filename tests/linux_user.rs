@@ -146,7 +146,8 @@ fn users_add_their_own_programs_and_files() {
 
 /// The suite boots every shipped profile once, with the initramfs and the arguments that run
 /// its test: the profiles with a PMU expect the hardware events to open, no-pmu expects Linux
-/// to have no PMU driver and the program to say why its hardware tests are skipped.
+/// to have no PMU driver and the program to say why its hardware tests are skipped, and those
+/// whose CPUID gives the TSC's rate expect Linux to keep time with the TSC.
 #[test]
 fn the_suite_boots_every_shipped_profile_with_the_initramfs() {
     let s = suite::load(Path::new(SUITE)).unwrap();
@@ -159,10 +160,18 @@ fn the_suite_boots_every_shipped_profile_with_the_initramfs() {
         assert!(e.expect.contains(&"emon-init: emon-perf-user exited with status 0".to_string()), "line {}", e.line);
         assert!(e.forbid.contains(&"Kernel panic".to_string()) && e.forbid.contains(&"segfault".to_string()));
         let hardware = e.expect.contains(&"emon-perf-user: hardware events open".to_string());
+        let tsc_clocksource = e.expect.contains(&"clocksource: Switched to clocksource tsc".to_string());
         for name in &e.profiles {
             let p = Profile::load(name).unwrap();
             let has_pmu = p.pmu.netburst() || p.pmu.leaf_0a()[0] & 0xFF != 0;
             assert_eq!(hardware, has_pmu, "line {}: {name} expects hardware events iff it has a PMU", e.line);
+            // Linux knows the TSC's rate, and keeps time with it, where CPUID gives it.
+            let tsc_known = p.clock.crystal_hz != 0 || p.clock.frequency_mhz.is_some();
+            assert_eq!(
+                tsc_clocksource, tsc_known,
+                "line {}: {name} expects the TSC clocksource iff CPUID gives its rate",
+                e.line
+            );
             seen.push(name.clone());
         }
     }

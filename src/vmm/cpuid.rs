@@ -11,6 +11,8 @@ const LEAF_CACHE: u32 = 0x4;
 const LEAF_PERFMON: u32 = 0xA;
 /// CPUID leaf 15H, time stamp counter and core crystal clock.
 const LEAF_TSC_CRYSTAL: u32 = 0x15;
+/// CPUID leaf 16H, processor frequency information.
+const LEAF_FREQUENCY: u32 = 0x16;
 /// CPUID.01H:ECX.PDCM: IA32_PERF_CAPABILITIES exists.
 const LEAF1_ECX_PDCM: u32 = 1 << 15;
 /// CPUID.01H:ECX.DTES64 and DS-CPL, EDX.DS: the debug store. DS and DTES64 (the 64-bit DS
@@ -36,18 +38,21 @@ pub fn guest_cpuid(kvm: &Kvm, profile: &Profile, ds: bool, tsc: TscRate) -> Resu
 }
 
 /// Applies `profile` to a supported-CPUID table: vendor and signature (leaves 0, 1), leaf 0xA,
-/// PDCM, the modelled caches (leaf 4, Intel profiles) and reference clock (leaf 0x15, whose crystal
-/// gives the rate `tsc` the guest's TSC runs at), and hides every other PMU the host's table may
-/// advertise.
+/// PDCM, the modelled caches (leaf 4, Intel profiles), reference clock and frequencies (leaves 0x15
+/// and 0x16, whose crystal and base frequency give the rate `tsc` the guest's TSC runs at), and
+/// hides every other PMU the host's table may advertise.
 pub fn apply_profile(entries: &mut Vec<kvm_cpuid_entry2>, profile: &Profile, ds: bool, tsc: TscRate) {
     let intel = profile.vendor == "GenuineIntel";
     entries.retain(|e| {
-        !HIDDEN_LEAVES.contains(&e.function) && e.function != LEAF_TSC_CRYSTAL && !(intel && e.function == LEAF_CACHE)
+        !HIDDEN_LEAVES.contains(&e.function)
+            && e.function != LEAF_TSC_CRYSTAL
+            && e.function != LEAF_FREQUENCY
+            && !(intel && e.function == LEAF_CACHE)
     });
     if !entries.iter().any(|e| e.function == LEAF_PERFMON) {
         entries.push(kvm_cpuid_entry2 { function: LEAF_PERFMON, ..Default::default() });
     }
-    // The guest must see the profile's caches and clock, never the host's.
+    // The guest must see the profile's caches, clock and frequencies, never the host's.
     if intel {
         entries.extend(profile.cache.leaf_04().into_iter().zip(0..).map(|(regs, index)| cache_subleaf(index, regs)));
     }
@@ -55,7 +60,16 @@ pub fn apply_profile(entries: &mut Vec<kvm_cpuid_entry2>, profile: &Profile, ds:
         let ecx = tsc.crystal_hz(&profile.clock);
         entries.push(kvm_cpuid_entry2 { function: LEAF_TSC_CRYSTAL, eax, ebx, ecx, edx, ..Default::default() });
     }
-    let max_basic = if profile.clock.leaf_15h { LEAF_TSC_CRYSTAL } else { LEAF_PERFMON };
+    if let Some([eax, ebx, ecx, edx]) = tsc.leaf_16h(&profile.clock) {
+        entries.push(kvm_cpuid_entry2 { function: LEAF_FREQUENCY, eax, ebx, ecx, edx, ..Default::default() });
+    }
+    let max_basic = if profile.clock.frequency_mhz.is_some() {
+        LEAF_FREQUENCY
+    } else if profile.clock.leaf_15h {
+        LEAF_TSC_CRYSTAL
+    } else {
+        LEAF_PERFMON
+    };
     let [vb, vd, vc] = profile.vendor_regs();
     let [a, b, c, d] = profile.pmu.leaf_0a();
     if profile.brand.is_some() {
@@ -203,7 +217,8 @@ mod tests {
         out
     }
 
-    /// A host table with its own caches (5 sub-leaves, a 2 MiB L2 and 30 MiB L3) and leaf 0x15.
+    /// A host table with its own caches (5 sub-leaves, a 2 MiB L2 and 30 MiB L3) and leaves 0x15
+    /// and 0x16.
     fn host_table(max_basic: u32) -> Vec<kvm_cpuid_entry2> {
         let host_leaf_4 = [
             [0x1C00_4121, 0x02C0_003F, 0x3F, 0],
@@ -215,6 +230,7 @@ mod tests {
         let mut t = vec![entry(0, max_basic, 0x756E_6547, 0x6C65_746E, 0x4965_6E69), entry(1, 0x000A_06A4, 0, 0, 0)];
         t.extend(host_leaf_4.iter().zip(0..).map(|(&regs, index)| cache_subleaf(index, regs)));
         t.push(entry(LEAF_TSC_CRYSTAL, 2, 200, 25_000_000, 0));
+        t.push(entry(LEAF_FREQUENCY, 2500, 4900, 100, 0));
         t
     }
 
@@ -270,7 +286,7 @@ mod tests {
             t.retain(|e| e.function != LEAF_TSC_CRYSTAL);
             apply_profile(&mut t, &p, false, tsc);
             let max = t.iter().find(|e| e.function == 0).map(|e| e.eax);
-            assert_eq!(max, Some(0x15));
+            assert_eq!(max, Some(0x16), "icelake has leaf 0x16");
             let leaf: Vec<[u32; 4]> =
                 t.iter().filter(|e| e.function == LEAF_TSC_CRYSTAL).map(|e| [e.eax, e.ebx, e.ecx, e.edx]).collect();
             leaf
@@ -286,6 +302,26 @@ mod tests {
         let leaf: Vec<[u32; 4]> =
             t.iter().filter(|e| e.function == LEAF_TSC_CRYSTAL).map(|e| [e.eax, e.ebx, e.ecx, e.edx]).collect();
         assert_eq!(leaf, [[2, 334, 0, 0]]);
+    }
+
+    /// Leaf 0x16 is the profile's, with the base frequency the rate the guest's TSC runs at, and
+    /// the max basic leaf reaches it; a profile without it hides the host's.
+    #[test]
+    fn leaf_16h_is_the_profiles_with_the_tscs_base_frequency() {
+        let leaf_16h = |name: &str, tsc: TscRate| {
+            let mut t = host_table(0xD);
+            apply_profile(&mut t, &Profile::load(name).expect("built-in"), false, tsc);
+            let max = t.iter().find(|e| e.function == 0).map(|e| e.eax);
+            let leaf: Vec<[u32; 4]> =
+                t.iter().filter(|e| e.function == LEAF_FREQUENCY).map(|e| [e.eax, e.ebx, e.ecx, e.edx]).collect();
+            (max, leaf)
+        };
+        assert_eq!(leaf_16h("skylake", TscRate { khz: 4_000_000 }), (Some(0x16), vec![[4000, 4200, 100, 0]]));
+        assert_eq!(leaf_16h("skylake", HOST), (Some(0x16), vec![[2445, 4200, 100, 0]]));
+        assert_eq!(leaf_16h("no-pmu", HOST), (Some(0x16), vec![[2445, 4200, 100, 0]]));
+        assert_eq!(leaf_16h("icelake", HOST), (Some(0x16), vec![[2445, 3900, 100, 0]]));
+        assert_eq!(leaf_16h("sandybridge", HOST), (Some(0xD), vec![]), "the host's leaf 0x16 is hidden");
+        assert_eq!(leaf_16h("core2", HOST), (Some(0xD), vec![]));
     }
 
     #[test]

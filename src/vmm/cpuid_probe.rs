@@ -50,12 +50,12 @@ impl Override {
 
     /// Whether it touches what the profile says about the CPU and its PMU: the vendor and
     /// signature (leaves 0 and 1 EAX), PDCM and the debug store (leaf 1 ECX[2,4,15], EDX[21]),
-    /// the caches (leaf 4), leaf 0x0A or the reference clock (leaf 0x15). emon's PMU presents
-    /// a profile only where these follow the table.
+    /// the caches (leaf 4), leaf 0x0A or the reference clock and frequencies (leaves 0x15 and
+    /// 0x16). emon's PMU presents a profile only where these follow the table.
     pub fn touches_the_profile(&self) -> bool {
         let diff = self.table ^ self.guest;
         match (self.leaf, self.register) {
-            (0, _) | (1, 0) | (0x4, _) | (0xA, _) | (0x15, _) => true,
+            (0, _) | (1, 0) | (0x4, _) | (0xA, _) | (0x15, _) | (0x16, _) => true,
             (1, 2) => diff & (1 << 2 | 1 << 4 | 1 << 15) != 0,
             (1, 3) => diff & (1 << 21) != 0,
             _ => false,

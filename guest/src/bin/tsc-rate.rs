@@ -1,9 +1,11 @@
-//! Checks that the TSC runs at the rate CPUID leaf 15H gives (crystal x EBX / EAX), timed against channel 2 of the 8254 PIT.
+//! Checks that the TSC runs at the rate CPUID gives: leaf 15H's crystal x EBX / EAX, and leaf 16H's base frequency, timed against channel 2 of the 8254 PIT.
 //!
 //! A guest that finds its TSC frequency in leaf 15H measures time with the TSC alone (Linux then
-//! runs its clock and its TSC-deadline tick on it), so a TSC that runs at another rate makes all
-//! of the guest's time run fast or slow. emon gives the crystal that makes the leaf say the rate
-//! the guest's TSC really has (README, "Guest time").
+//! runs its clock and its TSC-deadline tick on it); one whose leaf 15H names no crystal takes
+//! leaf 16H's base frequency for the TSC's rate (Linux derives the crystal from it). A TSC that
+//! runs at another rate makes all of the guest's time run fast or slow. emon gives the crystal and
+//! the base frequency that make the leaves say the rate the guest's TSC really has (README, "Guest
+//! time").
 //!
 //! Each window reads PIT channel 2 (mode 0, counting down at 1.193182 MHz and on from 0xFFFF
 //! after it reaches 0) at its start and end, each read between two RDTSCs, and in between as
@@ -114,27 +116,37 @@ fn measure(nominal_hz: u64) -> Option<u64> {
 }
 
 fn main(_boot: &emon_guest::BootInfo) -> i32 {
-    let leaf = (max_leaf() >= 0x15).then(|| cpuid(0x15, 0));
-    let enumerated = leaf.filter(|l| l.eax != 0 && l.ebx != 0 && l.ecx != 0);
-    let Some(l) = enumerated else {
+    let max = max_leaf();
+    let leaf_15h = (max >= 0x15).then(|| cpuid(0x15, 0));
+    // TSC = crystal x EBX / EAX, where the leaf names the crystal (SDM Vol. 2A, CPUID leaf 15H).
+    let crystal = leaf_15h.filter(|l| l.eax != 0 && l.ebx != 0 && l.ecx != 0).map(|l| {
+        let hz = u64::from(l.ecx) * u64::from(l.ebx) / u64::from(l.eax);
+        println!("tsc-rate: CPUID.15H: crystal {} Hz x {} / {} = TSC {} Hz", l.ecx, l.ebx, l.eax, hz);
+        hz
+    });
+    // The processor base frequency, EAX[15:0] of leaf 16H, in MHz.
+    let base =
+        (max >= 0x16).then(|| cpuid(0x16, 0)).map(|l| u64::from(l.eax & 0xFFFF) * 1_000_000).filter(|&hz| hz != 0);
+    if let Some(hz) = base {
+        println!("tsc-rate: CPUID.16H: base frequency {hz} Hz");
+    }
+    let Some(nominal) = crystal.or(base) else {
         skip!(
-            "CPUID leaf 15H gives no TSC frequency (max leaf {:#x}, leaf 15H {:?})",
-            max_leaf(),
-            leaf.map(|l| [l.eax, l.ebx, l.ecx])
+            "CPUID leaves 15H and 16H give no TSC frequency (max leaf {max:#x}, leaf 15H {:?})",
+            leaf_15h.map(|l| [l.eax, l.ebx, l.ecx])
         );
         return emon_guest::summary();
     };
-    let nominal = u64::from(l.ecx) * u64::from(l.ebx) / u64::from(l.eax);
-    println!("tsc-rate: CPUID.15H: crystal {} Hz x {} / {} = TSC {} Hz", l.ecx, l.ebx, l.eax, nominal);
     let Some(measured) = measure(nominal) else {
         check!(false, "{WINDOWS} PIT windows of {TRIES} read without the vCPU descheduled mid-read");
         return emon_guest::summary();
     };
-    let ppm = measured.abs_diff(nominal) * 1_000_000 / nominal;
-    println!("tsc-rate: against the PIT the TSC runs at {measured} Hz: {ppm} ppm from leaf 15H");
-    check!(
-        ppm <= TOLERANCE_PPM,
-        "the TSC runs at the rate CPUID.15H gives ({nominal} Hz) within {TOLERANCE_PPM} ppm: {measured} Hz"
-    );
+    println!("tsc-rate: against the PIT the TSC runs at {measured} Hz");
+    for (given, what) in [(crystal, "the rate CPUID.15H gives"), (base, "the base frequency CPUID.16H gives")] {
+        if let Some(hz) = given {
+            let ppm = measured.abs_diff(hz) * 1_000_000 / hz;
+            check!(ppm <= TOLERANCE_PPM, "the TSC runs at {what} ({hz} Hz) within {TOLERANCE_PPM} ppm: {ppm} ppm off");
+        }
+    }
     emon_guest::summary()
 }

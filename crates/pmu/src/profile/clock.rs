@@ -1,4 +1,4 @@
-//! [`Clock`]: the reference clock of UnHalted Reference Cycles, and CPUID leaf 15H.
+//! [`Clock`]: the reference clock of UnHalted Reference Cycles, and CPUID leaves 15H and 16H.
 
 /// The clock the architectural event UnHalted Reference Cycles (event 0x3C, umask 0x01)
 /// counts, as a ratio to the TSC, and whether the CPU enumerates CPUID leaf 15H.
@@ -19,13 +19,38 @@ pub struct Clock {
     /// CPUID.15H:ECX, the nominal core crystal clock frequency in Hz; 0 when the CPU does not
     /// enumerate it (or has no leaf 15H).
     pub crystal_hz: u32,
+    /// CPUID leaf 16H (processor frequency information), where the CPU enumerates it.
+    pub frequency_mhz: Option<FrequencyMhz>,
+}
+
+/// CPUID leaf 16H, processor frequency information: EAX[15:0] the processor base frequency,
+/// EBX[15:0] the maximum frequency and ECX[15:0] the bus (reference) frequency, in MHz (SDM Vol.
+/// 2A, CPUID). Software without a crystal frequency in leaf 15H takes the base frequency for the
+/// TSC's nominal rate (Linux derives the crystal from it: base x EAX / EBX of leaf 15H).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FrequencyMhz {
+    pub base: u16,
+    pub max: u16,
+    pub bus: u16,
+}
+
+impl FrequencyMhz {
+    /// `[eax, ebx, ecx, edx]` of CPUID leaf 16H (EDX reserved).
+    pub fn leaf_16h(&self) -> [u32; 4] {
+        [self.base.into(), self.max.into(), self.bus.into(), 0]
+    }
 }
 
 impl Clock {
     /// The reference clock is the TSC and there is no leaf 15H: what KVM's virtual PMU counts
     /// for UnHalted Reference Cycles. What a profile without `[clock]` gets.
-    pub const TSC: Clock =
-        Clock { tsc_per_ref_numerator: 1, tsc_per_ref_denominator: 1, leaf_15h: false, crystal_hz: 0 };
+    pub const TSC: Clock = Clock {
+        tsc_per_ref_numerator: 1,
+        tsc_per_ref_denominator: 1,
+        leaf_15h: false,
+        crystal_hz: 0,
+        frequency_mhz: None,
+    };
 
     /// `[eax, ebx, ecx, edx]` of CPUID leaf 15H (EAX denominator, EBX numerator, ECX crystal
     /// frequency, EDX reserved), or `None` when the CPU does not enumerate the leaf.

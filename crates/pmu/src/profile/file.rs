@@ -6,8 +6,8 @@ use serde::Deserialize;
 
 use super::error::one_line;
 use super::{
-    builtin, Cache, CacheLevel, Clock, Lbr, ModelMsrs, MsrBits, PmuKind, PmuProfile, Prefetchers, Profile,
-    ProfileError, Streamer,
+    builtin, Cache, CacheLevel, Clock, FrequencyMhz, Lbr, ModelMsrs, MsrBits, PmuKind, PmuProfile, Prefetchers,
+    Profile, ProfileError, Streamer,
 };
 
 /// Default for `pmu.nominal-mhz` when the file leaves it out.
@@ -116,8 +116,8 @@ impl From<CacheFile> for Cache {
     }
 }
 
-/// The `[clock]` table. `tsc-per-ref` is required; `leaf-15h` defaults to false and
-/// `crystal-hz` to 0.
+/// The `[clock]` table. `tsc-per-ref` is required; `leaf-15h` defaults to false,
+/// `crystal-hz` to 0, and without `frequency-mhz` there is no leaf 16H.
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
 struct ClockFile {
@@ -127,6 +127,16 @@ struct ClockFile {
     leaf_15h: bool,
     #[serde(default)]
     crystal_hz: u32,
+    frequency_mhz: Option<FrequencyFile>,
+}
+
+/// `frequency-mhz = { base = ..., max = ..., bus = ... }`: CPUID leaf 16H, in MHz.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FrequencyFile {
+    base: u16,
+    max: u16,
+    bus: u16,
 }
 
 /// `[numerator, denominator]`: exactly two numbers (serde's arrays would ignore a third).
@@ -144,6 +154,7 @@ impl From<ClockFile> for Clock {
             tsc_per_ref_denominator: denominator,
             leaf_15h: f.leaf_15h,
             crystal_hz: f.crystal_hz,
+            frequency_mhz: f.frequency_mhz.map(|f| FrequencyMhz { base: f.base, max: f.max, bus: f.bus }),
         }
     }
 }

@@ -6,7 +6,7 @@
 //! - `arch_event.rs`: [`ARCH_EVENTS`], SDM Table 18-1.
 //! - `cache.rs`: [`Cache`], the modelled data-cache hierarchy and its CPUID leaf 04H.
 //! - `prefetch.rs`: [`Prefetchers`], the hardware prefetchers that fill it, and their control.
-//! - `clock.rs`: [`Clock`], the reference clock and CPUID leaf 15H.
+//! - `clock.rs`: [`Clock`], the reference clock and CPUID leaves 15H and 16H.
 //! - `model_msrs.rs`: [`Lbr`] and [`ModelMsrs`], the model-specific PMU MSRs.
 //! - `cpu.rs`: [`Profile`], CPUID leaf 0 / leaf 1 encoding.
 //! - `file.rs`: TOML format, [`Profile::load`], [`Profile::from_toml`].
@@ -37,7 +37,7 @@ mod tests;
 
 pub use arch_event::{ArchEvent, Event, ARCH_EVENTS};
 pub use cache::{Cache, CacheLevel};
-pub use clock::Clock;
+pub use clock::{Clock, FrequencyMhz};
 pub use cpu::Profile;
 pub use describe::describe_leaf_0a;
 pub use error::ProfileError;

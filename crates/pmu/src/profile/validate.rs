@@ -511,6 +511,14 @@ impl Check<'_> {
                 "must be 0 when clock.leaf-15h = false (it is CPUID.15H:ECX, and a CPU without leaf 15H enumerates no crystal frequency)",
             );
         }
+        if let Some(f) = c.frequency_mhz {
+            if f.base == 0 || f.base > f.max {
+                return self.fail(
+                    format!("clock.frequency-mhz = {{ base = {}, max = {}, bus = {} }}", f.base, f.max, f.bus),
+                    "base must be non-zero and at most max (CPUID.16H: the processor's base and maximum frequencies in MHz)",
+                );
+            }
+        }
         Ok(())
     }
 }

@@ -101,6 +101,17 @@ fn every_builtin_has_its_documented_caches_and_clock() {
             "{name}"
         );
     }
+    // CPUID.16H, where the real part has it: the VirtualBox database's i7-6700K (also no-pmu's
+    // identity) and the Bochs model's i7-1065G7 (base, maximum and bus frequencies in MHz).
+    for name in Profile::builtin_names() {
+        let leaf_16h = match name {
+            "skylake" | "no-pmu" => Some([4000, 4200, 100, 0]),
+            "icelake" => Some([1500, 3900, 100, 0]),
+            _ => None,
+        };
+        let p = Profile::load(name).expect("built-in");
+        assert_eq!(p.clock.frequency_mhz.map(|f| f.leaf_16h()), leaf_16h, "{name} CPUID.16H");
+    }
     // The default profile's hierarchy is the documented default.
     assert_eq!(Profile::load(Profile::DEFAULT).map(|p| p.cache).ok(), Some(Cache::SKYLAKE_CLIENT));
     assert_ne!(Profile::load("nehalem").map(|p| p.clock).ok(), Some(Clock::TSC));

@@ -1,6 +1,6 @@
-//! The `[cache]` and `[clock]` tables: parsing, defaults, validation, CPUID leaves 04H and 15H.
+//! The `[cache]` and `[clock]` tables: parsing, defaults, validation, CPUID leaves 04H, 15H and 16H.
 
-use super::super::{Cache, CacheLevel, Clock, PrefetcherSet, Prefetchers, Profile, Streamer};
+use super::super::{Cache, CacheLevel, Clock, FrequencyMhz, PrefetcherSet, Prefetchers, Profile, Streamer};
 use super::{assert_mentions, err, error_of, sample};
 
 /// A minimal valid profile text, to which a test appends `[cache]` / `[clock]` tables.
@@ -49,7 +49,16 @@ fn tables_parse_with_their_defaults() {
     assert_eq!(p.cache.l1i, p.cache.l1d, "l1i defaults to l1d");
     assert_eq!(p.cache.l2, None);
     assert_eq!(p.cache.llc, CacheLevel { kib: 6144, ways: 24 });
-    assert_eq!(p.clock, Clock { tsc_per_ref_numerator: 9, tsc_per_ref_denominator: 1, leaf_15h: false, crystal_hz: 0 });
+    assert_eq!(
+        p.clock,
+        Clock {
+            tsc_per_ref_numerator: 9,
+            tsc_per_ref_denominator: 1,
+            leaf_15h: false,
+            crystal_hz: 0,
+            frequency_mhz: None
+        }
+    );
 
     let p = parse(
         "[cache]\nline = 128\nl1d = { kib = 32, ways = 8 }\nl1i = { kib = 32, ways = 4 }\n\
@@ -61,6 +70,14 @@ fn tables_parse_with_their_defaults() {
     assert_eq!(p.cache.l1i, CacheLevel { kib: 32, ways: 4 });
     assert_eq!(p.cache.l2, Some(CacheLevel { kib: 1024, ways: 16 }));
     assert_eq!(p.clock.leaf_15h(), Some([2, 78, 38_400_000, 0]));
+    assert_eq!(p.clock.frequency_mhz, None, "no leaf 16H without frequency-mhz");
+
+    let p = parse(
+        "[clock]\ntsc-per-ref = [334, 2]\nleaf-15h = true\nfrequency-mhz = { base = 4000, max = 4200, bus = 100 }\n",
+    )
+    .expect("loads");
+    assert_eq!(p.clock.frequency_mhz, Some(FrequencyMhz { base: 4000, max: 4200, bus: 100 }));
+    assert_eq!(p.clock.frequency_mhz.map(|f| f.leaf_16h()), Some([4000, 4200, 100, 0]));
 }
 
 #[test]
@@ -164,6 +181,24 @@ fn crystal_frequency_needs_leaf_15h() {
 }
 
 #[test]
+fn leaf_16h_has_a_base_frequency_at_most_its_maximum() {
+    let with = |base, max| with_clock(|c| c.frequency_mhz = Some(FrequencyMhz { base, max, bus: 100 }));
+    with(4000, 4200).validate().expect("the i7-6700K's");
+    with(4000, 4000).validate().expect("no turbo");
+    for (base, max) in [(0, 4200), (4300, 4200)] {
+        let e = error_of(&with(base, max));
+        assert_mentions(
+            &e,
+            &[&format!("clock.frequency-mhz = {{ base = {base}, max = {max}, bus = 100 }}"), "CPUID.16H"],
+        );
+    }
+    let e = err(parse("[clock]\ntsc-per-ref = [1, 1]\nfrequency-mhz = { base = 70000, max = 70000, bus = 100 }\n"));
+    assert_mentions(&e.to_string(), &["x.toml: ", "frequency-mhz"]);
+    let e = err(parse("[clock]\ntsc-per-ref = [1, 1]\nfrequency-mhz = { base = 1000, max = 1000 }\n"));
+    assert_mentions(&e.to_string(), &["x.toml: ", "bus"]);
+}
+
+#[test]
 fn leaf_04_encodes_the_skylake_client_hierarchy_as_the_i7_6700k_reports_it() {
     // CPUID.04H of a real i7-6700K (VirtualBox CPU database), with the fields emon sets
     // differently masked: EAX[31:14] (sharing/cores: emon's VM has one vCPU) and EDX bit 2
@@ -224,7 +259,13 @@ fn cache_level_size_and_sets() {
 
 #[test]
 fn reference_ticks_follow_the_ratio_without_losing_remainders() {
-    let skylake = Clock { tsc_per_ref_numerator: 334, tsc_per_ref_denominator: 2, leaf_15h: true, crystal_hz: 0 };
+    let skylake = Clock {
+        tsc_per_ref_numerator: 334,
+        tsc_per_ref_denominator: 2,
+        leaf_15h: true,
+        crystal_hz: 0,
+        frequency_mhz: Some(FrequencyMhz { base: 4000, max: 4200, bus: 100 }),
+    };
     assert_eq!(skylake.ref_ticks_at(0), 0);
     assert_eq!(skylake.ref_ticks_at(166), 0);
     assert_eq!(skylake.ref_ticks_at(167), 1);
