@@ -324,7 +324,7 @@ impl Vcpu {
             }
         };
         let mut vcpu = self.cpu.with(&self.mem);
-        tcg::write_back(&mut vcpu, &before, &after).map_err(|e| Some(e.to_string()))?;
+        tcg::write_back(&mut vcpu, &before, &after, false).map_err(|e| Some(e.to_string()))?;
         Ok(retired.then_some(after.regs.rip))
     }
 

@@ -9,7 +9,8 @@
 //! VM entry), is written once, in [`vpmu`]:
 //!
 //! 1. Before a guest RDMSR/WRMSR of a PMU register reaches the model, [`Backend::sync`] folds
-//!    what the backend counted so far into it.
+//!    what the backend counted so far into it; the access goes through [`PmuMsrs`], also where
+//!    a backend completes the instruction itself.
 //! 2. A write marks only the counters it changed ([`emon_pmu::pmu::Pmu::take_reprogram`]).
 //! 3. Before the next entry a pending PMI goes out, then [`Backend::before_run`] reprograms
 //!    the marked counters and says whether to enter the guest.
@@ -38,15 +39,29 @@ mod testing;
 mod vcpu;
 pub mod vpmu;
 
-use emon_pmu::pmu::{Pmu, Reprogram};
+use emon_pmu::pmu::{GpFault, Pmu, Reprogram};
 use emon_pmu::profile::Profile;
 use thiserror::Error;
 pub use vcpu::{DueEvent, Vcpu, VcpuError};
 
-/// What a backend works with at each call: the vCPU and the PMU model.
+/// What a backend works with at each call: the vCPU, the PMU model, and the guest's way to the
+/// model's MSRs.
 pub struct Cx<'a> {
     pub vcpu: &'a mut dyn Vcpu,
     pub pmu: &'a mut Pmu,
+    /// For a RDMSR or WRMSR of a PMU MSR the backend completes itself, instead of KVM's exit.
+    pub msrs: &'a mut dyn PmuMsrs,
+}
+
+/// The guest's RDMSR and WRMSR of the PMU's MSRs ([`Pmu::owns`]), as the facade answers them:
+/// the model answers or raises #GP, and the access is counted and observed
+/// ([`vpmu::Accounting`]). A VMM's MSR exits reach it through [`vpmu::VirtualPmu::rdmsr`] and
+/// `wrmsr`, which first [`Backend::sync`]; a backend that completes the instruction itself calls
+/// it through [`Cx::msrs`], with the model already up to date.
+pub trait PmuMsrs {
+    fn read(&mut self, pmu: &mut Pmu, index: u32) -> Result<u64, GpFault>;
+    /// A write that took marks the counters it changed (see [`Pmu::take_reprogram`]).
+    fn write(&mut self, pmu: &mut Pmu, index: u32, value: u64) -> Result<(), GpFault>;
 }
 
 /// What the VMM does after `before_run`.

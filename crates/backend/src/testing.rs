@@ -72,12 +72,8 @@ impl Vcpu for Script {
         self.halted = true;
         Ok(())
     }
-    fn end_interrupt_shadow(&mut self) -> Result<(), VcpuError> {
-        self.sti_shadow = false;
-        Ok(())
-    }
-    fn begin_sti_shadow(&mut self) -> Result<(), VcpuError> {
-        self.sti_shadow = true;
+    fn set_interrupt_shadow(&mut self, sti: bool) -> Result<(), VcpuError> {
+        self.sti_shadow = sti;
         Ok(())
     }
     fn guest_breakpoints(&mut self) -> Result<emon_x86::debug::Breakpoints, VcpuError> {

@@ -55,12 +55,11 @@ pub trait Vcpu {
     /// The vCPU has just retired HLT: it waits for an interrupt, and any interrupt shadow (STI's)
     /// has ended with the HLT it covered.
     fn halt(&mut self) -> Result<(), VcpuError>;
-    /// An instruction retired outside the vCPU: any interrupt shadow (STI's, MOV SS's) it was
-    /// under has ended.
-    fn end_interrupt_shadow(&mut self) -> Result<(), VcpuError>;
-    /// STI retired outside the vCPU, last: the interrupts it lets in wait until the next
-    /// instruction has retired (SDM Vol. 2B, STI), as under the shadow the vCPU sets itself.
-    fn begin_sti_shadow(&mut self) -> Result<(), VcpuError>;
+    /// Instructions retired outside the vCPU: any interrupt shadow (STI's, MOV SS's) the first
+    /// was under has ended (SDM Vol. 3A 6.8.3), and where the last was STI (`sti`), its shadow
+    /// begins: the interrupts it lets in wait until the next instruction has retired (SDM Vol.
+    /// 2B, STI), as under the shadow the vCPU sets itself.
+    fn set_interrupt_shadow(&mut self, sti: bool) -> Result<(), VcpuError>;
     /// The guest's translations KVM caches (its TLB, and the shadow page tables of a KVM without
     /// nested paging) are dropped before the next entry, as a MOV to CR3 that flushes drops them
     /// (SDM Vol. 3A 4.10.4.1): the guest changed its page tables and flushed, outside the vCPU.

@@ -4,7 +4,8 @@
 //!
 //! 1. [`VirtualPmu::rdmsr`] / [`VirtualPmu::wrmsr`] at an MSR exit: the backend first folds what
 //!    it counted so far into the model ([`Backend::sync`]); the model answers or raises #GP, and
-//!    a write marks only the counters it changed (`None`: not the PMU's MSR).
+//!    a write marks only the counters it changed (`None`: not the PMU's MSR). [`Accounting`]
+//!    answers, for these and for the backend that completes a RDMSR or WRMSR itself.
 //! 2. [`VirtualPmu::before_entry`] before every KVM_RUN: a pending PMI goes out through the
 //!    local APIC as LVTPC says ([`crate::pmi`]) and the freeze-on-PMI controls apply; then the
 //!    backend reprograms the marked counters and arms for the entry, or completes the
@@ -13,7 +14,7 @@
 //! 4. [`VirtualPmu::report`] when the run ends: the backend's account, and what the run summary
 //!    must say about the counts.
 use crate::pmi::{plan, PmiDelivery};
-use crate::{Backend, BackendError, Cx, Next, Vcpu};
+use crate::{Backend, BackendError, Cx, Next, PmuMsrs, Vcpu};
 use emon_pmu::pmu::{GpFault, Pmu, Unmodelled};
 
 /// What the VMM does after [`VirtualPmu::before_entry`].
@@ -97,11 +98,40 @@ pub struct PmuReport {
 pub struct VirtualPmu<O: Observer = ()> {
     pmu: Pmu,
     backend: Box<dyn Backend>,
-    observer: O,
+    msrs: Accounting<O>,
     pmis: PmiStats,
-    msrs: MsrStats,
+}
+
+/// The guest's accesses to the PMU's MSRs, answered by the model: each is counted and shown to
+/// the observer, and what a write set that emon stores without producing is kept for the report.
+#[derive(Default)]
+pub struct Accounting<O: Observer = ()> {
+    pub observer: O,
+    pub stats: MsrStats,
     /// What the guest set, over the run, that emon stores without producing.
-    unmodelled: Unmodelled,
+    pub unmodelled: Unmodelled,
+}
+
+impl<O: Observer> PmuMsrs for Accounting<O> {
+    fn read(&mut self, pmu: &mut Pmu, index: u32) -> Result<u64, GpFault> {
+        let r = pmu.rdmsr(index);
+        self.stats.reads += 1;
+        self.stats.gp += u64::from(r.is_err());
+        let access = MsrAccess { write: false, index, value: *r.as_ref().unwrap_or(&0), gp: r.is_err() };
+        self.observer.msr(pmu, access);
+        r
+    }
+
+    fn write(&mut self, pmu: &mut Pmu, index: u32, value: u64) -> Result<(), GpFault> {
+        let r = pmu.wrmsr(index, value);
+        self.stats.writes += 1;
+        self.stats.gp += u64::from(r.is_err());
+        if r.is_ok() {
+            self.unmodelled = self.unmodelled.union(pmu.unmodelled());
+        }
+        self.observer.msr(pmu, MsrAccess { write: true, index, value, gp: r.is_err() });
+        r
+    }
 }
 
 impl VirtualPmu<()> {
@@ -117,10 +147,8 @@ impl<O: Observer> VirtualPmu<O> {
         VirtualPmu {
             pmu,
             backend,
-            observer,
+            msrs: Accounting { observer, stats: MsrStats::default(), unmodelled: Unmodelled::NONE },
             pmis: PmiStats::default(),
-            msrs: MsrStats::default(),
-            unmodelled: Unmodelled::NONE,
         }
     }
 
@@ -131,12 +159,12 @@ impl<O: Observer> VirtualPmu<O> {
 
     /// Lets `f` look at the model with the observer (a VMM samples the counters for its trace).
     pub fn observe(&mut self, f: impl FnOnce(&mut O, &Pmu)) {
-        f(&mut self.observer, &self.pmu);
+        f(&mut self.msrs.observer, &self.pmu);
     }
 
     /// The observer, once the run is over.
     pub fn observer(&self) -> &O {
-        &self.observer
+        &self.msrs.observer
     }
 
     /// The backend, to read.
@@ -150,12 +178,7 @@ impl<O: Observer> VirtualPmu<O> {
             return None;
         }
         self.backend.sync(&mut self.pmu);
-        let r = self.pmu.rdmsr(index);
-        self.msrs.reads += 1;
-        self.msrs.gp += u64::from(r.is_err());
-        let access = MsrAccess { write: false, index, value: *r.as_ref().unwrap_or(&0), gp: r.is_err() };
-        self.observer.msr(&self.pmu, access);
-        Some(r)
+        Some(self.msrs.read(&mut self.pmu, index))
     }
 
     /// A guest WRMSR: `None` if `index` is not the PMU's; else whether it took, or #GP (no
@@ -165,14 +188,7 @@ impl<O: Observer> VirtualPmu<O> {
             return None;
         }
         self.backend.sync(&mut self.pmu);
-        let r = self.pmu.wrmsr(index, value);
-        self.msrs.writes += 1;
-        self.msrs.gp += u64::from(r.is_err());
-        if r.is_ok() {
-            self.unmodelled = self.unmodelled.union(self.pmu.unmodelled());
-        }
-        self.observer.msr(&self.pmu, MsrAccess { write: true, index, value, gp: r.is_err() });
-        Some(r)
+        Some(self.msrs.write(&mut self.pmu, index, value))
     }
 
     /// RDPMC completed outside the backend (at the guest's #GP handler): the counter's value, or
@@ -190,7 +206,7 @@ impl<O: Observer> VirtualPmu<O> {
             if self.pmu.pmi_pending() {
                 self.deliver_pmi(vcpu)?;
             }
-            let mut cx = Cx { vcpu, pmu: &mut self.pmu };
+            let mut cx = Cx { vcpu, pmu: &mut self.pmu, msrs: &mut self.msrs };
             match self.backend.before_run(&mut cx, at_boundary)? {
                 Next::Run => return Ok(Entry::Run),
                 Next::Retired => return Ok(Entry::Retired),
@@ -203,7 +219,7 @@ impl<O: Observer> VirtualPmu<O> {
     /// The backend's single step (or an instruction the VMM completed itself): one instruction
     /// retired and the vCPU is at `pc`.
     pub fn debug_exit(&mut self, vcpu: &mut dyn Vcpu, pc: u64) -> Result<(), BackendError> {
-        self.backend.on_debug_exit(&mut Cx { vcpu, pmu: &mut self.pmu }, pc)
+        self.backend.on_debug_exit(&mut Cx { vcpu, pmu: &mut self.pmu, msrs: &mut self.msrs }, pc)
     }
 
     /// The VMM injected an event itself (the #BP of an INT3 it completed, a #DB it gives back):
@@ -223,7 +239,7 @@ impl<O: Observer> VirtualPmu<O> {
         if delivery == PmiDelivery::Nmi {
             vcpu.nmi()?;
         }
-        self.observer.pmi(&self.pmu, delivery);
+        self.msrs.observer.pmi(&self.pmu, delivery);
         match delivery {
             PmiDelivery::Fixed(_) => self.pmis.fixed += 1,
             PmiDelivery::Nmi => self.pmis.nmi += 1,
@@ -256,9 +272,9 @@ impl<O: Observer> VirtualPmu<O> {
             backend: self.backend.name(),
             summary: self.backend.summary(),
             backend_notes: self.backend.notes(),
-            model_notes: self.unmodelled.notes(self.produced()),
+            model_notes: self.msrs.unmodelled.notes(self.produced()),
             pmis: self.pmis,
-            msrs: self.msrs,
+            msrs: self.msrs.stats,
             reprogrammed: self.backend.reprogrammed(),
         }
     }

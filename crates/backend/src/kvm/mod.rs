@@ -346,7 +346,7 @@ impl Vcpu for KvmVcpu<'_> {
     fn halt(&mut self) -> Result<(), VcpuError> {
         // `sti; hlt`: STI's interrupt shadow covers the HLT, which has retired, so the shadow ends
         // here (SDM Vol. 2, STI). KVM would keep it, and no interrupt could wake the vCPU.
-        self.end_interrupt_shadow()?;
+        self.set_interrupt_shadow(false)?;
         self.cpu
             .fd
             .set_mp_state(kvm_mp_state { mp_state: KVM_MP_STATE_HALTED })
@@ -398,21 +398,15 @@ impl Vcpu for KvmVcpu<'_> {
         Ok(())
     }
 
-    fn end_interrupt_shadow(&mut self) -> Result<(), VcpuError> {
+    fn set_interrupt_shadow(&mut self, sti: bool) -> Result<(), VcpuError> {
+        let shadow = if sti { kvm_bindings::KVM_X86_SHADOW_INT_STI as u8 } else { 0 };
         let mut ev = self.cpu.events()?;
-        if ev.interrupt.shadow != 0 {
-            ev.interrupt.shadow = 0;
+        if ev.interrupt.shadow != shadow {
+            ev.interrupt.shadow = shadow;
             ev.flags |= KVM_VCPUEVENT_VALID_SHADOW;
             self.cpu.set_events(&ev)?;
         }
         Ok(())
-    }
-
-    fn begin_sti_shadow(&mut self) -> Result<(), VcpuError> {
-        let mut ev = self.cpu.events()?;
-        ev.interrupt.shadow = kvm_bindings::KVM_X86_SHADOW_INT_STI as u8;
-        ev.flags |= KVM_VCPUEVENT_VALID_SHADOW;
-        self.cpu.set_events(&ev)
     }
 
     fn inject_exception(&mut self, vector: u8, error_code: Option<u32>) -> Result<(), VcpuError> {

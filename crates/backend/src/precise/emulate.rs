@@ -1,12 +1,13 @@
 //! Instructions the precise backend completes itself while it counts, instead of stepping them
 //! in KVM: HLT (which KVM steps over), RDPMC (which has no userspace exit), the time-stamp
 //! counter's reads and IA32_TSC_DEADLINE (the guest's time follows the model, README "Guest
-//! time"), the fences (after which some hosts lose the single-step trap), and INVLPG (a KVM
+//! time"), RDMSR and WRMSR of the PMU's MSRs (a KVM round trip each), the fences (after which some hosts lose the single-step trap), and INVLPG (a KVM
 //! round trip per page on a host that emulates CPL0 code).
 use super::stepper::Pending;
 use super::Precise;
 use crate::{BackendError, Cx, Next};
-use emon_x86::arch::{EFER_SCE, GP_VECTOR, IA32_FMASK, IA32_LSTAR, IA32_STAR, UD_VECTOR};
+use emon_pmu::pmu::Pmu;
+use emon_x86::arch::{EFER_SCE, GP_VECTOR, IA32_FMASK, IA32_LSTAR, IA32_STAR, RFLAGS_IF, UD_VECTOR};
 use emon_x86::arch::{IA32_TSC, IA32_TSC_AUX, IA32_TSC_DEADLINE};
 use emon_x86::deliver::{deliver, Event, NotDelivered};
 use emon_x86::insn::{Insn, Special};
@@ -20,13 +21,14 @@ const RFLAGS_FIXED: u64 = 1 << 1;
 
 impl Precise {
     /// Completes the pending instruction `i` if it is one emon completes, and says what the VMM
-    /// does next; `None`: KVM runs it.
+    /// does next; `None`: KVM runs it. `queued`: the VMM queued a PMI in KVM for this entry.
     pub(super) fn emulate(
         &mut self,
         cx: &mut Cx,
         p: &mut Pending,
         i: &Insn,
         mode: &CpuMode,
+        queued: bool,
     ) -> Result<Option<Next>, BackendError> {
         let virtual_time = self.clock.virtual_time;
         Ok(Some(match i.special {
@@ -74,12 +76,19 @@ impl Precise {
             }
             // RDMSR and WRMSR at CPL0 (at CPL3 they are a #GP, which KVM raises).
             Special::Rdmsr | Special::Wrmsr if p.cpl == 0 => {
-                let msr = (cx.vcpu.regs()?.rcx & 0xFFFF_FFFF) as u32;
+                let regs = cx.vcpu.regs()?;
+                let msr = (regs.rcx & 0xFFFF_FFFF) as u32;
+                // Nothing KVM holds may be delivered before it: no PMI queued, and interrupts
+                // masked (an interrupt the guest raised, a self-IPI say, comes in before the next
+                // instruction where RFLAGS.IF lets it, SDM Vol. 3A 6.8.1).
+                let nothing_due = !queued && regs.rflags & RFLAGS_IF == 0;
                 if i.special == Special::Rdmsr && virtual_time && msr == IA32_TSC {
                     self.emulate_tsc_read(cx, p, i, mode)?
                 } else if msr == IA32_TSC_DEADLINE && self.clock.virtual_tsc().is_some() {
                     // The deadline timer's MSR, on the model's side of the guest's time.
                     self.emulate_tsc_deadline(cx, p, i)?
+                } else if Pmu::owns(msr) && nothing_due {
+                    self.emulate_pmu_msr(cx, p, i, msr)?
                 } else {
                     return Ok(None);
                 }
@@ -273,6 +282,28 @@ impl Precise {
         self.complete(cx, p, i, regs)
     }
 
+    /// RDMSR or WRMSR of the PMU's MSR `msr` at CPL0, with nothing due before it: the facade's
+    /// model answers it as at KVM's MSR exit ([`crate::PmuMsrs`]), or it raises #GP. In 64-bit mode RDMSR clears the upper
+    /// halves of RAX and RDX, and WRMSR writes EDX:EAX (SDM Vol. 2B, RDMSR and WRMSR). A counter
+    /// the WRMSR wrote does not count it, as where KVM steps it (`Precise::arm`).
+    fn emulate_pmu_msr(&mut self, cx: &mut Cx, p: &mut Pending, i: &Insn, msr: u32) -> Result<Next, BackendError> {
+        let mut regs = cx.vcpu.regs()?;
+        let took = if i.special == Special::Wrmsr {
+            let value = (regs.rdx << 32) | (regs.rax & 0xFFFF_FFFF);
+            let took = cx.msrs.write(cx.pmu, msr, value).is_ok();
+            let written = self.reprogram(cx);
+            p.uncount_written(written);
+            took
+        } else {
+            cx.msrs.read(cx.pmu, msr).map(|v| (regs.rax, regs.rdx) = (v & 0xFFFF_FFFF, v >> 32)).is_ok()
+        };
+        if !took {
+            return self.raise_gp(cx, p);
+        }
+        self.stats.pmu_msrs += 1;
+        self.complete(cx, p, i, regs)
+    }
+
     /// XSAVE, XSAVEOPT, XSAVEC and XRSTOR, which neither QEMU's TCG nor every host's KVM runs
     /// whole (see [`super::tcg::complete_xsave`]): completed on the vCPU's XSAVE state, or the
     /// exception they raise delivered (a #PF with its error code and CR2); `None` where emon
@@ -290,7 +321,7 @@ impl Precise {
         };
         match done {
             Some(Completed::Retired(after)) => {
-                tcg::write_back(cx.vcpu, &before, &after)?;
+                tcg::write_back(cx.vcpu, &before, &after, false)?;
                 self.retire_one(cx, p, (i, p.rip, p.cpl), after.regs.rip, true)?;
                 Ok(Some(Next::Retired))
             }

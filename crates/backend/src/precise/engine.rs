@@ -65,10 +65,21 @@ impl EngineSlot {
     /// The clause of the backend's account that says what ran counted code.
     pub fn account(&self, engine_retired: u64, engine_runs: u64) -> String {
         match (self.engine(), &self.failed) {
-            (Engine::Tcg, _) => format!("TCG engine: {engine_retired} of them in {engine_runs} runs"),
+            (Engine::Tcg, _) => format!(
+                "TCG engine: {engine_retired} of them in {engine_runs} runs, every translation dropped {} times",
+                self.flushes()
+            ),
             (Engine::Step, Some(why)) => format!("single-stepped: {why} (TCG engine before that: {engine_retired})"),
             (Engine::Step, None) => "single-stepped (--precise-engine step)".into(),
         }
+    }
+
+    /// Times the TCG engine dropped every translation.
+    fn flushes(&self) -> u64 {
+        #[cfg(feature = "tcg")]
+        return self.tcg.engine.flushes();
+        #[cfg(not(feature = "tcg"))]
+        0
     }
 
     /// The vCPU enters KVM at the boundary: it delivers the interrupts due there.
@@ -440,7 +451,7 @@ mod fast_forward {
             // The guest's TF, popped by IRET or restored from R11 by SYSRET: emon takes its traps in
             // user mode (`traced_user_step`).
             self.step.user_tf = after.regs.rflags & RFLAGS_TF != 0;
-            tcg::write_back(cx.vcpu, &before, &after)?;
+            tcg::write_back(cx.vcpu, &before, &after, false)?;
             if i.special == Special::Iret {
                 // IRET ends NMI blocking (SDM Vol. 3A 6.7.1).
                 cx.vcpu.end_nmi_blocking()?;
@@ -484,7 +495,8 @@ mod fast_forward {
                         return Ok(Some(raised));
                     }
                     let mut p = p;
-                    let Some(next) = self.emulate(cx, &mut p, &i, mode)? else { return Ok(None) };
+                    // (`queued` only gates RDMSR and WRMSR, which raise #GP at CPL3.)
+                    let Some(next) = self.emulate(cx, &mut p, &i, mode, false)? else { return Ok(None) };
                     if next == Next::Retired {
                         self.debug_trap(cx, &watched, true)?;
                     }
@@ -517,11 +529,11 @@ mod fast_forward {
             match done {
                 tcg::Completed::Retired(after) => {
                     let after = with_tf(after);
-                    tcg::write_back(cx.vcpu, &before, &after)?;
+                    tcg::write_back(cx.vcpu, &before, &after, false)?;
                     self.retire_one(cx, &p, (&i, rip, mode.cpl), after.regs.rip, true)?;
                 }
                 // An iteration of a REP string instruction: it has not retired.
-                tcg::Completed::Iteration(after) => tcg::write_back(cx.vcpu, &before, &with_tf(after))?,
+                tcg::Completed::Iteration(after) => tcg::write_back(cx.vcpu, &before, &with_tf(after), false)?,
                 tcg::Completed::Fault { .. } | tcg::Completed::PageFault { .. } => {
                     // Raised as when untraced (the engine runs it again, and hands it back).
                     return self.user_mode_handover(cx, first, mode, None);
@@ -633,7 +645,7 @@ mod fast_forward {
                     deadline,
                     lbr: self.branches.tail(cx.pmu),
                     watch: watch.clone(),
-                    sti: !counts_here,
+                    withhold_sti: counts_here,
                 };
                 let engine = self.engine.tcg.engine.get(cx.vcpu.memory()).expect("made above");
                 let run = match engine.run(&state, *mode, counting) {
@@ -723,13 +735,10 @@ mod fast_forward {
                 // and clobber the guest's TF), so the guest's #DBs reach it.
                 self.run_free_for_guest_debug(cx)?;
             }
-            tcg::write_back(cx.vcpu, before, &run.state)?;
-            if run.after_sti {
-                // Also where IF was set before the STI, when the CPU sets no shadow (SDM Vol. 2B,
-                // STI): the engine does not know IF before an STI inside a block, and an interrupt
-                // then only waits one instruction more.
-                cx.vcpu.begin_sti_shadow()?;
-            }
+            // A run that ends on STI leaves its shadow also where IF was set before the STI, when
+            // the CPU sets none (SDM Vol. 2B, STI): the engine does not know IF before an STI
+            // inside a block, and an interrupt then only waits one instruction more.
+            tcg::write_back(cx.vcpu, before, &run.state, run.after_sti)?;
             if run.flushed_tlb {
                 cx.vcpu.flush_tlb()?;
             }

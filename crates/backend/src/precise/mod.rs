@@ -101,6 +101,8 @@ pub struct Stats {
     pub free_returns: u64,
     /// RDMSR/WRMSR of IA32_TSC_DEADLINE translated between the model's and KVM's guest TSC.
     pub tsc_deadlines: u64,
+    /// RDMSR/WRMSR of the PMU's MSRs completed by emon (not stepped in KVM).
+    pub pmu_msrs: u64,
     /// SYSCALLs from user mode emon completed (where the host does not enter the kernel).
     pub syscalls: u64,
     /// INT n and INT3 from user mode emon delivered (where the host swallows them).
@@ -229,13 +231,9 @@ impl Precise {
 
     /// Reprograms the marked counters and arms for the next entry (see [`Backend::before_run`]).
     fn arm(&mut self, cx: &mut Cx, at_boundary: bool) -> Result<Next, BackendError> {
-        let r = cx.pmu.take_reprogram();
-        self.counters.reprogram(cx, r);
+        let written = self.reprogram(cx);
         if let Some(p) = &mut self.step.pending {
-            // A counter the pending instruction wrote does not count that instruction.
-            if p.armed.iter().any(|a| r.written & a.id.status_mask() != 0) {
-                p.armed = p.armed.iter().filter(|a| r.written & a.id.status_mask() == 0).copied().collect();
-            }
+            p.uncount_written(written);
         }
         self.feed.set_on(self.counters.use_cache());
         self.feed.set_prefetchers(cx.pmu.prefetchers_on());
@@ -296,6 +294,14 @@ impl Precise {
             self.engine.kvm_entered();
         }
         Ok(next)
+    }
+
+    /// Reprograms the counters the model marked since the last call, and says which it wrote
+    /// (IA32_PERF_GLOBAL_STATUS bits): a counter the pending instruction wrote does not count it.
+    fn reprogram(&mut self, cx: &mut Cx) -> u64 {
+        let r = cx.pmu.take_reprogram();
+        self.counters.reprogram(cx, r);
+        r.written
     }
 
     /// Whether the guest single-steps itself (RFLAGS.TF) or has breakpoints on (DR7).
@@ -384,7 +390,7 @@ impl Precise {
             }
             p.watched = self.watched_accesses(cx, mode, rip)?;
             if let Some(i) = self.decode(cx, mode, rip) {
-                if let Some(next) = self.emulate(cx, &mut p, &i, mode)? {
+                if let Some(next) = self.emulate(cx, &mut p, &i, mode, queued)? {
                     return Ok(next);
                 }
                 if i.special == Special::Pushf {
@@ -538,7 +544,7 @@ impl Backend for Precise {
         let s = &self.stats;
         let engine = self.engine.account(s.engine_retired, s.engine_runs);
         format!(
-            "precise backend: {} instructions counted ({engine}; {} without their own single-step trap), {} interrupts/exceptions seen while stepping, {} HLT, {} RDPMC and {} TSC reads emulated, {} TSC deadline accesses translated, {} branches recorded in the LBR stack, {} PEBS records written ({} not, the buffer full), stepping switched {} times, {} counters reprogrammed",
+            "precise backend: {} instructions counted ({engine}; {} without their own single-step trap), {} interrupts/exceptions seen while stepping, {} HLT, {} RDPMC and {} TSC reads emulated, {} TSC deadline accesses translated, {} PMU MSR accesses completed, {} branches recorded in the LBR stack, {} PEBS records written ({} not, the buffer full), stepping switched {} times, {} counters reprogrammed",
             s.retired,
             s.lost_traps,
             s.events,
@@ -546,6 +552,7 @@ impl Backend for Precise {
             s.rdpmc,
             s.tsc_reads,
             s.tsc_deadlines,
+            s.pmu_msrs,
             self.branches.lbr_recorded,
             self.ds.pebs_records,
             self.ds.pebs_full,

@@ -43,6 +43,16 @@ pub struct Pending {
     pub guest_tf: Option<bool>,
 }
 
+impl Pending {
+    /// A counter the instruction wrote (`written`: IA32_PERF_GLOBAL_STATUS bits) does not count
+    /// it.
+    pub fn uncount_written(&mut self, written: u64) {
+        if self.armed.iter().any(|a| written & a.id.status_mask() != 0) {
+            self.armed = self.armed.iter().filter(|a| written & a.id.status_mask() == 0).copied().collect();
+        }
+    }
+}
+
 /// The stepper's state between exits.
 #[derive(Debug, Default)]
 pub struct Stepper {

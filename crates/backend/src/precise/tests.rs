@@ -3,6 +3,7 @@
 //! No KVM is involved.
 use super::*;
 use crate::testing::Script;
+use crate::vpmu::{Accounting, MsrStats};
 use emon_pmu::pmu::{msr, Pmu};
 use emon_pmu::profile::Profile;
 use emon_x86::arch::{DB_VECTOR, GP_VECTOR, RFLAGS_IF};
@@ -22,6 +23,8 @@ const TIMER: u8 = 0x20;
 struct Rig {
     vcpu: Script,
     pmu: Pmu,
+    /// The facade's answer to the guest's PMU MSR accesses the backend completes.
+    msrs: Accounting,
     precise: Precise,
 }
 
@@ -49,6 +52,7 @@ impl Rig {
                 ..Script::new(mem)
             },
             pmu: Pmu::new(&Profile::load("skylake").unwrap().pmu),
+            msrs: Accounting::default(),
             precise: Precise::with_engine(Engine::Step),
         };
         rig.gate(TIMER, HANDLER);
@@ -81,14 +85,14 @@ impl Rig {
     }
 
     fn before(&mut self, at_boundary: bool) -> Next {
-        let mut cx = Cx { vcpu: &mut self.vcpu, pmu: &mut self.pmu };
+        let mut cx = Cx { vcpu: &mut self.vcpu, pmu: &mut self.pmu, msrs: &mut self.msrs };
         self.precise.before_run(&mut cx, at_boundary).unwrap()
     }
 
     /// The entry ended in a single-step exit with the vCPU at `pc`.
     fn exit_at(&mut self, pc: u64) {
         self.vcpu.regs.rip = pc;
-        let mut cx = Cx { vcpu: &mut self.vcpu, pmu: &mut self.pmu };
+        let mut cx = Cx { vcpu: &mut self.vcpu, pmu: &mut self.pmu, msrs: &mut self.msrs };
         self.precise.on_debug_exit(&mut cx, pc).unwrap();
     }
 
@@ -444,6 +448,70 @@ fn a_tsc_read_without_its_own_trap_is_reported() {
     assert_eq!(r.pmc(0), 2);
     assert_eq!(r.precise.stats.tsc_unseen, 1);
     assert!(r.precise.notes().join("").contains("NOT EXACT: guest time"), "{:?}", r.precise.notes());
+}
+
+/// `wrmsr; rdmsr; wrmsr; nop` of the PMU's MSRs at CPL0 while PMC0 counts instructions: emon
+/// completes each through the facade's accounting, as KVM's MSR exit would reach it, without a
+/// step in KVM. The WRMSR that writes PMC0 (through its full-width alias) is not counted by it; the RDMSR reads the count before
+/// it retires; a write of a reserved bit raises #GP and does not retire.
+#[test]
+fn pmu_msr_accesses_at_cpl0_are_completed_through_the_facade() {
+    let mut r = Rig::new(&[0x0F, 0x30, 0x0F, 0x32, 0x0F, 0x30, NOP]);
+    r.count();
+    // The full-width alias (IA32_PMC0 itself takes EAX sign-extended, SDM 18.2.5).
+    (r.vcpu.regs.rcx, r.vcpu.regs.rax, r.vcpu.regs.rdx) = (u64::from(msr::IA32_A_PMC0), 0xFFFF_FFFF_0000_0064, 0x1);
+    assert_eq!(r.before(true), Next::Retired, "WRMSR of IA32_A_PMC0 is completed by emon");
+    assert!(r.vcpu.injected.is_empty());
+    assert_eq!(r.vcpu.regs.rip, CODE + 2);
+    assert_eq!(r.pmc(0), 0x1_0000_0064, "EDX:EAX written, not counted by the counter it wrote");
+    assert_eq!(r.pmc(1), 0, "no branch");
+    // RDMSR: the count so far in EDX:EAX, the upper halves of RAX and RDX cleared.
+    (r.vcpu.regs.rcx, r.vcpu.regs.rax, r.vcpu.regs.rdx) = (u64::from(msr::IA32_PMC0), u64::MAX, u64::MAX);
+    assert_eq!(r.before(true), Next::Retired, "RDMSR of IA32_PMC0 is completed by emon");
+    assert_eq!((r.vcpu.regs.rax, r.vcpu.regs.rdx), (0x64, 0x1));
+    assert_eq!(r.pmc(0), 0x1_0000_0065, "the RDMSR retired after its read");
+    // A reserved bit of IA32_PERFEVTSEL0 (bit 32): #GP, nothing retires or changes.
+    (r.vcpu.regs.rcx, r.vcpu.regs.rax, r.vcpu.regs.rdx) = (u64::from(msr::IA32_PERFEVTSEL0), 0, 1);
+    assert_eq!(r.before(true), Next::Run, "KVM delivers the #GP");
+    assert_eq!(r.vcpu.injected, [(GP_VECTOR, Some(0))]);
+    assert_eq!((r.vcpu.regs.rip, r.pmc(0)), (CODE + 4, 0x1_0000_0065));
+    assert_eq!(r.pmu.rdmsr(msr::IA32_PERFEVTSEL0).unwrap(), 0x43_00C0);
+    let s = r.msrs.stats;
+    assert_eq!((s.reads, s.writes, s.gp), (1, 2, 1), "each access is the facade's to account for");
+    assert_eq!(r.precise.stats.pmu_msrs, 2);
+    // Another MSR (IA32_TSC_AUX) is KVM's, stepped as before; so is a PMU MSR where something
+    // KVM holds may come in before it: interrupts enabled, or a PMI queued.
+    for (rcx, rflags, queued) in [(0xC000_0103, 2, false), (0x38F, 2 | RFLAGS_IF, false), (0x38F, 2, true)] {
+        let mut r = Rig::new(&[0x0F, 0x30, NOP]);
+        r.count();
+        (r.vcpu.regs.rcx, r.vcpu.regs.rflags) = (rcx, rflags);
+        if queued {
+            r.precise.event_queued();
+        }
+        assert_eq!(r.before(true), Next::Run, "{rcx:#x} {rflags:#x} {queued}");
+        assert_eq!(r.msrs.stats, MsrStats::default());
+    }
+}
+
+/// `nop; wrmsr; nop; hlt` with the WRMSR enabling IA32_PMC0 (instructions at every CPL), CPL0 code
+/// in the engine while nothing counts: the engine runs the NOP and stops at the WRMSR, which emon
+/// completes without KVM; it starts the counter after itself, so it is not counted, and the
+/// next NOP is.
+#[cfg(feature = "tcg")]
+#[test]
+fn the_global_ctrl_write_emon_completes_starts_counting_after_itself() {
+    let mut r = Rig::new(&[NOP, 0x0F, 0x30, NOP, 0xF4]);
+    r.precise = Precise::with_engine(Engine::Tcg).with_cpl0_in_engine(true);
+    r.wrmsr(msr::IA32_PERF_GLOBAL_CTRL, 0);
+    r.wrmsr(msr::IA32_PERFEVTSEL0, 0x43_00C0);
+    (r.vcpu.regs.rcx, r.vcpu.regs.rax, r.vcpu.regs.rdx) = (u64::from(msr::IA32_PERF_GLOBAL_CTRL), 1, 0);
+    assert_eq!(r.before(true), Next::Retired, "the NOP, in the engine");
+    assert_eq!((r.vcpu.regs.rip, r.precise.stats.engine_runs), (CODE + 1, 1));
+    assert_eq!(r.before(true), Next::Retired, "the WRMSR, completed by emon");
+    assert_eq!((r.vcpu.regs.rip, r.pmc(0), r.precise.stats.pmu_msrs), (CODE + 3, 0, 1));
+    assert_eq!(r.msrs.stats.writes, 1);
+    assert_eq!(r.before(true), Next::Retired, "the NOP after it, counted in the engine");
+    assert_eq!((r.vcpu.regs.rip, r.pmc(0)), (CODE + 4, 1));
 }
 
 /// `nop; wrmsr; rdmsr` with ECX = IA32_TSC_DEADLINE, counted from a guest TSC of 1000 while

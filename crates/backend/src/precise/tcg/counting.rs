@@ -61,8 +61,10 @@ pub struct Acc {
     pub flushed_tlb: bool,
     /// The instruction retired last is STI (its shadow covers the next one).
     pub after_sti: bool,
-    /// Instruction-at-a-time execution near an overflow: the block hook stands aside.
+    /// Instruction-at-a-time execution near an overflow: the block hook stands aside, but for
+    /// stopping the engine before the block after the one the step entered (`single_entered`).
     pub single: bool,
+    pub single_entered: bool,
     /// The instruction that brought a counter to its overflow, where the run stopped right after
     /// it (`Stop::Overflowed`).
     pub overflowed_at: Option<u64>,
@@ -101,7 +103,7 @@ impl Acc {
         loaded: Needs,
         (decoded, run): (Decoded, u64),
     ) -> Acc {
-        let Counting { armed, clock, budget, cache, deadline, lbr, watch, sti } = counting;
+        let Counting { armed, clock, budget, cache, deadline, lbr, watch, withhold_sti } = counting;
         Acc {
             mode,
             mem,
@@ -126,6 +128,7 @@ impl Acc {
             after_sti: false,
             sysret: false,
             single: false,
+            single_entered: false,
             overflowed_at: None,
             accesses: Vec::new(),
             decoded: FxHashMap::default(),
@@ -137,7 +140,7 @@ impl Acc {
             cut: None,
             changed: false,
             lbr,
-            withheld: Withheld { user_access: watch.user_data, sti: !sti },
+            withheld: Withheld { user_access: watch.user_data, sti: withhold_sti },
         }
         .tracking()
     }
@@ -375,6 +378,10 @@ pub fn on_block(uc: &mut Unicorn<'_, Data>, addr: u64, size: u32) {
     }
     let Some(acc) = data.acc.as_mut() else { return };
     if acc.single {
+        // One instruction (`Tcg::step_to_overflow`): whatever block follows it does not run.
+        if std::mem::replace(&mut acc.single_entered, true) {
+            let _ = uc.emu_stop();
+        }
         return;
     }
     let prev = acc.current.take();

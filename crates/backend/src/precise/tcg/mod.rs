@@ -119,9 +119,8 @@ pub struct Counting<'a> {
     pub lbr: Option<LbrTail>,
     /// The guest's breakpoints the run honours.
     pub watch: Watch,
-    /// STI runs in the engine: nothing counts at this privilege level, so the interrupts it lets
-    /// in may wait for the run's end, as they wait while code with RFLAGS.IF set runs.
-    pub sti: bool,
+    /// STI is handed over: something counts at this privilege level ([`Withheld::sti`]).
+    pub withhold_sti: bool,
 }
 
 /// What one engine run retired, and the vCPU state it left.
@@ -171,6 +170,8 @@ pub struct Data {
     /// The blocks decoded (while a run goes on, its `Acc` has them), and the runs so far.
     decoded: Decoded,
     runs: u64,
+    /// Times every translation was dropped.
+    flushes: u64,
 }
 
 /// Why the engine cannot be used, or could not do what was asked.
@@ -194,6 +195,7 @@ impl Data {
             fault: None,
             decoded: Decoded::default(),
             runs: 0,
+            flushes: 0,
         }
     }
 }
@@ -219,9 +221,14 @@ pub enum Completed {
 /// instruction changed of the state it started from: the general registers always; the segments,
 /// the x87/SSE state and the MSRs where they differ. And KVM's interrupt shadow ends: STI's and
 /// MOV SS's cover only the instruction after them (SDM Vol. 3A 6.8.3), which has now retired
-/// outside KVM.
-pub fn write_back(vcpu: &mut dyn crate::Vcpu, before: &CpuState, after: &CpuState) -> Result<(), crate::VcpuError> {
-    vcpu.end_interrupt_shadow()?;
+/// outside KVM; unless the last instruction was STI (`after_sti`), whose own shadow begins.
+pub fn write_back(
+    vcpu: &mut dyn crate::Vcpu,
+    before: &CpuState,
+    after: &CpuState,
+    after_sti: bool,
+) -> Result<(), crate::VcpuError> {
+    vcpu.set_interrupt_shadow(after_sti)?;
     vcpu.set_regs(&after.regs)?;
     if after.sregs != before.sregs {
         vcpu.set_sregs(&after.sregs)?;
@@ -279,6 +286,11 @@ impl EngineCell {
     /// Whether the engine has been made.
     pub fn made(&self) -> bool {
         self.0.is_some()
+    }
+
+    /// Times the engine dropped every translation (0 before it is made).
+    pub fn flushes(&self) -> u64 {
+        self.0.as_ref().map_or(0, Tcg::flushes)
     }
 }
 
@@ -433,18 +445,11 @@ impl Tcg {
         let facts = insn::of(&i);
         let next = rip + i.len() as u64;
         let started = if facts.flow == insn::Flow::Next {
-            // The instruction alone: a code hook right after it stops the engine there.
-            let hook = self
-                .uc
-                .add_code_hook(next, next, |uc, _, _| {
-                    let _ = uc.emu_stop();
-                })
-                .map_err(uc_err("adding a code hook"))?;
-            self.uc.ctl_remove_cache(rip, next).map_err(uc_err("dropping a translation"))?;
+            // The instruction alone: a code hook right after it stops the engine there. No
+            // translation made here outlives it (its page is not in the code snapshot).
+            let hook = self.stop_at(rip, next)?;
             let started = self.uc.emu_start(rip, u64::MAX, 0, 0);
-            self.uc.remove_hook(hook).map_err(uc_err("removing a code hook"))?;
-            // No translation made here outlives it (its page is not in the code snapshot).
-            self.uc.ctl_remove_cache(rip, next).map_err(uc_err("dropping a translation"))?;
+            self.remove_stop_at(((rip, next), hook))?;
             started
         } else {
             // A branch: one instruction counted by unicorn, whose counting hook is compiled into
@@ -545,12 +550,18 @@ impl Tcg {
         }
     }
 
+    /// Times every translation was dropped, since the engine was made.
+    pub fn flushes(&self) -> u64 {
+        self.uc.get_data().flushes
+    }
+
     /// Drops every translation, and the stops made for them.
     fn flush(&mut self) -> Result<(), TcgError> {
         for (_, hook) in std::mem::take(&mut self.stops) {
             self.uc.remove_hook(hook).map_err(uc_err("removing a stop"))?;
         }
         let data = self.uc.get_data_mut();
+        data.flushes += 1;
         data.stops.clear();
         // The decoded blocks go with the translations.
         data.decoded = Decoded::default();
@@ -589,23 +600,57 @@ impl Tcg {
         }
         acc.single = true;
         self.uc.get_data_mut().acc = Some(acc);
-        let stepped = self.step_to_overflow(pc);
+        let mut stop_after = None;
+        let stepped = self.step_to_overflow(pc, &mut stop_after);
+        if let Some(stop) = stop_after {
+            self.remove_stop_at(stop)?;
+        }
         let acc = self.uc.get_data_mut().acc.take().expect("set above");
-        // Its translations count instructions one at a time: not for the next run.
-        self.uc.get_data_mut().code.stale = true;
         let (stop, pc) = stepped?;
         Ok((acc, stop, pc))
+    }
+
+    /// Stops the engine before the instruction at `next`, where a run from the instruction at
+    /// `pc` reaches it: a code hook there, and the translation from `pc` dropped so that it is
+    /// made again with the hook.
+    fn stop_at(&mut self, pc: u64, next: u64) -> Result<UcHookId, TcgError> {
+        let hook = self
+            .uc
+            .add_code_hook(next, next, |uc, _, _| {
+                let _ = uc.emu_stop();
+            })
+            .map_err(uc_err("adding a code hook"))?;
+        self.uc.ctl_remove_cache(pc, next).map_err(uc_err("dropping a translation"))?;
+        Ok(hook)
+    }
+
+    /// Removes a hook [`Self::stop_at`] added, and the translation made with it: with a single
+    /// code hook, unicorn calls it directly from the translation, which must not outlive it.
+    fn remove_stop_at(&mut self, ((pc, next), hook): ((u64, u64), UcHookId)) -> Result<(), TcgError> {
+        self.uc.remove_hook(hook).map_err(uc_err("removing a code hook"))?;
+        self.uc.ctl_remove_cache(pc, next).map_err(uc_err("dropping a translation"))
     }
 
     /// Runs one instruction at a time from `pc` (CPL3, a counter near its overflow) until one
     /// brings a counter to its overflow, counting each in the engine's counting state (set, with
     /// `single`, so that the block hook stands aside); returns the stop and the new RIP.
-    fn step_to_overflow(&mut self, mut pc: u64) -> Result<(Stop, u64), TcgError> {
+    ///
+    /// Each step runs from `pc` with the engine stopped before the block after the one it enters
+    /// (`single`), and, where the instruction does not end its block, by a code hook on the
+    /// instruction after it (`stop_after`: the instruction's address and the next one's, and the
+    /// hook, which the caller removes at the end with [`Self::remove_stop_at`]). Only the
+    /// translation starting at `pc` is made again for a step, and dropped with the hook; every
+    /// other translation stays. (unicorn's own instruction count compiles a hook into every
+    /// translation made while it counts, and drops them all when it stops counting: two flushes
+    /// of every translation per sample, measured as most of the time `perf record` of a user loop
+    /// took.)
+    fn step_to_overflow(
+        &mut self,
+        mut pc: u64,
+        stop_after: &mut Option<((u64, u64), UcHookId)>,
+    ) -> Result<(Stop, u64), TcgError> {
         use super::events::{cycles, Derive};
         let mut info = InstructionInfoFactory::new();
-        // unicorn counts instructions with a hook compiled into each translation: blocks made
-        // without it would run whole.
-        self.flush()?;
         fn acc<'a>(uc: &'a mut Unicorn<'static, Data>) -> &'a mut Acc {
             uc.get_data_mut().acc.as_mut().expect("set by run")
         }
@@ -627,8 +672,25 @@ impl Tcg {
                 return Ok((Stop::Handover, pc));
             }
             let facts = insn::of(&i);
-            acc(&mut self.uc).stop = None;
-            let r = self.uc.emu_start(pc, u64::MAX, 0, 1);
+            // The code it runs is checked against the snapshot, as a run's blocks are.
+            let len = i.len() as u32;
+            if self.uc.get_data_mut().code.enter(&mem, &mode, pc, len).is_err() {
+                self.flush()?;
+                self.uc.get_data_mut().code.restart();
+            }
+            // The hook stays for the next iteration of a REP string instruction, and goes before
+            // any other instruction (it would stop the engine before the instruction at it).
+            let next = pc + u64::from(len);
+            let wanted = (facts.flow == insn::Flow::Next).then_some((pc, next));
+            if stop_after.is_some_and(|(at, _)| Some(at) != wanted) {
+                self.remove_stop_at(stop_after.take().expect("checked"))?;
+            }
+            if let (Some(at), None) = (wanted, &stop_after) {
+                *stop_after = Some((at, self.stop_at(pc, next)?));
+            }
+            let a = acc(&mut self.uc);
+            (a.stop, a.single_entered) = (None, false);
+            let r = self.uc.emu_start(pc, u64::MAX, 0, 0);
             let faulted = acc(&mut self.uc).stop == Some(Stop::Fault) || r.is_err();
             let next = self.uc.reg_read(RegisterX86::RIP).map_err(uc_err("reading RIP"))?;
             if !faulted && !facts.retired_at(pc, next) {

@@ -66,7 +66,7 @@ fn counting(armed: &[(Armed, u64)]) -> Counting<'_> {
         deadline: None,
         lbr: None,
         watch: Watch::default(),
-        sti: false,
+        withhold_sti: true,
     }
 }
 
@@ -100,7 +100,7 @@ fn sti_runs_in_the_engine_where_nothing_counts_and_a_run_that_ends_after_it_says
     let (mem, regs, sregs, mode) = machine(&[0xFA, 0x90, 0xFB, 0xF4]);
     let mut tcg = Tcg::new(&mem).unwrap();
     let state = CpuState::new(regs, sregs);
-    let r = tcg.run(&state, mode, Counting { sti: true, ..counting(&[]) }).unwrap();
+    let r = tcg.run(&state, mode, Counting { withhold_sti: false, ..counting(&[]) }).unwrap();
     assert_eq!((r.stop, r.state.regs.rip, r.retired, r.after_sti), (Stop::Handover, CODE + 3, 3, true));
     assert_ne!(r.state.regs.rflags & RFLAGS_IF, 0, "STI set IF");
     let r = tcg.run(&state, mode, counting(&[])).unwrap();
@@ -109,7 +109,7 @@ fn sti_runs_in_the_engine_where_nothing_counts_and_a_run_that_ends_after_it_says
     // cli; sti; nop; out dx, al: the NOP under the shadow retired in the run, which ends after it.
     let (mem, regs, sregs, mode) = machine(&[0xFA, 0xFB, 0x90, 0xEE]);
     let mut tcg = Tcg::new(&mem).unwrap();
-    let r = tcg.run(&CpuState::new(regs, sregs), mode, Counting { sti: true, ..counting(&[]) }).unwrap();
+    let r = tcg.run(&CpuState::new(regs, sregs), mode, Counting { withhold_sti: false, ..counting(&[]) }).unwrap();
     assert_eq!((r.stop, r.state.regs.rip, r.retired, r.after_sti), (Stop::Handover, CODE + 3, 3, false));
 }
 
@@ -434,6 +434,34 @@ fn user_mode_runs_from_any_state_and_back() {
     // The kernel again, with the same engine: OS counts, USR does not.
     let r = tcg.run(&CpuState::new(regs, sregs), mode, counting(&[(usr, u64::MAX)])).unwrap();
     assert_eq!((r.stop, r.cpl, r.state.regs.rip, r.counts.clone()), (Stop::Handover, 0, CODE + 3, vec![0]), "{r:?}");
+}
+
+/// At CPL3 a run goes on an instruction at a time up to the one that brings a counter to its
+/// overflow, and stops right after it, whether that is a DEC or the JNZ after it; the stepping
+/// drops no translation (unicorn's own instruction count dropped them all twice a step).
+#[test]
+fn user_code_steps_to_its_overflow_exactly_and_keeps_the_translations() {
+    // 1: dec rcx; jnz 1b; hlt
+    let (mem, mut regs, sregs, mode) = machine(&[0x48, 0xFF, 0xC9, 0x75, 0xFB, 0xF4]);
+    regs.rcx = 100;
+    let mut tcg = Tcg::new(&mem).unwrap();
+    let umode = CpuMode { cpl: 3, ..mode };
+    let usr = Armed { os: false, ..armed(Semantics::Instructions) };
+    let r = tcg.run(&user_state(&sregs, &regs), umode, counting(&[(usr, 51)])).unwrap();
+    // The 51st instruction is the 26th DEC.
+    let got = (r.stop, r.counts[0], r.retired, r.state.regs.rip, r.state.regs.rcx);
+    assert_eq!(got, (Stop::Overflowed, 51, 51, CODE + 3, 74), "{r:?}");
+    let flushes = tcg.flushes();
+    assert_eq!(flushes, 1, "the new engine's");
+    // From there, the 51st is the 26th JNZ (taken, to the DEC); and again.
+    let mut state = r.state;
+    for (rip, rcx) in [(CODE, 49), (CODE + 3, 23)] {
+        let r = tcg.run(&state, umode, counting(&[(usr, 51)])).unwrap();
+        let got = (r.stop, r.counts[0], r.retired, r.state.regs.rip, r.state.regs.rcx);
+        assert_eq!(got, (Stop::Overflowed, 51, 51, rip, rcx), "{r:?}");
+        state = r.state;
+    }
+    assert_eq!(tcg.flushes(), flushes, "no translation dropped");
 }
 
 /// An x87/SSE state with XMM0 = `xmm0` and the rest as after FNINIT.
