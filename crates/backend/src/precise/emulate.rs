@@ -1,8 +1,9 @@
 //! Instructions the precise backend completes itself while it counts, instead of stepping them
 //! in KVM: HLT (which KVM steps over), RDPMC (which has no userspace exit), the time-stamp
 //! counter's reads and IA32_TSC_DEADLINE (the guest's time follows the model, README "Guest
-//! time"), RDMSR and WRMSR of the PMU's MSRs (a KVM round trip each), the fences (after which some hosts lose the single-step trap), and INVLPG (a KVM
-//! round trip per page on a host that emulates CPL0 code).
+//! time"), RDMSR and WRMSR of the PMU's MSRs (a KVM round trip each), the fences (after which
+//! some hosts lose the single-step trap), and INVLPG (a KVM round trip per page on a host that
+//! emulates CPL0 code).
 use super::stepper::Pending;
 use super::Precise;
 use crate::{BackendError, Cx, Next};
@@ -86,9 +87,9 @@ impl Precise {
                     self.emulate_tsc_read(cx, p, i, mode)?
                 } else if msr == IA32_TSC_DEADLINE && self.clock.virtual_tsc().is_some() {
                     // The deadline timer's MSR, on the model's side of the guest's time.
-                    self.emulate_tsc_deadline(cx, p, i)?
+                    self.emulate_tsc_deadline(cx, p, i, regs)?
                 } else if Pmu::owns(msr) && nothing_due {
-                    self.emulate_pmu_msr(cx, p, i, msr)?
+                    self.emulate_pmu_msr(cx, p, i, msr, regs)?
                 } else {
                     return Ok(None);
                 }
@@ -258,10 +259,15 @@ impl Precise {
     /// moves by the difference between the two (both ways), and the timer fires as far ahead
     /// as the guest asked. Without this, a guest that counts with the deadline timer armed sets
     /// deadlines already past on KVM's side: an interrupt storm. 0 disarms it either way.
-    fn emulate_tsc_deadline(&mut self, cx: &mut Cx, p: &Pending, i: &Insn) -> Result<Next, BackendError> {
+    fn emulate_tsc_deadline(
+        &mut self,
+        cx: &mut Cx,
+        p: &Pending,
+        i: &Insn,
+        mut regs: kvm_bindings::kvm_regs,
+    ) -> Result<Next, BackendError> {
         let virtual_now = self.clock.virtual_tsc().expect("checked by the caller");
         let kvm_ahead = cx.vcpu.guest_tsc()?.wrapping_sub(virtual_now);
-        let mut regs = cx.vcpu.regs()?;
         if i.special == Special::Wrmsr {
             let deadline = (regs.rdx << 32) | (regs.rax & 0xFFFF_FFFF);
             let on_kvm = if deadline == 0 { 0 } else { deadline.wrapping_add(kvm_ahead) };
@@ -282,12 +288,19 @@ impl Precise {
         self.complete(cx, p, i, regs)
     }
 
-    /// RDMSR or WRMSR of the PMU's MSR `msr` at CPL0, with nothing due before it: the facade's
-    /// model answers it as at KVM's MSR exit ([`crate::PmuMsrs`]), or it raises #GP. In 64-bit mode RDMSR clears the upper
-    /// halves of RAX and RDX, and WRMSR writes EDX:EAX (SDM Vol. 2B, RDMSR and WRMSR). A counter
-    /// the WRMSR wrote does not count it, as where KVM steps it (`Precise::arm`).
-    fn emulate_pmu_msr(&mut self, cx: &mut Cx, p: &mut Pending, i: &Insn, msr: u32) -> Result<Next, BackendError> {
-        let mut regs = cx.vcpu.regs()?;
+    /// RDMSR or WRMSR of the PMU's MSR `msr` at CPL0, with nothing due before it (`regs`: the
+    /// vCPU's): the facade's model answers it as at KVM's MSR exit ([`crate::PmuMsrs`]), or it
+    /// raises #GP. In 64-bit mode RDMSR clears the upper halves of RAX and RDX, and WRMSR writes
+    /// EDX:EAX (SDM Vol. 2B, RDMSR and WRMSR). A counter the WRMSR wrote does not count it, as
+    /// where KVM steps it (`Precise::arm`).
+    fn emulate_pmu_msr(
+        &mut self,
+        cx: &mut Cx,
+        p: &mut Pending,
+        i: &Insn,
+        msr: u32,
+        mut regs: kvm_bindings::kvm_regs,
+    ) -> Result<Next, BackendError> {
         let took = if i.special == Special::Wrmsr {
             let value = (regs.rdx << 32) | (regs.rax & 0xFFFF_FFFF);
             let took = cx.msrs.write(cx.pmu, msr, value).is_ok();
