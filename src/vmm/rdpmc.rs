@@ -160,10 +160,10 @@ impl GpCatch {
     /// Whether the guest's own DR7 enables a breakpoint, as of the last look. KVM_GET_DEBUGREGS
     /// costs about 7 µs here (as much as an exit), and the guest writes DR7 without an exit
     /// whatever emon does, so emon looks at most every [`DR7_CHECK_INTERVAL`].
-    fn guest_breakpoints(&mut self, cpu: &KvmCpu) -> Result<bool, VmmError> {
+    fn guest_breakpoints(&mut self, cpu: &mut KvmCpu) -> Result<bool, VmmError> {
         let now = Instant::now();
         if self.dr7_checked.is_none_or(|t| now.duration_since(t) >= DR7_CHECK_INTERVAL) {
-            let dr = cpu.fd.get_debug_regs().map_err(|source| VmmError::Kvm { op: "KVM_GET_DEBUGREGS", source })?;
+            let dr = cpu.debug_regs()?;
             self.guest_dr7 = dr.dr7;
             self.dr7_checked = Some(now);
         }
@@ -268,8 +268,8 @@ pub fn hardware_breakpoints(kvm: &Kvm) -> bool {
 /// Delivers a #DB to the guest with `dr6`'s causes in its DR6 (B0-B3 replaced, the others
 /// added: SDM Vol. 3B, "Debug Status Register (DR6)").
 fn inject_db(cpu: &mut KvmCpu, mem: &GuestMemoryMmap, dr6: u64) -> Result<(), VmmError> {
-    let mut dr = cpu.fd.get_debug_regs().map_err(|source| VmmError::Kvm { op: "KVM_GET_DEBUGREGS", source })?;
+    let mut dr = cpu.debug_regs()?;
     dr.dr6 = (dr.dr6 & !0xF) | (dr6 & DR6_CAUSES);
-    cpu.fd.set_debug_regs(&dr).map_err(|source| VmmError::Kvm { op: "KVM_SET_DEBUGREGS", source })?;
+    cpu.set_debug_regs(&dr)?;
     Ok(cpu.with(mem).inject_exception(DB_VECTOR, None)?)
 }

@@ -34,6 +34,8 @@ pub struct ExitStats {
     /// (a backend that leaks host events shows here).
     pub fds_at_start: usize,
     pub fds_at_end: usize,
+    /// vCPU ioctls made to read or write registers (README, "Registers between exits").
+    pub register_ioctls: u64,
 }
 
 /// The number of open file descriptors of this process.
@@ -102,6 +104,7 @@ impl Vcpu {
         self.stats.fds_at_start = open_fds();
         let r = self.run_loop();
         self.stats.fds_at_end = open_fds();
+        self.stats.register_ioctls = self.cpu.register_ioctls();
         self.pmu.observe(|t, pmu| {
             if let Some(t) = t {
                 t.sample(pmu);

@@ -28,6 +28,10 @@ pub enum Event {
     /// INT n, INT3 or INTO, which checks the gate's DPL against the CPL, and whose frame
     /// returns to the next instruction, at `next_rip`.
     Software { next_rip: u64 },
+    /// A fault-class exception of the instruction at RIP: the frame returns to it, with RF set
+    /// in its RFLAGS image (SDM Vol. 3B 17.3.1.1), and the error code pushed after it where the
+    /// exception has one (SDM Vol. 3A 6.13).
+    Fault { error_code: Option<u32> },
 }
 
 /// Why the event was not delivered.
@@ -54,7 +58,7 @@ pub fn deliver(
     if mode.bitness != 64 && sregs.efer & (1 << 10) == 0 {
         return Err(Unsupported("not in IA-32e mode"));
     }
-    let ext = if event == Event::External { ERROR_EXT } else { 0 };
+    let ext = if matches!(event, Event::Software { .. }) { 0 } else { ERROR_EXT };
     let gate_error = u32::from(vector) * 8 + ERROR_IDT + ext;
     let off = u64::from(vector) * 16;
     if off + 15 > u64::from(mode.idt_limit) {
@@ -90,12 +94,13 @@ pub fn deliver(
     }
     cs.selector = selector & !3 | u16::from(new_cpl);
     let mut rsp = new_stack(mode, mem, sregs, ist, new_cpl)?.unwrap_or(regs.rsp) & !0xF;
-    let rip = match event {
-        Event::External => regs.rip,
-        Event::Software { next_rip } => next_rip,
+    let (rip, rflags, error_code) = match event {
+        Event::External => (regs.rip, regs.rflags, None),
+        Event::Software { next_rip } => (next_rip, regs.rflags, None),
+        Event::Fault { error_code } => (regs.rip, regs.rflags | RFLAGS_RF, error_code),
     };
-    let frame = [u64::from(sregs.ss.selector), regs.rsp, regs.rflags, u64::from(sregs.cs.selector), rip];
-    for word in frame {
+    let frame = [u64::from(sregs.ss.selector), regs.rsp, rflags, u64::from(sregs.cs.selector), rip];
+    for word in frame.into_iter().chain(error_code.map(u64::from)) {
         rsp -= 8;
         mode.write_linear(mem, rsp, &word.to_le_bytes()).ok_or(Unsupported("the handler's stack is not mapped"))?;
     }
@@ -216,6 +221,25 @@ mod tests {
         assert_eq!((sregs.cs.selector, sregs.cs.dpl, sregs.cs.l), (KERNEL_CS, 0, 1));
         assert_eq!((sregs.ss.selector, sregs.ss.unusable), (0, 1), "a null SS at CPL0");
         assert_eq!(interrupted_user_rip(&mode, &mem, &sregs, 0xEC), Some(0x40_0000), "read back from RSP0's frame");
+    }
+
+    #[test]
+    fn a_page_fault_from_user_mode_pushes_its_error_code_and_rf() {
+        let (mem, mode, mut regs, mut sregs) = machine();
+        gate(&mem, 14, 0xFFFF_FFFF_8120_0AF0, INTERRUPT_GATE, 0, 0);
+        deliver(&mode, &mem, &mut regs, &mut sregs, 14, Event::Fault { error_code: Some(6) }).unwrap();
+        assert_eq!((regs.rip, regs.rsp), (0xFFFF_FFFF_8120_0AF0, 0x9000 - 48));
+        let rf_set = 0x202 | RFLAGS_TF | RFLAGS_RF;
+        // The error code, then RIP (the faulting instruction), CS, RFLAGS, RSP, SS.
+        assert_eq!(frame(&mem, regs.rsp), [6, 0x40_0000, u64::from(USER_CS), rf_set, 0x7FF8]);
+        assert_eq!(mem.read_obj::<u64>(GuestAddress(regs.rsp + 40)).unwrap(), u64::from(USER_SS));
+        assert_eq!(regs.rflags, 0x2);
+        // #UD has no error code.
+        let (mem, mode, mut regs, mut sregs) = machine();
+        gate(&mem, 6, 0xFFFF_FFFF_8120_0B00, INTERRUPT_GATE, 0, 0);
+        regs.rflags = 0x202;
+        deliver(&mode, &mem, &mut regs, &mut sregs, 6, Event::Fault { error_code: None }).unwrap();
+        assert_eq!(frame(&mem, regs.rsp)[..3], [0x40_0000, u64::from(USER_CS), 0x202 | RFLAGS_RF]);
     }
 
     #[test]

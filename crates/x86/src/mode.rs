@@ -211,6 +211,33 @@ impl CpuMode {
         denied.then(|| code(true, false))
     }
 
+    /// The guest-physical address linear address `la` translates to for an access of `kind` at
+    /// the CPL that neither faults ([`Self::page_fault`]) nor has the processor set an accessed
+    /// or dirty flag on its way (SDM Vol. 3A 4.8: every paging-structure entry the translation
+    /// uses has A set, and the entry that maps the page has D set for a write): an access that
+    /// may go straight to guest memory, as the processor's would. `None` otherwise, and outside
+    /// 4-level paging.
+    pub fn quiet_translation(&self, mem: &GuestMemoryMmap, la: u64, kind: Access, ac: bool) -> Option<u64> {
+        const ACCESSED: u64 = 1 << 5;
+        const DIRTY: u64 = 1 << 6;
+        /// CR4.LA57: 5-level paging, which this walk does not do.
+        const CR4_LA57: u64 = 1 << 12;
+        if self.cr0 & CR0_PG == 0
+            || self.efer & EFER_LMA == 0
+            || self.cr4 & CR4_LA57 != 0
+            || self.page_fault(mem, la, kind, ac).is_some()
+        {
+            return None;
+        }
+        let (entries, n) = self.long_walk(mem, la);
+        let leaf = entries[n - 1];
+        if entries[..n].iter().any(|e| e & ACCESSED == 0) || kind == Access::Write && leaf & DIRTY == 0 {
+            return None;
+        }
+        let size = 1u64 << LONG_SHIFTS[n - 1];
+        Some((leaf & ADDR_MASK & !(size - 1)) | (la & (size - 1)))
+    }
+
     /// The page fault an access of `kind` to the `len` bytes at linear address `la` raises, if
     /// one does: its error code ([`Self::page_fault`]) and the address CR2 takes, the first byte
     /// it cannot reach.

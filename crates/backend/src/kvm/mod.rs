@@ -148,11 +148,88 @@ impl KvmCpu {
         }
         self.regs.ran(true);
         let r = self.fd.run();
-        if r.is_err() {
-            // An error before KVM stored the registers, or EINTR from a kick: read them anew.
+        if r.as_ref().is_err_and(|e| e.errno() != libc::EINTR) {
+            // An error before KVM stored the registers: read them anew. (A kick's EINTR comes
+            // through the end of KVM_RUN, which stores them.)
             self.regs.ran(false);
         }
         r
+    }
+
+    /// vCPU ioctls made for register reads and writes, which `kvm_run` and the cache spare most
+    /// of (KVM_RUN not included).
+    pub fn register_ioctls(&self) -> u64 {
+        self.regs.ioctls
+    }
+
+    /// The vCPU's file descriptor for an ioctl that may read the register sets written into
+    /// `kvm_run`: they go to KVM first.
+    fn fd_synced(&mut self) -> Result<&VcpuFd, VcpuError> {
+        self.regs.flush(&mut self.fd)?;
+        Ok(&self.fd)
+    }
+
+    /// The vCPU's file descriptor for KVM_GET_MSRS or KVM_SET_MSRS of `indices`: synced first if
+    /// one of them is also in the segment and control registers' set.
+    fn fd_for_msrs<'a>(&mut self, indices: impl IntoIterator<Item = &'a u32>) -> Result<&VcpuFd, VcpuError> {
+        if indices.into_iter().any(|i| regs::SREGS_MSRS.contains(i)) {
+            return self.fd_synced();
+        }
+        Ok(&self.fd)
+    }
+
+    /// The debug registers (DR0-DR3, DR6, DR7), read once until the next KVM_RUN.
+    pub fn debug_regs(&mut self) -> Result<kvm_bindings::kvm_debugregs, VcpuError> {
+        self.regs.debug_regs(&mut self.fd)
+    }
+
+    pub fn set_debug_regs(&mut self, d: &kvm_bindings::kvm_debugregs) -> Result<(), VcpuError> {
+        self.regs.set_debug_regs(&mut self.fd, d)
+    }
+
+    /// MSRs `indices` as KVM has them (those of [`regs::CACHED_MSRS`] read once until the next
+    /// KVM_RUN).
+    pub fn get_msrs(&mut self, indices: &[u32]) -> Result<Vec<u64>, VcpuError> {
+        let failed = || VcpuError { op: "KVM_GET_MSRS", source: vmm_sys_util::errno::Error::new(libc::EINVAL) };
+        let cached: Vec<Option<u64>> = indices.iter().map(|&i| self.regs.msr(i)).collect();
+        let missing: Vec<kvm_msr_entry> = indices
+            .iter()
+            .zip(&cached)
+            .filter(|(_, c)| c.is_none())
+            .map(|(&index, _)| kvm_msr_entry { index, ..Default::default() })
+            .collect();
+        let mut read = Vec::new();
+        if !missing.is_empty() {
+            let mut msrs = Msrs::from_entries(&missing).map_err(|_| failed())?;
+            self.regs.ioctls += 1;
+            if self.fd_for_msrs(indices)?.get_msrs(&mut msrs).map_err(VcpuError::op("KVM_GET_MSRS"))? != missing.len() {
+                return Err(failed());
+            }
+            read = msrs.as_slice().iter().map(|e| (e.index, e.data)).collect();
+            for &(index, data) in &read {
+                self.regs.keep_msr(index, data);
+            }
+        }
+        let mut read = read.into_iter();
+        Ok(cached.into_iter().map(|c| c.unwrap_or_else(|| read.next().expect("one per missing MSR").1)).collect())
+    }
+
+    /// Sets MSRs as the VMM (a host-initiated KVM_SET_MSRS); EINVAL when KVM does not take one.
+    pub fn set_msrs(&mut self, values: &[(u32, u64)]) -> Result<(), VcpuError> {
+        let failed = || VcpuError { op: "KVM_SET_MSRS", source: vmm_sys_util::errno::Error::new(libc::EINVAL) };
+        let entries: Vec<kvm_msr_entry> =
+            values.iter().map(|&(index, data)| kvm_msr_entry { index, data, ..Default::default() }).collect();
+        let msrs = Msrs::from_entries(&entries).map_err(|_| failed())?;
+        self.regs.ioctls += 1;
+        let taken =
+            self.fd_for_msrs(values.iter().map(|(i, _)| i))?.set_msrs(&msrs).map_err(VcpuError::op("KVM_SET_MSRS"))?;
+        for &(index, data) in &values[..taken.min(values.len())] {
+            self.regs.keep_msr(index, data);
+        }
+        if taken != values.len() {
+            return Err(failed());
+        }
+        Ok(())
     }
 
     /// Takes the interrupt or NMI due at this instruction boundary, as the CPU takes one when
@@ -166,6 +243,8 @@ impl KvmCpu {
     /// it then cancels); then emon decides, from the APIC's registers, what the CPU would take.
     pub fn due_event(&mut self) -> Result<Option<crate::DueEvent>, VcpuError> {
         let Some(probe) = self.event_probe.take() else { return Ok(None) };
+        // The probe runs no guest instruction: the debug registers and MSRs read stay.
+        let kept = self.regs.kept();
         let regs = self.regs()?;
         let events = self.events()?;
         self.set_regs(&kvm_regs { rflags: regs.rflags & !RFLAGS_IF, ..regs })?;
@@ -186,6 +265,7 @@ impl KvmCpu {
         self.event_probe = Some(probe);
         ran?;
         taken?;
+        self.regs.keep(kept);
         self.set_regs(&regs)?;
         let mut after = self.events()?;
         after.nmi.masked = events.nmi.masked;
@@ -280,8 +360,8 @@ impl KvmCpu {
         /// CR3.PWT (SDM Vol. 3A 4.5): any bit KVM takes in CR3 would do.
         const CR3_PWT: u64 = 1 << 3;
         let sregs = kvm_sregs { interrupt_bitmap: [0; 4], ..self.sregs()? };
-        self.set_sregs(&kvm_sregs { cr3: sregs.cr3 ^ CR3_PWT, ..sregs })?;
-        self.set_sregs(&sregs)
+        self.regs.set_sregs_now(&mut self.fd, &kvm_sregs { cr3: sregs.cr3 ^ CR3_PWT, ..sregs })?;
+        self.regs.set_sregs_now(&mut self.fd, &sregs)
     }
 
     pub fn set_events(&mut self, e: &kvm_vcpu_events) -> Result<(), VcpuError> {
@@ -310,10 +390,12 @@ impl Vcpu for KvmVcpu<'_> {
     }
 
     fn fpu(&mut self) -> Result<Fpu, VcpuError> {
-        xsave::get(&self.cpu.fd, self.cpu.xsave).map_err(VcpuError::op("KVM_GET_XSAVE"))
+        let (fd, abi) = (&self.cpu.fd, self.cpu.xsave);
+        self.cpu.regs.fpu(|| xsave::get(fd, abi).map_err(VcpuError::op("KVM_GET_XSAVE")))
     }
 
     fn set_fpu(&mut self, f: &Fpu) -> Result<(), VcpuError> {
+        self.cpu.regs.fpu_written();
         xsave::set(&self.cpu.fd, self.cpu.xsave, f).map_err(VcpuError::op("KVM_SET_XSAVE"))
     }
 
@@ -348,7 +430,7 @@ impl Vcpu for KvmVcpu<'_> {
         // here (SDM Vol. 2, STI). KVM would keep it, and no interrupt could wake the vCPU.
         self.set_interrupt_shadow(false)?;
         self.cpu
-            .fd
+            .fd_synced()?
             .set_mp_state(kvm_mp_state { mp_state: KVM_MP_STATE_HALTED })
             .map_err(VcpuError::op("KVM_SET_MP_STATE"))
     }
@@ -359,8 +441,11 @@ impl Vcpu for KvmVcpu<'_> {
         if table.is_empty() {
             return Ok(table);
         }
-        let live =
-            self.cpu.fd.get_cpuid2(kvm_bindings::KVM_MAX_CPUID_ENTRIES).map_err(VcpuError::op("KVM_GET_CPUID2"))?;
+        let live = self
+            .cpu
+            .fd_synced()?
+            .get_cpuid2(kvm_bindings::KVM_MAX_CPUID_ENTRIES)
+            .map_err(VcpuError::op("KVM_GET_CPUID2"))?;
         for &(leaf, subleaf, reg, mask) in &LIVE_CPUID {
             let Some(mut l) = live.as_slice().iter().find(|l| crate::cpuid::answers(l, leaf, subleaf)).copied() else {
                 continue;
@@ -383,14 +468,14 @@ impl Vcpu for KvmVcpu<'_> {
     }
 
     fn guest_breakpoints(&mut self) -> Result<emon_x86::debug::Breakpoints, VcpuError> {
-        let d = self.cpu.fd.get_debug_regs().map_err(VcpuError::op("KVM_GET_DEBUGREGS"))?;
+        let d = self.cpu.debug_regs()?;
         Ok(emon_x86::debug::Breakpoints { addr: d.db, dr7: d.dr7 })
     }
 
     fn add_debug_status(&mut self, status: u64) -> Result<(), VcpuError> {
-        let mut d = self.cpu.fd.get_debug_regs().map_err(VcpuError::op("KVM_GET_DEBUGREGS"))?;
+        let mut d = self.cpu.debug_regs()?;
         d.dr6 |= status;
-        self.cpu.fd.set_debug_regs(&d).map_err(VcpuError::op("KVM_SET_DEBUGREGS"))
+        self.cpu.set_debug_regs(&d)
     }
 
     fn flush_tlb(&mut self) -> Result<(), VcpuError> {
@@ -445,42 +530,24 @@ impl Vcpu for KvmVcpu<'_> {
     }
 
     fn nmi(&mut self) -> Result<(), VcpuError> {
-        self.cpu.fd.nmi().map_err(VcpuError::op("KVM_NMI"))
+        // A KVM_SET_VCPU_EVENTS still in `kvm_run` would drop the NMI KVM_NMI queues.
+        self.cpu.fd_synced()?.nmi().map_err(VcpuError::op("KVM_NMI"))
     }
 
     fn get_msr(&mut self, index: u32) -> Result<u64, VcpuError> {
-        let failed = || VcpuError { op: "KVM_GET_MSRS", source: vmm_sys_util::errno::Error::new(libc::EINVAL) };
-        let mut msrs = Msrs::from_entries(&[kvm_msr_entry { index, ..Default::default() }]).map_err(|_| failed())?;
-        match self.cpu.fd.get_msrs(&mut msrs).map_err(VcpuError::op("KVM_GET_MSRS"))? {
-            1 => Ok(msrs.as_slice()[0].data),
-            _ => Err(failed()),
-        }
+        Ok(self.cpu.get_msrs(&[index])?[0])
     }
 
     fn set_msr(&mut self, index: u32, value: u64) -> Result<(), VcpuError> {
-        set_msr(&self.cpu.fd, index, value)
+        self.cpu.set_msrs(&[(index, value)])
     }
 
     fn get_msrs(&mut self, indices: &[u32]) -> Result<Vec<u64>, VcpuError> {
-        let failed = || VcpuError { op: "KVM_GET_MSRS", source: vmm_sys_util::errno::Error::new(libc::EINVAL) };
-        let entries: Vec<kvm_msr_entry> =
-            indices.iter().map(|&index| kvm_msr_entry { index, ..Default::default() }).collect();
-        let mut msrs = Msrs::from_entries(&entries).map_err(|_| failed())?;
-        if self.cpu.fd.get_msrs(&mut msrs).map_err(VcpuError::op("KVM_GET_MSRS"))? != indices.len() {
-            return Err(failed());
-        }
-        Ok(msrs.as_slice().iter().map(|e| e.data).collect())
+        self.cpu.get_msrs(indices)
     }
 
     fn set_msrs(&mut self, values: &[(u32, u64)]) -> Result<(), VcpuError> {
-        let failed = || VcpuError { op: "KVM_SET_MSRS", source: vmm_sys_util::errno::Error::new(libc::EINVAL) };
-        let entries: Vec<kvm_msr_entry> =
-            values.iter().map(|&(index, data)| kvm_msr_entry { index, data, ..Default::default() }).collect();
-        let msrs = Msrs::from_entries(&entries).map_err(|_| failed())?;
-        if self.cpu.fd.set_msrs(&msrs).map_err(VcpuError::op("KVM_SET_MSRS"))? != values.len() {
-            return Err(failed());
-        }
-        Ok(())
+        self.cpu.set_msrs(values)
     }
 
     fn set_guest_tsc(&mut self, value: u64) -> Result<bool, VcpuError> {
@@ -609,6 +676,41 @@ mod tests {
             assert_eq!(s.bitmap.len(), s.count.div_ceil(8) as usize);
             assert!(trapped_by(&spans, s.base) && trapped_by(&spans, s.base + s.count - 1));
         }
+    }
+
+    /// The register cache against this host's KVM: writes of the segment and control registers
+    /// wait in `kvm_run` (no ioctl) yet an MSR that mirrors them reads what was written; MSRs
+    /// of [`regs::CACHED_MSRS`], the debug registers and the written sets are read once until
+    /// the next KVM_RUN.
+    #[test]
+    fn the_register_cache_spares_ioctls_and_keeps_kvm_in_step() {
+        use emon_x86::arch::{IA32_EFER, IA32_LSTAR};
+        let kvm = kvm_ioctls::Kvm::new().expect("/dev/kvm (the suite runs where KVM does)");
+        let vm = kvm.create_vm().unwrap();
+        let mut cpu = KvmCpu::new(&kvm, vm.create_vcpu(0).unwrap(), GuestDebug::default(), None);
+        let deferred = cpu.regs.sync & kvm_bindings::KVM_SYNC_X86_SREGS != 0;
+        let sregs = cpu.sregs().unwrap();
+        let before = cpu.register_ioctls();
+        let written = kvm_sregs { efer: sregs.efer ^ 1, ..sregs }; // EFER.SCE
+        cpu.set_sregs(&written).unwrap();
+        cpu.set_sregs(&written).unwrap();
+        assert_eq!(cpu.sregs().unwrap().efer, written.efer);
+        assert_eq!(cpu.register_ioctls() - before, if deferred { 0 } else { 2 });
+        // EFER through KVM_GET_MSRS: the written set goes to KVM first.
+        assert_eq!(cpu.get_msrs(&[IA32_EFER]).unwrap(), [written.efer]);
+        let before = cpu.register_ioctls();
+        let lstar = cpu.get_msrs(&[IA32_LSTAR]).unwrap()[0];
+        assert_eq!(cpu.get_msrs(&[IA32_LSTAR, IA32_LSTAR]).unwrap(), [lstar, lstar]);
+        cpu.set_msrs(&[(IA32_LSTAR, 0xFFFF_FFFF_8100_0000)]).unwrap();
+        assert_eq!(cpu.get_msrs(&[IA32_LSTAR]).unwrap(), [0xFFFF_FFFF_8100_0000]);
+        let d = cpu.debug_regs().unwrap();
+        assert_eq!(cpu.debug_regs().unwrap().dr7, d.dr7);
+        assert_eq!(cpu.register_ioctls() - before, 3, "one KVM_GET_MSRS, one KVM_SET_MSRS, one KVM_GET_DEBUGREGS");
+        // Read anew after a KVM_RUN (one that fails its entry checks, with nothing to run).
+        cpu.regs.ran(false);
+        let before = cpu.register_ioctls();
+        assert_eq!(cpu.get_msrs(&[IA32_LSTAR]).unwrap(), [0xFFFF_FFFF_8100_0000]);
+        assert_eq!(cpu.register_ioctls() - before, 1);
     }
 
     #[test]

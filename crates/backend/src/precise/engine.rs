@@ -82,11 +82,14 @@ impl EngineSlot {
         0
     }
 
-    /// The vCPU enters KVM at the boundary: it delivers the interrupts due there.
+    /// The vCPU enters KVM at the boundary: it delivers the interrupts due there, and what the
+    /// guest did in KVM may have raised one that waits for RFLAGS.IF (a self-IPI, a write to
+    /// the APIC's timer): user mode asks for it at its first boundary.
     pub fn kvm_entered(&mut self) {
         #[cfg(feature = "tcg")]
         {
             self.tcg.kernel_since = None;
+            self.tcg.events_asked = None;
         }
     }
 
@@ -111,7 +114,7 @@ mod tcg_slot {
         /// Runs since the code last used what `wants` loads (past a few, it is dropped).
         pub unused_runs: u32,
         /// When KVM was last asked for the event due at a user-mode boundary; `None` since the
-        /// vCPU was last seen outside user mode.
+        /// vCPU last entered KVM or took an event in user mode.
         pub events_asked: Option<std::time::Instant>,
         /// When the current stretch of user mode began (`None` outside user mode), the time user
         /// mode ran before it since an event was last taken in user mode, and the user-mode
@@ -168,7 +171,7 @@ mod fast_forward {
     use super::Engine;
     use crate::vcpu::DueEvent;
     use crate::{BackendError, Cx, Next};
-    use emon_x86::arch::{plain_error_code, DE_VECTOR, GP_VECTOR, NMI_VECTOR, RFLAGS_IF, UD_VECTOR};
+    use emon_x86::arch::{plain_error_code, DE_VECTOR, GP_VECTOR, NMI_VECTOR, PF_VECTOR, RFLAGS_IF, UD_VECTOR};
     use emon_x86::deliver::Event;
     use emon_x86::insn::{Insn, Special};
     use emon_x86::mode::CpuMode;
@@ -210,7 +213,6 @@ mod fast_forward {
                 // delivery); an IRET back to user mode sets it again if its frame has it.
                 self.step.user_tf = false;
                 let slot = &mut self.engine.tcg;
-                slot.events_asked = None;
                 if let Some(t) = slot.user_since.take() {
                     slot.user_ran += t.elapsed();
                 }
@@ -305,9 +307,13 @@ mod fast_forward {
         /// Takes the interrupt or NMI due at this user-mode boundary, if one is: true if one was.
         /// KVM gets no turn while user code runs in the engine, and an entry at CPL3 with nothing
         /// due would run user code unseen, so KVM is asked without entering the guest: at the
-        /// first boundary after the vCPU enters user mode (where an interrupt that came while the
-        /// kernel had them masked is taken, SDM Vol. 3A 6.8.1), then every [`EVENT_CHECK`] of
-        /// real time (engine runs at CPL3 hand back as often). One exception keeps user mode
+        /// first user-mode boundary after the vCPU was in KVM or took an event (where an
+        /// interrupt the guest raised with them masked, a self-IPI, is taken: SDM Vol. 3A
+        /// 6.8.1), then every [`EVENT_CHECK`] of real time (engine runs at CPL3 hand back as
+        /// often), across system calls the kernel runs in the engine without KVM: an interrupt
+        /// from a device or a timer comes at most that much later in the instruction stream, as
+        /// in kernel code ("CPL0 code in the TCG engine"), where nothing guarantees when it
+        /// comes. One exception keeps user mode
         /// going: after an event that came before user mode had run [`USER_PROGRESS`]
         /// instructions or for [`USER_RUN`] since the one before, the next waits until it has.
         /// Kernel code is slow where the host emulates it (and slower still on a loaded machine)
@@ -790,9 +796,7 @@ mod fast_forward {
             let (vector, code) = if privileged {
                 (GP_VECTOR, Some(0))
             } else if let Some((code, cr2)) = self.user_page_fault(cx, i, mode, &regs)? {
-                cx.vcpu.inject_page_fault(code, cr2)?;
-                self.step.expect_event = true;
-                return Ok(Some(Next::Retired));
+                return self.raise_user_fault(cx, mode, PF_VECTOR, Some(code), Some(cr2));
             } else if i.is_invalid() || matches!(i.mnemonic(), Ud0 | Ud1 | Ud2) {
                 // An invalid opcode, UD0/1/2 (SDM Vol. 2B, UD): #UD.
                 (UD_VECTOR, None)
@@ -805,8 +809,43 @@ mod fast_forward {
                     None => return Ok(None),
                 }
             };
-            cx.vcpu.inject_exception(vector, code)?;
-            self.step.expect_event = true;
+            self.raise_user_fault(cx, mode, vector, code, None)
+        }
+
+        /// Raises the fault `vector` (with its error code, and for a page fault the address CR2
+        /// takes) of the user-mode instruction at RIP, as the CPU raises it: emon delivers it
+        /// through the IDT, so that the handler runs on in the engine (KVM's delivery entered the
+        /// vCPU, which stepped the handler's first instruction in KVM's emulator and asked for
+        /// the events due again at the next user-mode boundary, per page fault); KVM delivers it
+        /// where emon cannot (a fault on the way: a double fault, or a stack not mapped).
+        fn raise_user_fault(
+            &mut self,
+            cx: &mut Cx,
+            mode: &CpuMode,
+            vector: u8,
+            error_code: Option<u32>,
+            cr2: Option<u64>,
+        ) -> Result<Option<Next>, BackendError> {
+            let from = cx.vcpu.regs()?.rip;
+            match self.deliver_event(cx, mode, vector, Event::Fault { error_code })? {
+                Ok(handler) => {
+                    if let Some(cr2) = cr2 {
+                        let sregs = cx.vcpu.sregs()?;
+                        cx.vcpu.set_sregs(&kvm_bindings::kvm_sregs { cr2, ..sregs })?;
+                    }
+                    self.step.rip = Some(handler);
+                    self.stats.events += 1;
+                    self.take_event_branch(cx, from, handler, mode.cpl)?;
+                }
+                Err(why) => {
+                    tracing::debug!(?why, vector, "KVM delivers the fault in user mode");
+                    match cr2 {
+                        Some(cr2) => cx.vcpu.inject_page_fault(error_code.unwrap_or(0), cr2)?,
+                        None => cx.vcpu.inject_exception(vector, error_code)?,
+                    }
+                    self.step.expect_event = true;
+                }
+            }
             Ok(Some(Next::Retired))
         }
 

@@ -5,10 +5,10 @@ use emon_pmu::profile::MIN_CACHE_LINE;
 use emon_x86::access;
 use emon_x86::insn::{self, Insn};
 use emon_x86::mode::CpuMode;
-use iced_x86::OpAccess;
 use iced_x86::{
-    Code, CpuidFeature, Decoder, DecoderOptions, FlowControl, Instruction, InstructionInfoFactory, Mnemonic,
+    Code, CpuidFeature, Decoder, DecoderOptions, FlowControl, Instruction, InstructionInfoFactory, Mnemonic, Register,
 };
+use iced_x86::{OpAccess, OpKind};
 use vm_memory::GuestMemoryMmap;
 
 /// State beyond the general and control registers that an instruction needs in the engine, and
@@ -114,6 +114,8 @@ const ENGINE_FEATURES: &[CpuidFeature] = {
         CLFSH,
         CLFLUSHOPT,
         CLWB,
+        // PREFETCH and PREFETCHW (0F 0D): TCG translates them as the hints they are.
+        PREFETCHW,
         PAUSE,
         CET_IBT,
         SMAP,
@@ -229,7 +231,8 @@ pub fn classify(i: &Instruction, info: &mut InstructionInfoFactory) -> Class {
             | FlowControl::IndirectCall
             | FlowControl::Return
     );
-    let privileged = i.is_privileged() && !PRIVILEGED_IN_ENGINE.contains(&m);
+    let reads_cr = reads_control_register(i);
+    let privileged = i.is_privileged() && !PRIVILEGED_IN_ENGINE.contains(&m) && !reads_cr;
     if i.is_invalid() || privileged || far || !plain_flow || HANDED_OVER.contains(&m) {
         return Class::HandedOver;
     }
@@ -241,7 +244,7 @@ pub fn classify(i: &Instruction, info: &mut InstructionInfoFactory) -> Class {
             || reg.is_ymm()
             || reg.is_zmm()
             || reg.is_k()
-            || reg.is_cr()
+            || reg.is_cr() && !reads_cr
             || reg.is_dr()
             || reg.is_tr()
     });
@@ -254,6 +257,46 @@ pub fn classify(i: &Instruction, info: &mut InstructionInfoFactory) -> Class {
             .iter()
             .any(|f| matches!(f, CpuidFeature::FPU | CpuidFeature::FPU287 | CpuidFeature::FPU387 | CpuidFeature::MMX));
     Class::Runs(Needs { fpu, msrs: m == Mnemonic::Swapgs })
+}
+
+/// MOV from CR0, CR2, CR3 or CR4 (SDM Vol. 2B, "MOV—Move to/from Control Registers"): a read of
+/// what the engine holds as the vCPU's (loaded at each run; CR2 is where Linux's page-fault
+/// handler finds the faulting address). Not CR8, the local APIC's TPR, which the engine does not
+/// hold, nor the LOCK form that reads it (CR8LEG).
+fn reads_control_register(i: &Instruction) -> bool {
+    i.code() == Code::Mov_r64_cr
+        && !i.has_lock_prefix()
+        && matches!(i.op1_register(), Register::CR0 | Register::CR2 | Register::CR3 | Register::CR4)
+}
+
+/// A REP string instruction whose iterations emon may run on guest memory itself (`rep_ahead`):
+/// each stores an element of `size` bytes (RAX's low bytes for STOS, the element at RSI for
+/// MOVS) at RDI, whatever the data (SDM Vol. 2B, REP/STOS/MOVS).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RepString {
+    pub movs: bool,
+    pub size: u8,
+}
+
+impl RepString {
+    /// `i` as such an instruction, if it is one.
+    pub fn of(i: &Instruction) -> Option<RepString> {
+        let (movs, size) = match i.code() {
+            Code::Stosb_m8_AL => (false, 1),
+            Code::Stosw_m16_AX => (false, 2),
+            Code::Stosd_m32_EAX => (false, 4),
+            Code::Stosq_m64_RAX => (false, 8),
+            Code::Movsb_m8_m8 => (true, 1),
+            Code::Movsw_m16_m16 => (true, 2),
+            Code::Movsd_m32_m32 => (true, 4),
+            Code::Movsq_m64_m64 => (true, 8),
+            _ => return None,
+        };
+        // ES:RDI, and DS:RSI (FS or GS would add a base).
+        let plain = i.op0_kind() == OpKind::MemoryESRDI
+            && (!movs || i.op1_kind() == OpKind::MemorySegRSI && i.memory_segment() == Register::DS);
+        (i.has_rep_prefix() && plain).then_some(RepString { movs, size })
+    }
 }
 
 /// Whether `i` may open the kernel's access to user-mode memory while SMAP is on (SDM Vol. 3A
@@ -290,6 +333,9 @@ pub struct Block {
     pub ends_in_sysret: bool,
     /// The block is `loop .` alone (LOOP to itself, counting in RCX): see `loop_ahead`.
     pub self_loop: bool,
+    /// The block is a REP STOS or REP MOVS alone, with 64-bit addresses and no segment
+    /// override: see `rep_ahead`.
+    pub rep_string: Option<RepString>,
     /// It has an INVLPG.
     pub flushes_tlb: bool,
     /// Per armed counter: the events of every instruction but the last.
@@ -373,6 +419,8 @@ pub fn decode_block(
     let mut ends_in_sti = false;
     let mut ends_in_sysret = false;
     let mut flushes_tlb = false;
+    // The first two instructions, to tell a lone one.
+    let mut single: Vec<Instruction> = Vec::with_capacity(2);
     let mut d = Decoder::with_ip(64, &bytes, addr, DecoderOptions::NONE);
     let mut info = InstructionInfoFactory::new();
     while d.ip() < addr + size as u64 {
@@ -390,6 +438,9 @@ pub fn decode_block(
                 ends_in_sysret = i.code() == Code::Sysretq;
                 flushes_tlb |= i.mnemonic() == Mnemonic::Invlpg;
                 insns.push((i.ip(), insn::of(&i)));
+                if single.len() < 2 {
+                    single.push(i);
+                }
             }
             (false, Class::Runs(n), Some(_)) => {
                 needs = n;
@@ -405,6 +456,10 @@ pub fn decode_block(
         }
     }
     let self_loop = self_loop && insns.len() == 1;
+    let rep_string = match (&single[..], runnable) {
+        ([i], true) => RepString::of(i),
+        _ => None,
+    };
     Block {
         insns,
         runnable,
@@ -415,6 +470,7 @@ pub fn decode_block(
         ends_in_sti,
         ends_in_sysret,
         self_loop,
+        rep_string,
         flushes_tlb,
         body: Vec::new(),
         last_taken: Vec::new(),

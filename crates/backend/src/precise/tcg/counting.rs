@@ -13,7 +13,7 @@ use iced_x86::{Decoder, DecoderOptions, Instruction};
 use rustc_hash::FxHashMap;
 use std::time::Instant;
 use unicorn_engine::{RegisterX86, Unicorn};
-use vm_memory::GuestMemoryMmap;
+use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
 /// The blocks the engine has decoded, kept from run to run as long as its translations are
 /// (the code snapshot keeps both honest: see `CodeSnapshot`): decoding each block again at each
@@ -425,6 +425,7 @@ pub fn on_block(uc: &mut Unicorn<'_, Data>, addr: u64, size: u32) {
     let block = &acc.blocks[k as usize];
     let (runnable, n, needs, stops_at) = (block.runnable, block.insns.len(), block.needs, block.stops_at);
     let (insns_need, self_loop, flushes_tlb) = (block.insns_need, block.self_loop, block.flushes_tlb);
+    let rep_string = block.rep_string.filter(|_| !acc.tracked && !acc.withheld.user_access);
     acc.blocks_run += 1;
     let late = acc.blocks_run % DEADLINE_EVERY == 0 && acc.deadline.is_some_and(|d| Instant::now() >= d);
     // A block that runs up to a handed-over instruction runs only where a stop hook waits there.
@@ -459,6 +460,9 @@ pub fn on_block(uc: &mut Unicorn<'_, Data>, addr: u64, size: u32) {
             if self_loop {
                 loop_ahead(uc, k, addr);
             }
+            if let Some(rep) = rep_string {
+                rep_ahead(uc, rep);
+            }
         }
     }
 }
@@ -477,6 +481,85 @@ pub fn on_stop(uc: &mut Unicorn<'_, Data>, _addr: u64, _size: u32) {
     let Some(acc) = uc.get_data_mut().acc.as_mut() else { return };
     acc.stop = Some(Stop::Handover);
     let _ = uc.emu_stop();
+}
+
+/// A REP STOS or REP MOVS (`rep`) about to run an iteration, where nothing watches its
+/// iterations (no counter, cache model or LBR stack takes them, no data breakpoint): emon runs
+/// all but the last on guest memory itself, as the CPU would, and leaves RCX, RDI and RSI as they
+/// would (SDM Vol. 2B, REP). TCG runs one iteration per block execution, each through the block
+/// hook: the 4,096 of the REP STOSB that clears a page cost Linux's page faults most of their
+/// time. Iterations go on page by page, while RFLAGS.DF is clear, within the run's budget, and
+/// only where the CPU's would go straight to memory: no fault, no accessed or dirty flag to set
+/// ([`CpuMode::quiet_translation`]), RAM, not a page the engine has translated code from (TCG
+/// would not see the write), and for MOVS no overlap that copying element by element would tell
+/// from a block copy. The rest, and the last iteration, are TCG's.
+fn rep_ahead(uc: &mut Unicorn<'_, Data>, rep: super::blocks::RepString) {
+    use emon_x86::debug::RFLAGS_AC;
+    use emon_x86::mode::Access as PageAccess;
+    /// RFLAGS.DF: string instructions go down.
+    const RFLAGS_DF: u64 = 1 << 10;
+    const PAGE: u64 = 0x1000;
+    let reg = |uc: &Unicorn<'_, Data>, r| uc.reg_read(r).ok();
+    let (Some(rcx), Some(rdi), Some(rsi), Some(rax), Some(rflags)) = (
+        reg(uc, RegisterX86::RCX),
+        reg(uc, RegisterX86::RDI),
+        reg(uc, RegisterX86::RSI),
+        reg(uc, RegisterX86::RAX),
+        reg(uc, RegisterX86::RFLAGS),
+    ) else {
+        return;
+    };
+    let size = u64::from(rep.size);
+    let data = uc.get_data_mut();
+    let Some(acc) = data.acc.as_mut() else { return };
+    let budget = acc.budget.saturating_sub(acc.retired + acc.iterations + 1);
+    let n = rcx.saturating_sub(1).min(budget);
+    let forward_overlap = rdi > rsi && rdi - rsi < n.saturating_mul(size);
+    if rflags & RFLAGS_DF != 0 || n == 0 || data.code.stale || rep.movs && forward_overlap {
+        return;
+    }
+    let ac = rflags & RFLAGS_AC != 0;
+    let pattern = rax.to_le_bytes();
+    let mut buf = [0u8; PAGE as usize];
+    let mut done = 0u64;
+    while done < n {
+        let (d, s) = (rdi.wrapping_add(done * size), rsi.wrapping_add(done * size));
+        let mut room = PAGE - (d & (PAGE - 1));
+        if rep.movs {
+            room = room.min(PAGE - (s & (PAGE - 1)));
+        }
+        // Whole elements within one page of each side; an element across two is TCG's.
+        let elems = (room / size).min(n - done);
+        let bytes = (elems * size) as usize;
+        let Some(dst) = acc.mode.quiet_translation(&acc.mem, d, PageAccess::Write, ac) else { break };
+        if elems == 0 || data.code.pages.contains_key(&(dst & !(PAGE - 1))) {
+            break;
+        }
+        let chunk = &mut buf[..bytes];
+        if rep.movs {
+            let Some(src) = acc.mode.quiet_translation(&acc.mem, s, PageAccess::Read, ac) else { break };
+            if dst > src && dst - src < bytes as u64 || acc.mem.read_slice(chunk, GuestAddress(src)).is_err() {
+                break;
+            }
+        } else {
+            for (j, b) in chunk.iter_mut().enumerate() {
+                *b = pattern[j % rep.size as usize];
+            }
+        }
+        if acc.mem.write_slice(chunk, GuestAddress(dst)).is_err() {
+            break;
+        }
+        done += elems;
+    }
+    if done == 0 {
+        return;
+    }
+    acc.iterations += done;
+    let _ = uc.reg_write(RegisterX86::RCX, rcx - done);
+    let _ = uc.reg_write(RegisterX86::RDI, rdi.wrapping_add(done * size));
+    if rep.movs {
+        let _ = uc.reg_write(RegisterX86::RSI, rsi.wrapping_add(done * size));
+    }
 }
 
 /// `loop .` with RCX = c: c - 1 taken LOOPs, then one that falls through. The engine retires as

@@ -128,6 +128,23 @@ fn runs_a_loop_exactly_and_hands_port_io_to_kvm() {
     assert_eq!((r.retired, r.counts.clone()), (1001, vec![1001, 1000]), "{r:?}");
 }
 
+/// Kernel code reads CR0, CR2, CR3 and CR4 in the engine (Linux's page-fault handler reads CR2
+/// first): the vCPU's values, each MOV counted, and the run goes on to the OUT.
+#[test]
+fn control_register_reads_run_in_the_engine_with_the_vcpus_values() {
+    // mov r12, cr2; mov rax, cr0; mov rbx, cr3; mov rcx, cr4; out dx, al
+    let code = [0x41, 0x0F, 0x20, 0xD4, 0x0F, 0x20, 0xC0, 0x0F, 0x20, 0xDB, 0x0F, 0x20, 0xE1, 0xEE];
+    let (mem, regs, mut sregs, mode) = machine(&code);
+    sregs.cr2 = 0x7fff_dead_b000;
+    let mut tcg = Tcg::new(&mem).unwrap();
+    let counters = [(armed(Semantics::Instructions), u64::MAX)];
+    let r = tcg.run(&CpuState::new(regs, sregs), mode, counting(&counters)).unwrap();
+    assert_eq!((r.stop, r.state.regs.rip, r.retired), (Stop::Handover, CODE + 13, 4), "{r:?}");
+    let got = (r.state.regs.r12, r.state.regs.rax, r.state.regs.rbx, r.state.regs.rcx);
+    assert_eq!(got, (sregs.cr2, sregs.cr0, sregs.cr3, sregs.cr4));
+    assert_eq!(r.counts, vec![4]);
+}
+
 /// CMASK compares each instruction's count (emon's per-cycle unit) with the threshold, INV
 /// inverts it: the engine counts it per instruction as the stepper does (`Armed::advance`),
 /// the `loop .` fast path included.
@@ -274,6 +291,65 @@ fn rep_string_instructions_retire_once() {
     assert!(r.state.regs.rcx > 0 && r.state.regs.rcx < 1000, "stopped midway: {r:?}");
 }
 
+/// Where nothing counts, the iterations of REP STOS and REP MOVS go to guest memory at once, all
+/// but the last (`rep_ahead`): the same bytes and registers as one at a time, in a few blocks.
+/// Where the page's entry is not dirty yet, TCG runs the first iteration, which sets the flag as
+/// the CPU does, and the rest go ahead; a MOVS whose destination overlaps its source ahead goes
+/// an iteration at a time.
+#[test]
+fn rep_stos_and_movs_run_ahead_on_guest_memory_where_nothing_counts() {
+    // mov ecx, 3000; rep stosq; mov ecx, 10000; rep movsb; out dx, al
+    let code = [0xB9, 0xB8, 0x0B, 0, 0, 0xF3, 0x48, 0xAB, 0xB9, 0x10, 0x27, 0, 0, 0xF3, 0xA4, 0xEE];
+    let (mem, mut regs, sregs, mode) = machine(&code);
+    // The 2 MiB page accessed and dirty, as Linux maps its direct map.
+    mem.write_obj(0xE7u64, GuestAddress(0x3000)).unwrap();
+    (regs.rax, regs.rdi, regs.rsi) = (0x1122_3344_5566_7788, 0x40008, 0x40003);
+    let mut tcg = Tcg::new(&mem).unwrap();
+    let r = tcg.run(&CpuState::new(regs, sregs), mode, counting(&[])).unwrap();
+    assert_eq!((r.stop, r.state.regs.rip, r.state.regs.rcx, r.retired), (Stop::Handover, CODE + 15, 0, 4), "{r:?}");
+    // STOSQ filled 24,000 bytes from 0x40008; MOVSB then copied 10,000 bytes from 0x40003 to
+    // where STOSQ ended, each byte as it was before the copy (no overlap).
+    let stos_end = 0x40008 + 3000 * 8;
+    assert_eq!((r.state.regs.rdi, r.state.regs.rsi), (stos_end + 10_000, 0x40003 + 10_000));
+    let mut filled = vec![0u8; 24_000];
+    mem.read_slice(&mut filled, GuestAddress(0x40008)).unwrap();
+    let pattern = regs.rax.to_le_bytes();
+    let expect_fill: Vec<u8> = (0..24_000).map(|j| pattern[j % 8]).collect();
+    let mut copied = vec![0u8; 10_000];
+    mem.read_slice(&mut copied, GuestAddress(stos_end)).unwrap();
+    let mut source = vec![0u8; 5];
+    source.extend(&expect_fill);
+    assert_eq!(copied[..], source[..10_000]);
+    assert_eq!(filled, expect_fill);
+    assert!(r.blocks < 40, "{} blocks: the iterations went one a block", r.blocks);
+
+    // The same where the page is not dirty yet.
+    let (mem, regs2, sregs, mode) = machine(&code);
+    mem.write_obj(0xA7u64, GuestAddress(0x3000)).unwrap(); // accessed, not dirty
+    let regs2 = kvm_regs { rax: regs.rax, rdi: 0x40008, rsi: 0x40003, ..regs2 };
+    let mut tcg = Tcg::new(&mem).unwrap();
+    let slow = tcg.run(&CpuState::new(regs2, sregs), mode, counting(&[])).unwrap();
+    assert_eq!((slow.state.regs, slow.retired), (r.state.regs, r.retired));
+    assert_eq!(mem.read_obj::<u64>(GuestAddress(0x3000)).unwrap() & 0x40, 0x40, "TCG set D");
+    assert!(slow.blocks < 40, "{} blocks", slow.blocks);
+    let mut copied_slow = vec![0u8; 10_000];
+    mem.read_slice(&mut copied_slow, GuestAddress(stos_end)).unwrap();
+    assert_eq!(copied_slow, copied);
+
+    // A MOVS whose destination is one byte ahead of its source repeats the first byte.
+    // mov ecx, 100; rep movsb; out dx, al
+    let (mem, regs3, sregs, mode) = machine(&[0xB9, 100, 0, 0, 0, 0xF3, 0xA4, 0xEE]);
+    mem.write_obj(0xE7u64, GuestAddress(0x3000)).unwrap();
+    mem.write_slice(&[7, 8, 9], GuestAddress(0x40000)).unwrap();
+    let regs3 = kvm_regs { rsi: 0x40000, rdi: 0x40001, ..regs3 };
+    let mut tcg = Tcg::new(&mem).unwrap();
+    let r = tcg.run(&CpuState::new(regs3, sregs), mode, counting(&[])).unwrap();
+    assert!(r.blocks > 100, "{} blocks", r.blocks);
+    let mut out = [0u8; 101];
+    mem.read_slice(&mut out, GuestAddress(0x40000)).unwrap();
+    assert!(out.iter().all(|b| *b == 7), "{out:?}");
+}
+
 #[test]
 fn a_stop_leaves_registers_and_counts_in_agreement() {
     // The first block is `mov ecx, 1000; loop .` (2 instructions); later ones the LOOP alone.
@@ -364,6 +440,7 @@ fn decides_what_runs_in_the_engine() {
         (&[0xF3, 0x90], plain, "pause"),
         (&[0x0F, 0xAE, 0xE8], plain, "lfence"),
         (&[0x0F, 0x18, 0x0E], plain, "prefetcht0 [rsi]"),
+        (&[0x0F, 0x0D, 0x48, 0x58], plain, "prefetchw [rax+0x58]: Linux's in place of PREFETCHT0"),
         (&[0x0F, 0xAE, 0x3F], plain, "clflush [rdi]: the cache model's flush"),
         (&[0x9C], plain, "pushfq"),
         (&[0xFA], plain, "cli: clears RFLAGS.IF, which goes back to the vCPU"),
@@ -386,6 +463,9 @@ fn decides_what_runs_in_the_engine() {
         (&[0xCF], Class::HandedOver, "iretd"),
         (&[0x8E, 0xD8], Class::HandedOver, "mov ds, ax"),
         (&[0x0F, 0x22, 0xD8], Class::HandedOver, "mov cr3, rax"),
+        (&[0x41, 0x0F, 0x20, 0xD4], plain, "mov r12, cr2: the vCPU's, which the engine holds"),
+        (&[0x0F, 0x20, 0xC0], plain, "mov rax, cr0"),
+        (&[0x44, 0x0F, 0x20, 0xC0], Class::HandedOver, "mov rax, cr8: the APIC's TPR"),
         (&[0x0F, 0x01, 0x38], Class::Runs(Needs::NONE), "invlpg [rax]: the run says so, for KVM's TLB"),
         (&[0xCD, 0x80], Class::HandedOver, "int 0x80"),
         (&[0xC5, 0xF9, 0xEF, 0xC0], Class::HandedOver, "vpxor xmm0, xmm0, xmm0: AVX, which TCG lacks"),
