@@ -66,12 +66,21 @@ impl EngineSlot {
     pub fn account(&self, engine_retired: u64, engine_runs: u64) -> String {
         match (self.engine(), &self.failed) {
             (Engine::Tcg, _) => format!(
-                "TCG engine: {engine_retired} of them in {engine_runs} runs, every translation dropped {} times",
+                "TCG engine: {engine_retired} of them in {engine_runs} runs ({} loading the whole vCPU state), every translation dropped {} times",
+                self.loads(),
                 self.flushes()
             ),
             (Engine::Step, Some(why)) => format!("single-stepped: {why} (TCG engine before that: {engine_retired})"),
             (Engine::Step, None) => "single-stepped (--precise-engine step)".into(),
         }
+    }
+
+    /// Engine runs that loaded the whole vCPU state.
+    fn loads(&self) -> u64 {
+        #[cfg(feature = "tcg")]
+        return self.tcg.engine.loads();
+        #[cfg(not(feature = "tcg"))]
+        0
     }
 
     /// Times the TCG engine dropped every translation.
@@ -82,14 +91,22 @@ impl EngineSlot {
         0
     }
 
-    /// The vCPU enters KVM at the boundary: it delivers the interrupts due there, and what the
-    /// guest did in KVM may have raised one that waits for RFLAGS.IF (a self-IPI, a write to
-    /// the APIC's timer): user mode asks for it at its first boundary.
+    /// The vCPU enters KVM at the boundary: it delivers the interrupts due there.
     pub fn kvm_entered(&mut self) {
         #[cfg(feature = "tcg")]
         {
             self.tcg.kernel_since = None;
+        }
+    }
+
+    /// The vCPU runs in KVM (a step, a completion, or free): what the guest does there may raise
+    /// an interrupt that waits for RFLAGS.IF (a self-IPI, a write to the APIC's timer), which
+    /// user mode asks for at its first boundary; and the engine's copy of the vCPU's state is old.
+    pub fn kvm_runs(&mut self) {
+        #[cfg(feature = "tcg")]
+        {
             self.tcg.events_asked = None;
+            self.tcg.engine.ran_elsewhere();
         }
     }
 
@@ -313,9 +330,9 @@ mod fast_forward {
         /// often), across system calls the kernel runs in the engine without KVM: an interrupt
         /// from a device or a timer comes at most that much later in the instruction stream, as
         /// in kernel code ("CPL0 code in the TCG engine"), where nothing guarantees when it
-        /// comes. One exception keeps user mode
-        /// going: after an event that came before user mode had run [`USER_PROGRESS`]
-        /// instructions or for [`USER_RUN`] since the one before, the next waits until it has.
+        /// comes. One exception keeps user mode going: after an event that came before user mode
+        /// had run [`USER_PROGRESS`] instructions or for [`USER_RUN`] since the one before, the
+        /// next waits until it has.
         /// Kernel code is slow where the host emulates it (and slower still on a loaded machine)
         /// while the local APIC's timer keeps real time: taken at once on every return to user
         /// mode, ticks that take the kernel longer than their period would leave user code no

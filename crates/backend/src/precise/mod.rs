@@ -509,7 +509,11 @@ impl Backend for Precise {
     }
 
     fn before_run(&mut self, cx: &mut Cx, at_boundary: bool) -> Result<Next, BackendError> {
-        self.arm(cx, at_boundary)
+        let next = self.arm(cx, at_boundary)?;
+        if next == Next::Run {
+            self.engine.kvm_runs();
+        }
+        Ok(next)
     }
 
     fn on_debug_exit(&mut self, cx: &mut Cx, pc: u64) -> Result<(), BackendError> {

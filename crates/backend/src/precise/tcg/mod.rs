@@ -294,6 +294,19 @@ impl EngineCell {
     pub fn flushes(&self) -> u64 {
         self.0.as_ref().map_or(0, Tcg::flushes)
     }
+
+    /// Runs that loaded the whole vCPU state (0 before the engine is made).
+    pub fn loads(&self) -> u64 {
+        self.0.as_ref().map_or(0, |t| t.loads)
+    }
+
+    /// The guest ran in KVM: what the engine holds of the vCPU's state may be old (KVM's TLB
+    /// and page-table writes, registers).
+    pub fn ran_elsewhere(&mut self) {
+        if let Some(t) = &mut self.0 {
+            t.ran_elsewhere();
+        }
+    }
 }
 
 /// The engine: one unicorn instance over the VM's memory, made on the vCPU thread.
@@ -306,6 +319,15 @@ pub struct Tcg {
     /// run, and the code space they took is not reused until a full flush: measured, about 350
     /// bytes a run of memory growth, and a translation per exit per run.)
     stops: FxHashMap<u64, UcHookId>,
+    /// The vCPU state the engine holds as the last run left it; `None` once the guest ran
+    /// elsewhere (KVM) or the engine did anything else. A run from the same control state needs
+    /// only its general registers loaded (and no TLB flush): after a SYSRETQ or IRETQ to user mode
+    /// in the engine, the user-mode run that follows. Loading it all (control registers, which
+    /// flush TCG's TLB, and a trampoline out of and back into user mode) was a sixth of a system
+    /// call's time.
+    held: Option<CpuState>,
+    /// Runs that loaded the whole state.
+    loads: u64,
 }
 
 /// Stop hooks kept at most; past that they go, with every translation.
@@ -339,7 +361,7 @@ impl Tcg {
             let _ = uc.emu_stop();
         })
         .map_err(uc_err("adding the interrupt hook"))?;
-        Ok(Tcg { uc, mem: mem.clone(), stops: FxHashMap::default() })
+        Ok(Tcg { uc, mem: mem.clone(), stops: FxHashMap::default(), held: None, loads: 0 })
     }
 
     /// Runs from the vCPU state `state` (at `mode`) counting for `counting` (each armed counter
@@ -348,7 +370,15 @@ impl Tcg {
     /// instruction at a time up to the one that overflows a counter, and stops after it
     /// ([`Stop::Overflowed`]).
     pub fn run(&mut self, state: &CpuState, mode: CpuMode, counting: Counting) -> Result<Run, TcgError> {
-        state::load(&mut self.uc, state)?;
+        let held = self.held.take();
+        let same = held.is_some_and(|h| h.sregs == state.sregs && (state.fpu.is_none() || h.fpu == state.fpu));
+        if same {
+            state::load_gprs(&mut self.uc, &state.regs)?;
+            state::load_msrs(&mut self.uc, state.msrs.as_ref())?;
+        } else {
+            state::load(&mut self.uc, state)?;
+            self.loads += 1;
+        }
         let loaded = Needs { fpu: state.fpu.is_some(), msrs: state.msrs.is_some() };
         // A hook before each instruction breakpoint, in translations made for it (and none after).
         // Only a mapped address's translations can be dropped (unicorn translates the address with
@@ -379,7 +409,9 @@ impl Tcg {
         if !self.uc.get_data_mut().code.begin(hooked) {
             self.flush()?;
         }
-        self.uc.ctl_flush_tlb().map_err(uc_err("flushing the TLB"))?;
+        if !same {
+            self.uc.ctl_flush_tlb().map_err(uc_err("flushing the TLB"))?;
+        }
         let started = self.run_to_stop(state.regs.rip, &mode)?;
         let (mut acc, stop, pc) = self.finish_run(started, mode)?;
         let data = self.uc.get_data_mut();
@@ -398,6 +430,8 @@ impl Tcg {
         }
         let cpl = state::cpl(&self.uc)?;
         let after = state::collect(&mut self.uc, &self.mem, state, pc, (acc.used, acc.iret || acc.sysret))?;
+        // Reading the x87/SSE state back goes through a trampoline, which leaves other state.
+        self.held = (!(acc.used.fpu && state.fpu.is_some())).then(|| after.clone());
         Ok(Run {
             retired: acc.retired,
             blocks: acc.blocks_run,
@@ -417,9 +451,15 @@ impl Tcg {
         })
     }
 
+    /// The guest ran in KVM since the last run: the next run loads the whole state.
+    pub fn ran_elsewhere(&mut self) {
+        self.held = None;
+    }
+
     /// Runs the one instruction at `state`'s RIP (which KVM could not run), with the x87/SSE
     /// state and the SYSCALL MSRs loaded when `state` has them, and says how it ended.
     pub fn complete(&mut self, state: &CpuState) -> Result<Completed, TcgError> {
+        self.held = None;
         if let Some(done) = xsave::complete(&self.mem, state)? {
             return Ok(done);
         }

@@ -152,11 +152,7 @@ pub fn load(uc: &mut Unicorn<'static, Data>, s: &CpuState) -> Result<(), TcgErro
         let m = Mmr { selector: seg.selector, base: seg.base, limit: seg.limit, flags: descriptor_flags(seg) };
         uc.reg_write_long(reg, bytes_of(&m)).map_err(&w)?;
     }
-    if let Some(m) = &s.msrs {
-        for (rid, v) in SysMsrs::INDICES.iter().zip(m.values()) {
-            write_msr(uc, *rid, v)?;
-        }
-    }
+    load_msrs(uc, s.msrs.as_ref())?;
     if let Some(f) = &s.fpu {
         load_fpu(uc, f, r)?;
     }
@@ -179,6 +175,14 @@ pub fn load(uc: &mut Unicorn<'static, Data>, s: &CpuState) -> Result<(), TcgErro
     uc.reg_write(RegisterX86::FS_BASE, r.fs.base).map_err(&w)?;
     uc.reg_write(RegisterX86::GS_BASE, r.gs.base).map_err(&w)?;
     load_gprs(uc, &s.regs)
+}
+
+/// Loads the SYSCALL MSRs, where the state has them.
+pub fn load_msrs(uc: &mut Unicorn<'static, Data>, m: Option<&SysMsrs>) -> Result<(), TcgError> {
+    for (rid, v) in m.iter().flat_map(|m| SysMsrs::INDICES.iter().zip(m.values())) {
+        write_msr(uc, *rid, v)?;
+    }
+    Ok(())
 }
 
 /// Loads the general registers, RFLAGS and RIP.

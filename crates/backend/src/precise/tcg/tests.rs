@@ -516,6 +516,37 @@ fn user_mode_runs_from_any_state_and_back() {
     assert_eq!((r.stop, r.cpl, r.state.regs.rip, r.counts.clone()), (Stop::Handover, 0, CODE + 3, vec![0]), "{r:?}");
 }
 
+/// A run from the control state the engine holds after the last run (nothing ran elsewhere)
+/// loads only the general registers: user mode goes on from where it stopped without the
+/// trampolines out of and into user mode; another state, or the guest running in KVM between,
+/// loads it all.
+#[test]
+fn a_run_from_the_state_the_engine_holds_loads_only_the_general_registers() {
+    // (inc rax; jmp next) x 4; hlt: a block a step.
+    let step = [0x48, 0xFF, 0xC0, 0xEB, 0x00];
+    let code: Vec<u8> = step.iter().cycle().take(20).copied().chain([0xF4]).collect();
+    let (mem, regs, sregs, mode) = machine(&code);
+    let mut tcg = Tcg::new(&mem).unwrap();
+    let umode = CpuMode { cpl: 3, ..mode };
+    let one = |budget| Counting { budget, ..counting(&[]) };
+    let r = tcg.run(&user_state(&sregs, &regs), umode, one(2)).unwrap();
+    assert_eq!((r.stop, r.state.regs.rip, r.state.regs.rax, tcg.loads), (Stop::Budget, CODE + 5, 1, 1), "{r:?}");
+    // The VMM changed a general register (as an emulated RDTSC would): it goes in all the same.
+    let mut s = r.state.clone();
+    s.regs.rax = 10;
+    let r = tcg.run(&s, umode, one(2)).unwrap();
+    assert_eq!((r.stop, r.state.regs.rip, r.state.regs.rax, r.cpl, tcg.loads), (Stop::Budget, CODE + 10, 11, 3, 1));
+    // The guest ran in KVM: everything is loaded again.
+    tcg.ran_elsewhere();
+    let r = tcg.run(&r.state, umode, one(2)).unwrap();
+    assert_eq!((r.state.regs.rip, r.state.regs.rax, tcg.loads), (CODE + 15, 12, 2));
+    // Other control state (CR2 here): loaded.
+    let mut s = r.state.clone();
+    s.sregs.cr2 = 0x1234;
+    let r = tcg.run(&s, umode, counting(&[])).unwrap();
+    assert_eq!((r.stop, r.state.regs.rip, r.state.regs.rax, tcg.loads), (Stop::Handover, CODE + 20, 13, 3));
+}
+
 /// At CPL3 a run goes on an instruction at a time up to the one that brings a counter to its
 /// overflow, and stops right after it, whether that is a DEC or the JNZ after it; the stepping
 /// drops no translation (unicorn's own instruction count dropped them all twice a step).
