@@ -231,8 +231,7 @@ pub fn classify(i: &Instruction, info: &mut InstructionInfoFactory) -> Class {
             | FlowControl::IndirectCall
             | FlowControl::Return
     );
-    let reads_cr = reads_control_register(i);
-    let privileged = i.is_privileged() && !PRIVILEGED_IN_ENGINE.contains(&m) && !reads_cr;
+    let privileged = i.is_privileged() && !PRIVILEGED_IN_ENGINE.contains(&m);
     if i.is_invalid() || privileged || far || !plain_flow || HANDED_OVER.contains(&m) {
         return Class::HandedOver;
     }
@@ -244,7 +243,7 @@ pub fn classify(i: &Instruction, info: &mut InstructionInfoFactory) -> Class {
             || reg.is_ymm()
             || reg.is_zmm()
             || reg.is_k()
-            || reg.is_cr() && !reads_cr
+            || reg.is_cr()
             || reg.is_dr()
             || reg.is_tr()
     });
@@ -257,16 +256,6 @@ pub fn classify(i: &Instruction, info: &mut InstructionInfoFactory) -> Class {
             .iter()
             .any(|f| matches!(f, CpuidFeature::FPU | CpuidFeature::FPU287 | CpuidFeature::FPU387 | CpuidFeature::MMX));
     Class::Runs(Needs { fpu, msrs: m == Mnemonic::Swapgs })
-}
-
-/// MOV from CR0, CR2, CR3 or CR4 (SDM Vol. 2B, "MOV—Move to/from Control Registers"): a read of
-/// what the engine holds as the vCPU's (loaded at each run; CR2 is where Linux's page-fault
-/// handler finds the faulting address). Not CR8, the local APIC's TPR, which the engine does not
-/// hold, nor the LOCK form that reads it (CR8LEG).
-fn reads_control_register(i: &Instruction) -> bool {
-    i.code() == Code::Mov_r64_cr
-        && !i.has_lock_prefix()
-        && matches!(i.op1_register(), Register::CR0 | Register::CR2 | Register::CR3 | Register::CR4)
 }
 
 /// A REP string instruction whose iterations emon may run on guest memory itself (`rep_ahead`):

@@ -491,7 +491,7 @@ impl Tcg {
             // The instruction alone: a code hook right after it stops the engine there. No
             // translation made here outlives it (its page is not in the code snapshot).
             let hook = self.stop_at(rip, next)?;
-            let started = state::start(&mut self.uc, rip, 0);
+            let started = self.uc.emu_start(rip, u64::MAX, 0, 0);
             self.remove_stop_at(((rip, next), hook))?;
             started
         } else {
@@ -499,7 +499,7 @@ impl Tcg {
             // every translation (so none made before can serve, and these serve no counting run).
             self.flush()?;
             self.uc.get_data_mut().code.stale = true;
-            state::start(&mut self.uc, rip, 1)
+            self.uc.emu_start(rip, u64::MAX, 0, 1)
         };
         let pc = self.uc.reg_read(RegisterX86::RIP).map_err(uc_err("reading RIP"))?;
         // With RFLAGS.TF set, TCG raises the single-step trap after the instruction, or after a
@@ -533,7 +533,7 @@ impl Tcg {
     /// and goes on.
     fn run_to_stop(&mut self, mut pc: u64, mode: &CpuMode) -> Result<Result<(), uc_error>, TcgError> {
         loop {
-            let started = state::start(&mut self.uc, pc, 0);
+            let started = self.uc.emu_start(pc, u64::MAX, 0, 0);
             let now = self.uc.reg_read(RegisterX86::RIP).map_err(uc_err("reading RIP"))?;
             let acc = self.uc.get_data_mut().acc.as_mut().expect("set by run");
             if std::mem::take(&mut acc.changed) {
@@ -733,7 +733,7 @@ impl Tcg {
             }
             let a = acc(&mut self.uc);
             (a.stop, a.single_entered) = (None, false);
-            let r = state::start(&mut self.uc, pc, 0);
+            let r = self.uc.emu_start(pc, u64::MAX, 0, 0);
             let faulted = acc(&mut self.uc).stop == Some(Stop::Fault) || r.is_err();
             let next = self.uc.reg_read(RegisterX86::RIP).map_err(uc_err("reading RIP"))?;
             if !faulted && !facts.retired_at(pc, next) {

@@ -115,17 +115,6 @@ pub fn gprs(r: &mut kvm_regs) -> [(RegisterX86, &mut u64); 17] {
     ]
 }
 
-/// `emu_start` from `pc` (with unicorn's instruction count `count`, 0 for none), the engine's CR2
-/// kept. After every run unicorn drops its translation of the address before the run's `until`
-/// (UINT64_MAX here, where no run stops), a walk of the guest's page tables that sets CR2 where it
-/// faults; kernel code reads CR2 in the engine (`blocks::classify`).
-pub fn start(uc: &mut Unicorn<'static, Data>, pc: u64, count: usize) -> Result<(), unicorn_engine::uc_error> {
-    let cr2 = uc.reg_read(RegisterX86::CR2)?;
-    let started = uc.emu_start(pc, u64::MAX, 0, count);
-    uc.reg_write(RegisterX86::CR2, cr2)?;
-    started
-}
-
 /// The privilege level the engine's CPU is at.
 pub fn cpl(uc: &Unicorn<'static, Data>) -> Result<u8, TcgError> {
     Ok((uc.reg_read(RegisterX86::CS).map_err(uc_err("reading CS"))? & 3) as u8)
@@ -142,8 +131,6 @@ pub fn load(uc: &mut Unicorn<'static, Data>, s: &CpuState) -> Result<(), TcgErro
     write_msr(uc, IA32_EFER, r.efer)?;
     uc.reg_write(RegisterX86::CR3, r.cr3).map_err(&w)?;
     uc.reg_write(RegisterX86::CR0, r.cr0).map_err(&w)?;
-    // Read by MOV from CR2 in the engine (`blocks::classify`).
-    uc.reg_write(RegisterX86::CR2, r.cr2).map_err(&w)?;
     for (reg, dt) in [(RegisterX86::GDTR, &r.gdt), (RegisterX86::IDTR, &r.idt)] {
         let m = Mmr { selector: 0, base: dt.base, limit: u32::from(dt.limit), flags: 0 };
         uc.reg_write_long(reg, bytes_of(&m)).map_err(&w)?;

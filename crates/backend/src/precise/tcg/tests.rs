@@ -128,23 +128,6 @@ fn runs_a_loop_exactly_and_hands_port_io_to_kvm() {
     assert_eq!((r.retired, r.counts.clone()), (1001, vec![1001, 1000]), "{r:?}");
 }
 
-/// Kernel code reads CR0, CR2, CR3 and CR4 in the engine (Linux's page-fault handler reads CR2
-/// first): the vCPU's values, each MOV counted, and the run goes on to the OUT.
-#[test]
-fn control_register_reads_run_in_the_engine_with_the_vcpus_values() {
-    // mov r12, cr2; mov rax, cr0; mov rbx, cr3; mov rcx, cr4; out dx, al
-    let code = [0x41, 0x0F, 0x20, 0xD4, 0x0F, 0x20, 0xC0, 0x0F, 0x20, 0xDB, 0x0F, 0x20, 0xE1, 0xEE];
-    let (mem, regs, mut sregs, mode) = machine(&code);
-    sregs.cr2 = 0x7fff_dead_b000;
-    let mut tcg = Tcg::new(&mem).unwrap();
-    let counters = [(armed(Semantics::Instructions), u64::MAX)];
-    let r = tcg.run(&CpuState::new(regs, sregs), mode, counting(&counters)).unwrap();
-    assert_eq!((r.stop, r.state.regs.rip, r.retired), (Stop::Handover, CODE + 13, 4), "{r:?}");
-    let got = (r.state.regs.r12, r.state.regs.rax, r.state.regs.rbx, r.state.regs.rcx);
-    assert_eq!(got, (sregs.cr2, sregs.cr0, sregs.cr3, sregs.cr4));
-    assert_eq!(r.counts, vec![4]);
-}
-
 /// CMASK compares each instruction's count (emon's per-cycle unit) with the threshold, INV
 /// inverts it: the engine counts it per instruction as the stepper does (`Armed::advance`),
 /// the `loop .` fast path included.
@@ -463,9 +446,7 @@ fn decides_what_runs_in_the_engine() {
         (&[0xCF], Class::HandedOver, "iretd"),
         (&[0x8E, 0xD8], Class::HandedOver, "mov ds, ax"),
         (&[0x0F, 0x22, 0xD8], Class::HandedOver, "mov cr3, rax"),
-        (&[0x41, 0x0F, 0x20, 0xD4], plain, "mov r12, cr2: the vCPU's, which the engine holds"),
-        (&[0x0F, 0x20, 0xC0], plain, "mov rax, cr0"),
-        (&[0x44, 0x0F, 0x20, 0xC0], Class::HandedOver, "mov rax, cr8: the APIC's TPR"),
+        (&[0x41, 0x0F, 0x20, 0xD4], Class::HandedOver, "mov r12, cr2"),
         (&[0x0F, 0x01, 0x38], Class::Runs(Needs::NONE), "invlpg [rax]: the run says so, for KVM's TLB"),
         (&[0xCD, 0x80], Class::HandedOver, "int 0x80"),
         (&[0xC5, 0xF9, 0xEF, 0xC0], Class::HandedOver, "vpxor xmm0, xmm0, xmm0: AVX, which TCG lacks"),
