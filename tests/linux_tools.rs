@@ -11,14 +11,23 @@ use std::path::Path;
 const SUITE: &str = "resources/suites/linux-tools.toml";
 
 /// Every shipped profile once, with the tools image, the memory it needs and the test as
-/// `/init`'s command; the profiles with a PMU but NetBurst expect every exact check to pass.
+/// `/init`'s command; the profiles with a PMU but NetBurst expect every exact check to pass; one
+/// run adds perf's breakpoint and watchpoint tests and expects each to pass.
 #[test]
 fn the_suite_runs_the_tools_test_under_every_shipped_profile() {
     let s = suite::load(Path::new(SUITE)).unwrap();
     let mut seen = Vec::new();
+    let mut breakpoints = 0;
     for e in &s.entries {
         assert_eq!(e.initrd.as_deref(), Some("../../target/emon-initramfs-tools/initramfs.cpio"), "line {}", e.line);
-        assert_eq!(e.args.as_deref(), Some("console=ttyS0 emon_perf_test.run=0 -- emon-tools-test"), "line {}", e.line);
+        let args = e.args.as_deref().unwrap_or_default();
+        assert!(args.starts_with("console=ttyS0 emon_perf_test.run=0 -- emon-tools-test"), "line {}", e.line);
+        if args.ends_with("--perf-test Breakpoint,Watchpoint,modify") {
+            for test in ["20: Breakpoint overflow signal handler", "23.2: Write Only Watchpoint", "77: x86 bp modify"] {
+                assert!(e.expect.contains(&format!("PASS: perf test {test}")), "line {}: {test}", e.line);
+            }
+            breakpoints += e.profiles.len();
+        }
         assert_eq!(e.memory, Some(512), "line {}", e.line);
         assert!(e.expect.contains(&"emon-init: emon-tools-test exited with status 0".to_string()), "line {}", e.line);
         let exact =
@@ -32,6 +41,7 @@ fn the_suite_runs_the_tools_test_under_every_shipped_profile() {
     }
     seen.sort();
     assert_eq!(seen, Profile::builtin_names(), "every shipped profile, once");
+    assert_eq!(breakpoints, 1, "perf's breakpoint tests under one profile");
 }
 
 /// Builds (or finds cached) the kernel and the tools image, then runs the suite: every run

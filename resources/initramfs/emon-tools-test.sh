@@ -7,7 +7,10 @@
 # - perf record of instructions:u every 100,000 over a loop of 2,000,000 instructions: perf
 #   script's sample IPs are all in the loop, one per period;
 # - perf list names the hardware events;
-# - rr records `emon-rr-target` and replays it to the same output.
+# - rr records `emon-rr-target` and replays it to the same output;
+# - with `--perf-test NAME,...`, perf's own tests whose names contain each NAME (`perf test NAME`),
+#   one PASS/FAIL/SKIP line a test: e.g. the breakpoint and watchpoint tests, whose user code and
+#   signal handlers run with the guest's debug registers armed.
 # Without a PMU that Linux drives, perf stat reports the hardware events <not supported>, and the
 # hardware tests are skipped with that reason.
 tests=0 failures=0 known=0 skipped=0
@@ -29,6 +32,11 @@ report_count() { # report_count OK NAME: report, for a check of a count's value
     fi
 }
 skip() { echo "SKIP: $1 ($2)"; skipped=$((skipped + 1)); }
+
+perf_tests=""
+if [ "${1:-}" = "--perf-test" ]; then
+    perf_tests="$(echo "${2:?--perf-test needs a comma-separated list of test names}" | tr , ' ')"
+fi
 
 # Address-space randomisation moves the stack, and with it the C library's string functions'
 # paths: off, so that runs differ only by the loop.
@@ -99,6 +107,23 @@ else
     grep '^emon-rr-target:' /tmp/rr.replay | sed 's/^/  replayed: /'
     [ $status -eq 0 ] && grep -q '^emon-rr-target:' /tmp/rr.out && cmp -s /tmp/rr.out /tmp/rr.replay
     report $? "rr replay -a of emon-rr-target prints what the recording printed"
+fi
+
+# perf test NAME...: each result line (`N: description : Ok`, `: FAILED!`, `: Skip (why)`; a test
+# with subtests prints its own line without a result), into a file, so without colours.
+if [ -n "$perf_tests" ]; then
+    # shellcheck disable=SC2086
+    perf test $perf_tests >/tmp/perf-test.out 2>&1
+    sed 's/^/  perf test: /' /tmp/perf-test.out
+    while IFS= read -r line; do
+        name="$(echo "$line" | sed -n 's/^ *\([0-9.]*: .*[^ ]\) *: \(Ok\|FAILED!\|Skip.*\)$/\1/p')"
+        [ -n "$name" ] || continue
+        case "$line" in
+            *": Ok") report 0 "perf test $name" ;;
+            *": FAILED!") report 1 "perf test $name" ;;
+            *) skip "perf test $name" "$(echo "$line" | sed -n 's/.*: Skip *(\(.*\))$/\1/p')" ;;
+        esac
+    done </tmp/perf-test.out
 fi
 
 echo "SUMMARY: $tests tests, $failures unexpected failures, $known known failures, $skipped skipped"

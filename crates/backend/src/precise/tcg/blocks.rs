@@ -231,7 +231,8 @@ pub fn classify(i: &Instruction, info: &mut InstructionInfoFactory) -> Class {
             | FlowControl::IndirectCall
             | FlowControl::Return
     );
-    let privileged = i.is_privileged() && !PRIVILEGED_IN_ENGINE.contains(&m);
+    let reads_cr = reads_cr2(i);
+    let privileged = i.is_privileged() && !PRIVILEGED_IN_ENGINE.contains(&m) && !reads_cr;
     if i.is_invalid() || privileged || far || !plain_flow || HANDED_OVER.contains(&m) {
         return Class::HandedOver;
     }
@@ -243,7 +244,7 @@ pub fn classify(i: &Instruction, info: &mut InstructionInfoFactory) -> Class {
             || reg.is_ymm()
             || reg.is_zmm()
             || reg.is_k()
-            || reg.is_cr()
+            || reg.is_cr() && !reads_cr
             || reg.is_dr()
             || reg.is_tr()
     });
@@ -256,6 +257,14 @@ pub fn classify(i: &Instruction, info: &mut InstructionInfoFactory) -> Class {
             .iter()
             .any(|f| matches!(f, CpuidFeature::FPU | CpuidFeature::FPU287 | CpuidFeature::FPU387 | CpuidFeature::MMX));
     Class::Runs(Needs { fpu, msrs: m == Mnemonic::Swapgs })
+}
+
+/// MOV from CR2 (SDM Vol. 2B, "MOV—Move to/from Control Registers"), where Linux's page-fault
+/// handler reads the faulting address first: the engine holds the vCPU's CR2 through every run
+/// (`state::start`). Not CR0, CR3 or CR4, which unicorn keeps as its own CPU model allows (it
+/// drops CR4 bits its model lacks), nor the LOCK form, which reads CR8 (CR8LEG).
+fn reads_cr2(i: &Instruction) -> bool {
+    i.code() == Code::Mov_r64_cr && !i.has_lock_prefix() && i.op1_register() == Register::CR2
 }
 
 /// A REP string instruction whose iterations emon may run on guest memory itself (`rep_ahead`):

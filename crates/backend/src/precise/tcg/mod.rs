@@ -174,6 +174,8 @@ pub struct Data {
     runs: u64,
     /// Times every translation was dropped.
     flushes: u64,
+    /// The vCPU's CR2, which the engine holds through every run ([`state::start`]).
+    cr2: u64,
 }
 
 /// Why the engine cannot be used, or could not do what was asked.
@@ -198,6 +200,7 @@ impl Data {
             decoded: Decoded::default(),
             runs: 0,
             flushes: 0,
+            cr2: 0,
         }
     }
 }
@@ -491,7 +494,7 @@ impl Tcg {
             // The instruction alone: a code hook right after it stops the engine there. No
             // translation made here outlives it (its page is not in the code snapshot).
             let hook = self.stop_at(rip, next)?;
-            let started = self.uc.emu_start(rip, u64::MAX, 0, 0);
+            let started = state::start(&mut self.uc, rip, 0);
             self.remove_stop_at(((rip, next), hook))?;
             started
         } else {
@@ -499,7 +502,7 @@ impl Tcg {
             // every translation (so none made before can serve, and these serve no counting run).
             self.flush()?;
             self.uc.get_data_mut().code.stale = true;
-            self.uc.emu_start(rip, u64::MAX, 0, 1)
+            state::start(&mut self.uc, rip, 1)
         };
         let pc = self.uc.reg_read(RegisterX86::RIP).map_err(uc_err("reading RIP"))?;
         // With RFLAGS.TF set, TCG raises the single-step trap after the instruction, or after a
@@ -533,7 +536,7 @@ impl Tcg {
     /// and goes on.
     fn run_to_stop(&mut self, mut pc: u64, mode: &CpuMode) -> Result<Result<(), uc_error>, TcgError> {
         loop {
-            let started = self.uc.emu_start(pc, u64::MAX, 0, 0);
+            let started = state::start(&mut self.uc, pc, 0);
             let now = self.uc.reg_read(RegisterX86::RIP).map_err(uc_err("reading RIP"))?;
             let acc = self.uc.get_data_mut().acc.as_mut().expect("set by run");
             if std::mem::take(&mut acc.changed) {
@@ -733,7 +736,7 @@ impl Tcg {
             }
             let a = acc(&mut self.uc);
             (a.stop, a.single_entered) = (None, false);
-            let r = self.uc.emu_start(pc, u64::MAX, 0, 0);
+            let r = state::start(&mut self.uc, pc, 0);
             let faulted = acc(&mut self.uc).stop == Some(Stop::Fault) || r.is_err();
             let next = self.uc.reg_read(RegisterX86::RIP).map_err(uc_err("reading RIP"))?;
             if !faulted && !facts.retired_at(pc, next) {

@@ -167,7 +167,7 @@ pub fn run(
     uc.get_data_mut().trampoline = Some((mapped.base, mapped.base + SIZE));
     // The run ends at the trampoline's UD2 (an error return) or before the first block outside
     // the region (the block hook); either way the RIP says where.
-    let _ = uc.emu_start(entry, u64::MAX, 0, 0);
+    let _ = super::state::start(uc, entry, 0);
     uc.get_data_mut().trampoline = None;
     uc.reg_read(RegisterX86::RIP).map_err(uc_err("reading RIP after a trampoline"))
 }

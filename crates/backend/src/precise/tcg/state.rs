@@ -115,6 +115,17 @@ pub fn gprs(r: &mut kvm_regs) -> [(RegisterX86, &mut u64); 17] {
     ]
 }
 
+/// `emu_start` from `pc` (with unicorn's instruction count `count`, 0 for none), CR2 the vCPU's
+/// ([`Data::cr2`]). No exception is delivered inside the engine (each stops it), so nothing a run
+/// does sets CR2; but unicorn's own page walks outside the guest's instructions set it where they
+/// fault: dropping a translation (`ctl_remove_cache`, e.g. at a user-mode breakpoint while the
+/// engine is at CPL0) and dropping the translation before the run's `until` after every run.
+/// Kernel code reads CR2 in the engine (`blocks::classify`).
+pub fn start(uc: &mut Unicorn<'static, Data>, pc: u64, count: usize) -> Result<(), unicorn_engine::uc_error> {
+    uc.reg_write(RegisterX86::CR2, uc.get_data().cr2)?;
+    uc.emu_start(pc, u64::MAX, 0, count)
+}
+
 /// The privilege level the engine's CPU is at.
 pub fn cpl(uc: &Unicorn<'static, Data>) -> Result<u8, TcgError> {
     Ok((uc.reg_read(RegisterX86::CS).map_err(uc_err("reading CS"))? & 3) as u8)
@@ -131,6 +142,8 @@ pub fn load(uc: &mut Unicorn<'static, Data>, s: &CpuState) -> Result<(), TcgErro
     write_msr(uc, IA32_EFER, r.efer)?;
     uc.reg_write(RegisterX86::CR3, r.cr3).map_err(&w)?;
     uc.reg_write(RegisterX86::CR0, r.cr0).map_err(&w)?;
+    // CR2 is written at each start ([`start`]).
+    uc.get_data_mut().cr2 = r.cr2;
     for (reg, dt) in [(RegisterX86::GDTR, &r.gdt), (RegisterX86::IDTR, &r.idt)] {
         let m = Mmr { selector: 0, base: dt.base, limit: u32::from(dt.limit), flags: 0 };
         uc.reg_write_long(reg, bytes_of(&m)).map_err(&w)?;

@@ -128,6 +128,30 @@ fn runs_a_loop_exactly_and_hands_port_io_to_kvm() {
     assert_eq!((r.retired, r.counts.clone()), (1001, vec![1001, 1000]), "{r:?}");
 }
 
+/// Kernel code reads CR2 in the engine (Linux's page-fault handler reads it first): the vCPU's,
+/// counted, in every run, though unicorn's own page walks set its CR2 where they fault (here the
+/// one that drops the translation at a breakpoint on a page it may not fetch from, and the one
+/// after every run). CR0 is handed over.
+#[test]
+fn cr2_reads_run_in_the_engine_with_the_vcpus_value() {
+    // mov r12, cr2; mov rax, cr0
+    let (mem, regs, mut sregs, mut mode) = machine(&[0x41, 0x0F, 0x20, 0xD4, 0x0F, 0x20, 0xC0]);
+    // 2 MiB up: the same memory again, execute-disable (EFER.NXE; SDM Vol. 3A 4.5).
+    mem.write_obj(0x8000_0000_0000_0087u64, GuestAddress(0x3008)).unwrap();
+    sregs.efer |= 1 << 11;
+    mode.efer = sregs.efer;
+    sregs.cr2 = 0x7fff_dead_b000;
+    let mut tcg = Tcg::new(&mem).unwrap();
+    let counters = [(armed(Semantics::Instructions), u64::MAX)];
+    let state = CpuState::new(regs, sregs);
+    let breakpoint = Watch { exec: vec![0x20_0000 + CODE], user_data: false };
+    for watch in [Watch::default(), Watch::default(), breakpoint] {
+        let r = tcg.run(&state, mode, Counting { watch, ..counting(&counters) }).unwrap();
+        assert_eq!((r.stop, r.state.regs.rip, r.retired, r.counts.clone()), (Stop::Handover, CODE + 4, 1, vec![1]));
+        assert_eq!(r.state.regs.r12, sregs.cr2, "{:#x}", r.state.regs.r12);
+    }
+}
+
 /// CMASK compares each instruction's count (emon's per-cycle unit) with the threshold, INV
 /// inverts it: the engine counts it per instruction as the stepper does (`Armed::advance`),
 /// the `loop .` fast path included.
@@ -446,7 +470,9 @@ fn decides_what_runs_in_the_engine() {
         (&[0xCF], Class::HandedOver, "iretd"),
         (&[0x8E, 0xD8], Class::HandedOver, "mov ds, ax"),
         (&[0x0F, 0x22, 0xD8], Class::HandedOver, "mov cr3, rax"),
-        (&[0x41, 0x0F, 0x20, 0xD4], Class::HandedOver, "mov r12, cr2"),
+        (&[0x41, 0x0F, 0x20, 0xD4], plain, "mov r12, cr2: the vCPU's, which the engine holds"),
+        (&[0x0F, 0x20, 0xC0], Class::HandedOver, "mov rax, cr0"),
+        (&[0xF0, 0x0F, 0x20, 0xC0], Class::HandedOver, "lock mov rax, cr0: CR8"),
         (&[0x0F, 0x01, 0x38], Class::Runs(Needs::NONE), "invlpg [rax]: the run says so, for KVM's TLB"),
         (&[0xCD, 0x80], Class::HandedOver, "int 0x80"),
         (&[0xC5, 0xF9, 0xEF, 0xC0], Class::HandedOver, "vpxor xmm0, xmm0, xmm0: AVX, which TCG lacks"),
