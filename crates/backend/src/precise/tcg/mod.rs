@@ -588,12 +588,16 @@ impl Tcg {
         self.uc.ctl_remove_cache(block, block + u64::from(size).max(1)).map_err(uc_err("dropping a translation"))
     }
 
+    /// Removes the stop at `at`, and the translations made with it: with a single code hook,
+    /// unicorn calls it straight from the translation, and the hook's data goes with the hook
+    /// (a translation that outlived it called freed memory: emon died of SIGSEGV).
     fn drop_stop(&mut self, at: u64) -> Result<(), TcgError> {
         self.uc.get_data_mut().stops.remove(&at);
-        match self.stops.remove(&at) {
-            Some(hook) => self.uc.remove_hook(hook).map_err(uc_err("removing a stop")),
-            None => Ok(()),
+        if let Some(hook) = self.stops.remove(&at) {
+            self.uc.remove_hook(hook).map_err(uc_err("removing a stop"))?;
+            self.uc.ctl_remove_cache(at, at + 1).map_err(uc_err("dropping a translation"))?;
         }
+        Ok(())
     }
 
     /// Times every translation was dropped, since the engine was made.

@@ -753,3 +753,26 @@ fn a_block_that_runs_into_a_page_not_present_is_untranslatable_and_its_instructi
         other => panic!("{other:?}"),
     }
 }
+
+/// A stop the engine drops (the instruction runs in the engine after all: here STI once nothing
+/// counts) goes with the translation made with it: unicorn calls a lone code hook straight from
+/// the translation, and the hook's data is freed with it. Runs through the same code after the
+/// drop, many times, retire every instruction.
+#[test]
+fn a_dropped_stop_takes_its_translation_with_it() {
+    // 1: nop; sti; nop; cli; dec rcx; jnz 1b; out dx, al
+    let (mem, mut regs, sregs, mode) = machine(&[0x90, 0xFB, 0x90, 0xFA, 0x48, 0xFF, 0xC9, 0x75, 0xF7, 0xEE]);
+    regs.rcx = 1;
+    let mut tcg = Tcg::new(&mem).unwrap();
+    let state = CpuState::new(regs, sregs);
+    let r = tcg.run(&state, mode, counting(&[])).unwrap();
+    assert_eq!((r.stop, r.state.regs.rip), (Stop::Handover, CODE + 1), "STI handed over while something counts");
+    for _ in 0..100 {
+        let mut s = state.clone();
+        s.regs.rcx = 1000;
+        let r = tcg.run(&s, mode, Counting { withhold_sti: false, ..counting(&[]) }).unwrap();
+        assert_eq!((r.stop, r.state.regs.rip, r.retired), (Stop::Handover, CODE + 9, 6000));
+        let r = tcg.run(&state, mode, counting(&[])).unwrap();
+        assert_eq!((r.stop, r.state.regs.rip), (Stop::Handover, CODE + 1));
+    }
+}
