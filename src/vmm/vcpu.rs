@@ -36,6 +36,8 @@ pub struct ExitStats {
     pub fds_at_end: usize,
     /// vCPU ioctls made to read or write registers (README, "Registers between exits").
     pub register_ioctls: u64,
+    /// How the TCG engine read the guest's TSC (README, "Guest time").
+    pub engine_tsc: String,
 }
 
 /// The number of open file descriptors of this process.
@@ -105,6 +107,7 @@ impl Vcpu {
         let r = self.run_loop();
         self.stats.fds_at_end = open_fds();
         self.stats.register_ioctls = self.cpu.register_ioctls();
+        self.stats.engine_tsc = self.cpu.tsc.describe();
         self.pmu.observe(|t, pmu| {
             if let Some(t) = t {
                 t.sample(pmu);

@@ -42,7 +42,7 @@ pub mod vpmu;
 use emon_pmu::pmu::{GpFault, Pmu, Reprogram};
 use emon_pmu::profile::Profile;
 use thiserror::Error;
-pub use vcpu::{DueEvent, Vcpu, VcpuError};
+pub use vcpu::{host_tsc, DueEvent, TscWindow, Vcpu, VcpuError};
 
 /// What a backend works with at each call: the vCPU, the PMU model, and the guest's way to the
 /// model's MSRs.

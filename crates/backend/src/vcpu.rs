@@ -35,6 +35,32 @@ pub enum DueEvent {
 }
 
 /// What a counting backend needs of one vCPU, at an exit (the vCPU is not running).
+/// The guest's time-stamp counter as the host's plus an offset, where KVM runs it at the host's
+/// rate: `offset` is the least the offset may be, `floor` is above every value the guest read
+/// before (in KVM, or from an earlier window). What RDTSC returns from it ([`Self::now`]) never
+/// goes back, and KVM's reads after it are at least as high (the vCPU waits for that before it
+/// enters KVM again).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TscWindow {
+    pub offset: u64,
+    pub floor: u64,
+    /// IA32_TSC_AUX, which RDTSCP returns in ECX.
+    pub aux: u32,
+}
+
+impl TscWindow {
+    /// The guest's TSC now.
+    pub fn now(&self) -> u64 {
+        host_tsc().wrapping_add(self.offset).max(self.floor)
+    }
+}
+
+/// This host's time-stamp counter.
+pub fn host_tsc() -> u64 {
+    // SAFETY: RDTSC has no memory effects; every x86-64 CPU has it.
+    unsafe { core::arch::x86_64::_rdtsc() }
+}
+
 pub trait Vcpu {
     /// The general-purpose registers, RIP and RFLAGS.
     fn regs(&mut self) -> Result<kvm_regs, VcpuError>;
@@ -141,6 +167,15 @@ pub trait Vcpu {
     /// Makes the guest's time-stamp counter read `value` now and run on from it with real time.
     /// `Ok(false)`: this host cannot move the guest's TSC (it stays where it was).
     fn set_guest_tsc(&mut self, value: u64) -> Result<bool, VcpuError>;
+    /// Where the TCG engine may answer RDTSC and RDTSCP itself, from the host's TSC ([`TscWindow`]);
+    /// `None`: only KVM, or emon through KVM, reads the guest's TSC here.
+    fn tsc_window(&mut self) -> Result<Option<TscWindow>, VcpuError> {
+        Ok(None)
+    }
+    /// The guest was given TSC values up to `value` outside KVM (from a [`TscWindow`]).
+    fn tsc_given(&mut self, _value: u64) {}
+    /// The guest's TSC was written (WRMSR of IA32_TSC or IA32_TSC_ADJUST): it may go back.
+    fn tsc_written(&mut self) {}
     /// Waits (real time) until the guest's time-stamp counter reads at least `value`, or for
     /// `limit` at most; returns what it reads then.
     fn wait_for_guest_tsc(&mut self, value: u64, limit: std::time::Duration) -> Result<u64, VcpuError>;

@@ -43,6 +43,9 @@ pub fn plain_error_code(vector: u32) -> Option<Option<u32>> {
 pub const IA32_TSC: u32 = 0x10;
 /// IA32_TSC_DEADLINE: the local APIC timer fires when the TSC reaches it (SDM Vol. 3A 10.5.4.1).
 pub const IA32_TSC_DEADLINE: u32 = 0x6E0;
+/// IA32_TSC_ADJUST: writes move IA32_TSC by the same amount (SDM Vol. 3B 18.17.3).
+pub const IA32_TSC_ADJUST: u32 = 0x3B;
+
 /// IA32_TSC_AUX: what RDTSCP returns in ECX.
 pub const IA32_TSC_AUX: u32 = 0xC000_0103;
 /// IA32_EFER: SCE (SYSCALL enable), LME/LMA (IA-32e mode), NXE.

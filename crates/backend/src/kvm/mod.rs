@@ -4,12 +4,13 @@
 //! KVM_SET_GUEST_DEBUG control.
 pub mod event_probe;
 mod regs;
+pub mod tsc;
 pub mod xsave;
 
 use crate::guest_debug::GuestDebug;
-use crate::{lapic, Vcpu, VcpuError};
+use crate::{host_tsc, lapic, TscWindow, Vcpu, VcpuError};
 use emon_pmu::pmu::Pmu;
-use emon_x86::arch::RFLAGS_IF;
+use emon_x86::arch::{IA32_TSC_AUX, RFLAGS_IF};
 use emon_x86::fpu::Fpu;
 use kvm_bindings::{
     kvm_device_attr, kvm_enable_cap, kvm_mp_state, kvm_msr_entry, kvm_regs, kvm_sregs, kvm_vcpu_events, Msrs,
@@ -112,6 +113,8 @@ pub struct KvmCpu {
     /// The guest flushed translations outside the vCPU (an INVLPG emon retired): KVM drops its
     /// cached ones before the next entry ([`Self::flush_guest_tlb`]).
     tlb_stale: bool,
+    /// The guest's TSC as the host's plus an offset, for the TCG engine ([`TscWindow`]).
+    pub tsc: tsc::HostTsc,
 }
 
 /// CPUID bits KVM updates as the guest runs, as (leaf, sub-leaf, register 0-3, mask):
@@ -133,6 +136,7 @@ impl KvmCpu {
             event_probe: None,
             vm: None,
             tlb_stale: false,
+            tsc: tsc::HostTsc::default(),
         }
     }
 
@@ -147,7 +151,9 @@ impl KvmCpu {
             self.flush_guest_tlb().map_err(|e| e.source)?;
         }
         self.regs.ran(true);
+        self.tsc.before_entry();
         let r = self.fd.run();
+        self.tsc.after_exit(self.debug.step);
         if r.as_ref().is_err_and(|e| e.errno() != libc::EINTR) {
             // An error before KVM stored the registers: read them anew. (A kick's EINTR comes
             // through the end of KVM_RUN, which stores them.)
@@ -550,7 +556,30 @@ impl Vcpu for KvmVcpu<'_> {
         self.cpu.set_msrs(values)
     }
 
+    fn guest_tsc(&mut self) -> Result<u64, VcpuError> {
+        let kvm = self.get_msr(emon_x86::arch::IA32_TSC)?;
+        // Whatever emon does with it, the guest may see it: the engine's values stay above it.
+        let tsc = self.cpu.tsc.after_given(kvm);
+        self.cpu.tsc.given(tsc);
+        Ok(tsc)
+    }
+
+    fn tsc_window(&mut self) -> Result<Option<TscWindow>, VcpuError> {
+        let Some(w) = self.cpu.tsc.window(&self.cpu.fd) else { return Ok(None) };
+        let aux = self.get_msr(IA32_TSC_AUX)? as u32;
+        Ok(Some(TscWindow { aux, ..w }))
+    }
+
+    fn tsc_given(&mut self, value: u64) {
+        self.cpu.tsc.given(value);
+    }
+
+    fn tsc_written(&mut self) {
+        self.cpu.tsc.written();
+    }
+
     fn set_guest_tsc(&mut self, value: u64) -> Result<bool, VcpuError> {
+        self.cpu.tsc.written();
         // Some hosts accept KVM_VCPU_TSC_OFFSET and ignore it (kvm_pvm): believe only the guest's
         // TSC. Near the TSC the guest has, an ignored offset looks like one that took, so the
         // first value set is far away (the guest runs no instruction in between and sees only
@@ -564,7 +593,10 @@ impl Vcpu for KvmVcpu<'_> {
         if after.wrapping_sub(before) < TSC_PROBE_DISTANCE / 2 {
             return Ok(false);
         }
-        match self.set_tsc_offset(value)? {
+        let set = self.set_tsc_offset(value)?;
+        // Back from the probe: the values read there were never the guest's.
+        self.cpu.tsc.written();
+        match set {
             true => Ok(true),
             false => Err(VcpuError {
                 op: "KVM_SET_DEVICE_ATTR(KVM_VCPU_TSC_OFFSET)",
@@ -624,12 +656,6 @@ vmm_sys_util::ioctl_iow_nr!(KVM_SET_DEVICE_ATTR, kvm_bindings::KVMIO, 0xe1, kvm_
 /// whether the host honours the offset: 2^40 TSC ticks (minutes at any TSC frequency), far beyond
 /// any delay between two reads.
 const TSC_PROBE_DISTANCE: u64 = 1 << 40;
-
-/// This host's time-stamp counter.
-fn host_tsc() -> u64 {
-    // SAFETY: RDTSC has no memory effects; every x86-64 CPU has it.
-    unsafe { core::arch::x86_64::_rdtsc() }
-}
 
 /// Whether this host lets a VMM set a vCPU's TSC (`KVM_VCPU_TSC_OFFSET`, and the guest's TSC then
 /// reads as set), tried on a throwaway VM. kvm_pvm accepts the offset and ignores it.
@@ -711,6 +737,45 @@ mod tests {
         let before = cpu.register_ioctls();
         assert_eq!(cpu.get_msrs(&[IA32_LSTAR]).unwrap(), [0xFFFF_FFFF_8100_0000]);
         assert_eq!(cpu.register_ioctls() - before, 1);
+    }
+
+    /// The guest's TSC from the host's, against this host's KVM: a window's values are at or
+    /// above KVM's reads before it and at or below KVM's after the next entry's wait, and go up;
+    /// after the guest's TSC is written (here far back), the next window follows it there.
+    #[test]
+    fn the_engine_reads_the_guests_tsc_from_the_hosts_in_step_with_kvm() {
+        let kvm = kvm_ioctls::Kvm::new().expect("/dev/kvm (the suite runs where KVM does)");
+        let vm = kvm.create_vm().unwrap();
+        let mut cpu = KvmCpu::new(&kvm, vm.create_vcpu(0).unwrap(), GuestDebug::default(), None);
+        let mem = GuestMemoryMmap::default();
+        let mut vcpu = cpu.with(&mem);
+        let Some(w) = vcpu.tsc_window().unwrap() else {
+            // A host whose guest TSC runs at another rate than its own (TSC scaling) says why.
+            let why = vcpu.cpu.tsc.unusable.expect("a reason");
+            assert!(why.contains("TSC"), "{why}");
+            return;
+        };
+        let mut last = 0;
+        for _ in 0..200 {
+            let before = vcpu.guest_tsc().unwrap();
+            let w = vcpu.tsc_window().unwrap().expect("still bounded");
+            let v = w.now();
+            vcpu.tsc_given(v);
+            assert!(v > before && v > last, "{v} after KVM's {before} and the last {last}");
+            vcpu.cpu.tsc.before_entry();
+            let after = vcpu.get_msr(emon_x86::arch::IA32_TSC).unwrap();
+            assert!(after >= v, "KVM's {after} after the window's {v}");
+            last = v;
+        }
+        assert_eq!(vcpu.cpu.tsc.calibrations, 1);
+        // The guest writes its TSC back to 2^32 (which kvm_pvm ignores): the bounds go, and the
+        // next window's values are KVM's again, wherever that is now (within a few seconds).
+        set_msr(&vcpu.cpu.fd, emon_x86::arch::IA32_TSC, 1 << 32).unwrap();
+        vcpu.tsc_written();
+        let kvm = vcpu.get_msr(emon_x86::arch::IA32_TSC).unwrap();
+        let v = vcpu.tsc_window().unwrap().expect("bounded again").now();
+        assert!(v.abs_diff(kvm) < 10_000_000_000, "{v:#x} against KVM's {kvm:#x}, {w:?}");
+        assert_eq!(vcpu.cpu.tsc.calibrations, 2);
     }
 
     #[test]

@@ -9,7 +9,7 @@ use super::Precise;
 use crate::{BackendError, Cx, Next};
 use emon_pmu::pmu::Pmu;
 use emon_x86::arch::{EFER_SCE, GP_VECTOR, IA32_FMASK, IA32_LSTAR, IA32_STAR, RFLAGS_IF, UD_VECTOR};
-use emon_x86::arch::{IA32_TSC, IA32_TSC_AUX, IA32_TSC_DEADLINE};
+use emon_x86::arch::{IA32_TSC, IA32_TSC_ADJUST, IA32_TSC_AUX, IA32_TSC_DEADLINE};
 use emon_x86::deliver::{deliver, Event, NotDelivered};
 use emon_x86::insn::{Insn, Special};
 use emon_x86::mode::CpuMode;
@@ -91,6 +91,11 @@ impl Precise {
                 } else if Pmu::owns(msr) && nothing_due {
                     self.emulate_pmu_msr(cx, p, i, msr, regs)?
                 } else {
+                    if i.special == Special::Wrmsr && matches!(msr, IA32_TSC | IA32_TSC_ADJUST) {
+                        // KVM moves the guest's TSC (SDM Vol. 3B 18.17.3): the engine's bounds on
+                        // it go (`Vcpu::tsc_window`).
+                        cx.vcpu.tsc_written();
+                    }
                     return Ok(None);
                 }
             }
@@ -245,13 +250,32 @@ impl Precise {
         }
         self.stats.tsc_reads += 1;
         let mut regs = cx.vcpu.regs()?;
-        let tsc = self.clock.guest_tsc(cx)?;
+        let tsc = match self.engine_tsc(cx)? {
+            // From the host's TSC, as the engine answers it: no ioctl, and in step with the
+            // engine's values.
+            Some(w) => {
+                let tsc = w.now();
+                cx.vcpu.tsc_given(tsc);
+                tsc
+            }
+            None => self.clock.guest_tsc(cx)?,
+        };
         regs.rax = tsc & 0xFFFF_FFFF;
         regs.rdx = tsc >> 32;
         if i.special == Special::Rdtscp {
             regs.rcx = cx.vcpu.get_msr(IA32_TSC_AUX)? & 0xFFFF_FFFF;
         }
         self.complete(cx, p, i, regs)
+    }
+
+    /// Where RDTSC and RDTSCP read the guest's TSC in the engine (and where emon answers them
+    /// at CPL3, alike): `None` in a counted stretch whose time follows the model (README,
+    /// "Guest time"), or where this host's TSC cannot bound it; they are then handed over.
+    pub(super) fn engine_tsc(&mut self, cx: &mut Cx) -> Result<Option<crate::TscWindow>, BackendError> {
+        if self.clock.virtual_tsc().is_some() {
+            return Ok(None);
+        }
+        Ok(cx.vcpu.tsc_window()?)
     }
 
     /// RDMSR and WRMSR of IA32_TSC_DEADLINE while the guest's TSC follows the model: KVM's

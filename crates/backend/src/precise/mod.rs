@@ -119,8 +119,11 @@ pub struct Stats {
     pub breakpoints_unchecked: std::collections::BTreeMap<String, u64>,
     /// Returns to user mode (SYSRET, IRET) the engine completed where KVM was to step them.
     pub returns_completed: u64,
-    /// RDTSC, RDTSCP and RDMSR(IA32_TSC) answered from the modelled guest time.
+    /// RDTSC, RDTSCP and RDMSR(IA32_TSC) emon completed (from the modelled guest time, or at
+    /// CPL3).
     pub tsc_reads: u64,
+    /// RDTSC and RDTSCP the engine ran, answered from the host's TSC (`Vcpu::tsc_window`).
+    pub engine_tsc_reads: u64,
     /// RDTSC, RDTSCP or RDMSR that retired in counted code without their own single-step trap,
     /// so in KVM, reading real time (README, "Guest time").
     pub tsc_unseen: u64,
@@ -548,13 +551,14 @@ impl Backend for Precise {
         let s = &self.stats;
         let engine = self.engine.account(s.engine_retired, s.engine_runs);
         format!(
-            "precise backend: {} instructions counted ({engine}; {} without their own single-step trap), {} interrupts/exceptions seen while stepping, {} HLT, {} RDPMC and {} TSC reads emulated, {} TSC deadline accesses translated, {} PMU MSR accesses completed, {} branches recorded in the LBR stack, {} PEBS records written ({} not, the buffer full), stepping switched {} times, {} counters reprogrammed",
+            "precise backend: {} instructions counted ({engine}; {} without their own single-step trap), {} interrupts/exceptions seen while stepping, {} HLT, {} RDPMC and {} TSC reads emulated ({} more in the engine, from the host's TSC), {} TSC deadline accesses translated, {} PMU MSR accesses completed, {} branches recorded in the LBR stack, {} PEBS records written ({} not, the buffer full), stepping switched {} times, {} counters reprogrammed",
             s.retired,
             s.lost_traps,
             s.events,
             s.hlt,
             s.rdpmc,
             s.tsc_reads,
+            s.engine_tsc_reads,
             s.tsc_deadlines,
             s.pmu_msrs,
             self.branches.lbr_recorded,

@@ -78,12 +78,19 @@ pub struct Withheld {
     /// level): STI, after whose shadow KVM delivers those it let in. Other runs run it, and the
     /// interrupts wait for the run's end, as they wait while code with RFLAGS.IF set runs.
     pub sti: bool,
+    /// RDTSC and RDTSCP: the run has no window on the guest's TSC (`Counting::tsc`: it follows
+    /// emon's model, or this host's TSC cannot bound it). [`classify`] hands them over; a run with
+    /// a window runs them.
+    pub tsc: bool,
 }
 
 /// Whether the engine may run `i` in a run that withholds `withheld` (see [`classify`]).
 pub fn class_in(i: &Instruction, info: &mut InstructionInfoFactory, withheld: Withheld) -> Class {
     if withheld.user_access && opens_user_access(i) || withheld.sti && i.mnemonic() == Mnemonic::Sti {
         return Class::HandedOver;
+    }
+    if !withheld.tsc && matches!(i.mnemonic(), Mnemonic::Rdtsc | Mnemonic::Rdtscp) && !i.has_lock_prefix() {
+        return Class::Runs(Needs::NONE);
     }
     classify(i, info)
 }

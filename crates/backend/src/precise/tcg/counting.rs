@@ -103,7 +103,7 @@ impl Acc {
         loaded: Needs,
         (decoded, run): (Decoded, u64),
     ) -> Acc {
-        let Counting { armed, clock, budget, cache, deadline, lbr, watch, withhold_sti } = counting;
+        let Counting { armed, clock, budget, cache, deadline, lbr, watch, withhold_sti, tsc } = counting;
         Acc {
             mode,
             mem,
@@ -140,7 +140,7 @@ impl Acc {
             cut: None,
             changed: false,
             lbr,
-            withheld: Withheld { user_access: watch.user_data, sti: withhold_sti },
+            withheld: Withheld { user_access: watch.user_data, sti: withhold_sti, tsc: tsc.is_none() },
         }
         .tracking()
     }

@@ -26,6 +26,7 @@ mod snapshot;
 mod state;
 #[cfg(test)]
 mod tests;
+mod tsc;
 mod xsave;
 
 use super::branches::LbrTail;
@@ -43,6 +44,7 @@ use rustc_hash::{FxHashMap, FxHashSet};
 use snapshot::CodeSnapshot;
 pub use state::{CpuState, SysMsrs};
 use std::time::Instant;
+pub use tsc::Given as TscGiven;
 use unicorn_engine::unicorn_const::{uc_error, Arch, Mode, Prot};
 use unicorn_engine::{RegisterX86, UcHookId, Unicorn, X86CpuModel};
 use vm_memory::{GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion};
@@ -121,6 +123,9 @@ pub struct Counting<'a> {
     pub watch: Watch,
     /// STI is handed over: something counts at this privilege level ([`Withheld::sti`]).
     pub withhold_sti: bool,
+    /// Where RDTSC and RDTSCP read the guest's TSC in the engine; `None`: they are handed over
+    /// ([`Withheld::tsc`]).
+    pub tsc: Option<crate::TscWindow>,
 }
 
 /// What one engine run retired, and the vCPU state it left.
@@ -156,6 +161,8 @@ pub struct Run {
     pub fault: Option<u32>,
     /// With `Stop::Overflowed`: the instruction that brought a counter to its overflow.
     pub overflowed_at: Option<u64>,
+    /// What RDTSC and RDTSCP gave in the run ([`Counting::tsc`]).
+    pub tsc: tsc::Given,
 }
 
 /// What the hooks work on: a run's counting state, or the bounds of a trampoline (see
@@ -315,6 +322,8 @@ impl EngineCell {
 /// The engine: one unicorn instance over the VM's memory, made on the vCPU thread.
 pub struct Tcg {
     uc: Unicorn<'static, Data>,
+    /// RDTSC and RDTSCP's hooks in `uc` (declared after it: dropped after it).
+    tsc: tsc::TscHooks,
     mem: GuestMemoryMmap,
     /// The instructions the engine hands over that follow others in a block, each with the code
     /// hook that stops the engine before it, so that the engine runs the block up to it.
@@ -364,7 +373,8 @@ impl Tcg {
             let _ = uc.emu_stop();
         })
         .map_err(uc_err("adding the interrupt hook"))?;
-        Ok(Tcg { uc, mem: mem.clone(), stops: FxHashMap::default(), held: None, loads: 0 })
+        let tsc = tsc::TscHooks::add(&mut uc)?;
+        Ok(Tcg { uc, tsc, mem: mem.clone(), stops: FxHashMap::default(), held: None, loads: 0 })
     }
 
     /// Runs from the vCPU state `state` (at `mode`) counting for `counting` (each armed counter
@@ -398,6 +408,7 @@ impl Tcg {
         data.fault = None;
         data.runs += 1;
         let decoded = (std::mem::take(&mut data.decoded), data.runs);
+        self.tsc.begin(counting.tsc);
         data.acc = Some(Acc::new(mode, self.mem.clone(), counting, loaded, decoded));
         // The code hook costs a call per instruction: only while the cache model counts.
         let hooked = data.acc.as_ref().is_some_and(|a| a.cache.is_some());
@@ -417,6 +428,7 @@ impl Tcg {
         }
         let started = self.run_to_stop(state.regs.rip, &mode)?;
         let (mut acc, stop, pc) = self.finish_run(started, mode)?;
+        let tsc = self.tsc.end()?;
         let data = self.uc.get_data_mut();
         data.decoded = acc.take_decoded();
         if data.code.end(&self.mem) {
@@ -451,6 +463,7 @@ impl Tcg {
             lbr: acc.lbr,
             fault: self.uc.get_data().fault,
             overflowed_at: acc.overflowed_at,
+            tsc,
         })
     }
 

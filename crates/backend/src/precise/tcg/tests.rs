@@ -67,6 +67,7 @@ fn counting(armed: &[(Armed, u64)]) -> Counting<'_> {
         lbr: None,
         watch: Watch::default(),
         withhold_sti: true,
+        tsc: None,
     }
 }
 
@@ -150,6 +151,41 @@ fn cr2_reads_run_in_the_engine_with_the_vcpus_value() {
         assert_eq!((r.stop, r.state.regs.rip, r.retired, r.counts.clone()), (Stop::Handover, CODE + 4, 1, vec![1]));
         assert_eq!(r.state.regs.r12, sregs.cr2, "{:#x}", r.state.regs.r12);
     }
+}
+
+/// With a window on the guest's TSC (`Counting::tsc`), RDTSC and RDTSCP run in the engine, each
+/// counted: EDX:EAX the host's TSC plus the offset, never below the floor and going up, the
+/// upper halves clear, RDTSCP's ECX IA32_TSC_AUX; the run says what it gave. Without one the run
+/// hands RDTSC over.
+#[test]
+fn rdtsc_runs_in_the_engine_with_a_window_on_the_guests_tsc() {
+    // rdtsc; mov rbx, rax; mov rsi, rdx; rdtscp; out dx, al
+    let code = [0x0F, 0x31, 0x48, 0x89, 0xC3, 0x48, 0x89, 0xD6, 0x0F, 0x01, 0xF9, 0xEE];
+    let (mem, mut regs, sregs, mode) = machine(&code);
+    (regs.rax, regs.rdx, regs.rcx) = (u64::MAX, u64::MAX, u64::MAX);
+    let mut tcg = Tcg::new(&mem).unwrap();
+    let counters = [(armed(Semantics::Instructions), u64::MAX)];
+    let state = CpuState::new(regs, sregs);
+    let run = |tcg: &mut Tcg, tsc| tcg.run(&state, mode, Counting { tsc, ..counting(&counters) }).unwrap();
+    let values = |r: &Run| (r.state.regs.rsi << 32 | r.state.regs.rbx, r.state.regs.rdx << 32 | r.state.regs.rax);
+    // A floor far above the host's TSC decides.
+    let floor = crate::host_tsc() + (1 << 50);
+    let r = run(&mut tcg, Some(crate::TscWindow { offset: 0, floor, aux: 7 }));
+    assert_eq!((r.stop, r.state.regs.rip, r.retired, r.counts.clone()), (Stop::Handover, CODE + 11, 4, vec![4]));
+    assert_eq!(values(&r), (floor, floor + 1));
+    let halves = [r.state.regs.rax, r.state.regs.rbx, r.state.regs.rdx, r.state.regs.rsi];
+    assert!(halves.iter().all(|h| h >> 32 == 0), "{halves:x?}");
+    assert_eq!(r.state.regs.rcx, 7);
+    assert_eq!(r.tsc, TscGiven { reads: 2, last: Some(floor + 1) });
+    // The host's TSC plus the offset.
+    let offset = 1 << 60;
+    let before = crate::host_tsc() + offset;
+    let r = run(&mut tcg, Some(crate::TscWindow { offset, floor: 0, aux: 0 }));
+    let after = crate::host_tsc() + offset;
+    let (first, second) = values(&r);
+    assert!(before <= first && first < second && second <= after, "{before} {first} {second} {after}");
+    let r = run(&mut tcg, None);
+    assert_eq!((r.stop, r.state.regs.rip, r.retired, r.tsc), (Stop::Handover, CODE, 0, TscGiven::default()));
 }
 
 /// CMASK compares each instruction's count (emon's per-cycle unit) with the threshold, INV
@@ -491,6 +527,12 @@ fn decides_what_runs_in_the_engine() {
     assert_eq!(within(&[0xFB], user_access), plain);
     assert_eq!(within(&[0x0F, 0x01, 0xCB], user_access), Class::HandedOver, "stac under a watch on user memory");
     assert_eq!(within(&[0x0F, 0x01, 0xCB], sti), plain);
+    let no_tsc = Withheld { tsc: true, ..Withheld::default() };
+    for rdtsc in [&[0x0F, 0x31][..], &[0x0F, 0x01, 0xF9]] {
+        assert_eq!(class(rdtsc), Class::HandedOver, "rdtsc, rdtscp: the run says whether it has the TSC");
+        assert_eq!(within(rdtsc, no_tsc), Class::HandedOver, "rdtsc without a window on the TSC");
+        assert_eq!(within(rdtsc, sti), plain, "rdtsc with a window");
+    }
 }
 
 /// The same machine at CPL3: user CS and SS, user RSP.
