@@ -23,6 +23,9 @@ pub struct Script {
     pub tsc_settable: bool,
     /// IA32_TSC_DEADLINE as KVM holds it (on KVM's side of the guest's time).
     pub tsc_deadline: u64,
+    /// The engine's window on the guest's TSC (`Vcpu::tsc_window`), and the last value given.
+    pub tsc_window: Option<crate::TscWindow>,
+    pub tsc_given: u64,
     /// The local APIC's register page, and the NMIs queued.
     pub lapic: [u8; 1024],
     /// The vectors of the devices' interrupts (`Vcpu::device_vectors`).
@@ -128,6 +131,14 @@ impl Vcpu for Script {
         self.tsc_deadline = value;
         Ok(())
     }
+    fn tsc_window(&mut self) -> Result<Option<crate::TscWindow>, VcpuError> {
+        Ok(self.tsc_window)
+    }
+
+    fn tsc_given(&mut self, value: u64) {
+        self.tsc_given = self.tsc_given.max(value);
+    }
+
     fn set_guest_tsc(&mut self, value: u64) -> Result<bool, VcpuError> {
         if self.tsc_settable {
             self.tsc = value;
@@ -154,6 +165,8 @@ impl Script {
             injected: Vec::new(),
             tsc: 0,
             tsc_deadline: 0,
+            tsc_window: None,
+            tsc_given: 0,
             tsc_settable: true,
             lapic: [0; 1024],
             device_vectors: [0; 4],

@@ -278,6 +278,20 @@ impl Precise {
         Ok(cx.vcpu.tsc_window()?)
     }
 
+    /// [`Self::engine_tsc`] for an engine run at `mode`: none above CPL0 with CR4.TSD set, where
+    /// RDTSC and RDTSCP raise #GP (SDM Vol. 2B, RDTSC), which emon raises (`emulate_tsc_read`)
+    /// without a run that would only stop at the fault.
+    pub(super) fn engine_run_tsc(
+        &mut self,
+        cx: &mut Cx,
+        mode: &CpuMode,
+    ) -> Result<Option<crate::TscWindow>, BackendError> {
+        if mode.cpl > 0 && mode.cr4 & CR4_TSD != 0 {
+            return Ok(None);
+        }
+        self.engine_tsc(cx)
+    }
+
     /// RDMSR and WRMSR of IA32_TSC_DEADLINE while the guest's TSC follows the model: KVM's
     /// timer fires on KVM's guest TSC, so a deadline the guest computed from the model's TSC
     /// moves by the difference between the two (both ways), and the timer fires as far ahead

@@ -282,7 +282,7 @@ mod fast_forward {
                     && tcg::opens_user_access(&first)
                     && self.emons_breakpoints(cx)?.is_some_and(|b| b.watches_data()),
                 sti: self.counts_here(mode),
-                tsc: self.engine_tsc(cx)?.is_none(),
+                tsc: self.engine_run_tsc(cx, mode)?.is_none(),
             };
             if tcg::class_in(&first, &mut iced_x86::InstructionInfoFactory::new(), withheld) == Class::HandedOver {
                 return if user { self.user_mode_handover(cx, &first, mode, None) } else { Ok(None) };
@@ -670,7 +670,7 @@ mod fast_forward {
                     lbr: self.branches.tail(cx.pmu),
                     watch: watch.clone(),
                     withhold_sti: counts_here,
-                    tsc: self.engine_tsc(cx)?,
+                    tsc: self.engine_run_tsc(cx, mode)?,
                 };
                 let engine = self.engine.tcg.engine.get(cx.vcpu.memory()).expect("made above");
                 let run = match engine.run(&state, *mode, counting) {

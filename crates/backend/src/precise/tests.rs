@@ -865,6 +865,40 @@ fn a_user_mode_page_fault_is_delivered_through_the_idt_by_emon() {
     assert_eq!(r.vcpu.regs.rsp, KERNEL_STACK - 48);
 }
 
+/// User-mode RDTSC where the vCPU has a window on the guest's TSC, counted with the guest's time
+/// left at real time (`with_real_time`): the engine answers it from the window (the floor here), and the vCPU hears
+/// what it gave; with CR4.TSD set it raises #GP(0), as on the CPU (SDM Vol. 2B, RDTSC), without an
+/// engine run, and gives nothing.
+#[cfg(feature = "tcg")]
+#[test]
+fn user_mode_rdtsc_reads_the_window_or_faults_under_tsd() {
+    let floor = (1 << 60) + 12345;
+    for tsd in [false, true] {
+        // rdtsc; nop; nop
+        let precise = Precise::with_engine(Engine::Tcg).with_user_in_engine(true).with_real_time();
+        let mut r = user_rig(&[0x0F, 0x31, NOP, NOP], 13, precise);
+        r.vcpu.tsc_window = Some(crate::TscWindow { offset: 0, floor, aux: 0 });
+        if tsd {
+            (r.vcpu.mode.cr4, r.vcpu.sregs.cr4) = (r.vcpu.mode.cr4 | 1 << 2, r.vcpu.sregs.cr4 | 1 << 2);
+        }
+        r.count();
+        if tsd {
+            // emon's TSD check raises it (`emulate_tsc_read`), for KVM's entry to deliver.
+            assert_eq!(r.before(true), Next::Run);
+            assert_eq!(r.vcpu.injected, [(13, Some(0))]);
+            assert_eq!((r.vcpu.regs.rip, r.pmc(0), r.vcpu.tsc_given), (CODE, 0, 0), "nothing retired or given");
+            assert_eq!(r.precise.stats.engine_runs, 0, "no engine run that would only stop at the #GP");
+        } else {
+            while r.vcpu.regs.rip == CODE {
+                assert_eq!(r.before(true), Next::Retired);
+            }
+            assert_eq!((r.vcpu.regs.rax, r.vcpu.regs.rdx), (floor & 0xFFFF_FFFF, floor >> 32));
+            assert_eq!(r.vcpu.tsc_given, floor);
+            assert!(r.pmc(0) >= 1, "counted");
+        }
+    }
+}
+
 /// A REP string instruction in user mode whose source runs into a page that is not present: the
 /// iterations before the fault take effect and its registers say where it resumes, and the #PF
 /// is the next iteration's, with its error code and CR2 (SDM Vol. 2B, REP; Vol. 3A 4.7).
