@@ -278,15 +278,20 @@ impl Precise {
         Ok(cx.vcpu.tsc_window()?)
     }
 
-    /// [`Self::engine_tsc`] for an engine run at `mode`: none above CPL0 with CR4.TSD set, where
-    /// RDTSC and RDTSCP raise #GP (SDM Vol. 2B, RDTSC), which emon raises (`emulate_tsc_read`)
-    /// without a run that would only stop at the fault.
+    /// [`Self::engine_tsc`] for an engine run at `mode`, in user mode only. Kernel code's go to
+    /// KVM: each step is an entry, where KVM delivers the interrupt due at once, as the CPU
+    /// does; the engine takes events only between runs, a millisecond apart, and a kernel loop
+    /// that waits on the TSC for an interrupt needs it sooner (Linux's check that the timer's
+    /// interrupt arrives, `timer_irq_works`, panicked a boot on a loaded machine when the engine
+    /// answered it). None above CPL0 with CR4.TSD set either, where RDTSC and RDTSCP raise #GP
+    /// (SDM Vol. 2B, RDTSC), which emon raises (`emulate_tsc_read`) without a run that would only
+    /// stop at the fault.
     pub(super) fn engine_run_tsc(
         &mut self,
         cx: &mut Cx,
         mode: &CpuMode,
     ) -> Result<Option<crate::TscWindow>, BackendError> {
-        if mode.cpl > 0 && mode.cr4 & CR4_TSD != 0 {
+        if mode.cpl == 0 || mode.cr4 & CR4_TSD != 0 {
             return Ok(None);
         }
         self.engine_tsc(cx)

@@ -899,6 +899,21 @@ fn user_mode_rdtsc_reads_the_window_or_faults_under_tsd() {
     }
 }
 
+/// Kernel RDTSC goes to KVM where user mode's runs in the engine: a step, an entry at which KVM
+/// delivers the interrupt due at once, which a kernel loop waiting on the TSC for one needs (the
+/// engine takes events only between runs).
+#[cfg(feature = "tcg")]
+#[test]
+fn kernel_rdtsc_is_stepped_in_kvm_with_a_window_on_the_guests_tsc() {
+    // rdtsc; nop; nop
+    let mut r = Rig::new(&[0x0F, 0x31, NOP, NOP]);
+    r.precise = Precise::with_engine(Engine::Tcg).with_user_in_engine(true).with_real_time();
+    r.vcpu.tsc_window = Some(crate::TscWindow { offset: 0, floor: 1 << 60, aux: 0 });
+    r.count();
+    assert_eq!(r.before(true), Next::Run, "KVM steps it");
+    assert_eq!((r.vcpu.regs.rip, r.vcpu.tsc_given), (CODE, 0), "nothing ran or was given");
+}
+
 /// A REP string instruction in user mode whose source runs into a page that is not present: the
 /// iterations before the fault take effect and its registers say where it resumes, and the #PF
 /// is the next iteration's, with its error code and CR2 (SDM Vol. 2B, REP; Vol. 3A 4.7).
