@@ -82,8 +82,13 @@ impl Fpu {
 
     /// Whether `other` holds the same state (the reserved bytes and MXCSR_MASK aside).
     pub fn same_state(&self, other: &Fpu) -> bool {
+        self.same_legacy_state(other) && self.ext == other.ext
+    }
+
+    /// Whether XCR0 and the state in the legacy region (x87, MMX, SSE) are the same: what
+    /// [`Fpu::same_state`] compares but for the components only XSAVE moves.
+    pub fn same_legacy_state(&self, other: &Fpu) -> bool {
         self.xcr0 == other.xcr0
-            && self.ext == other.ext
             && self.legacy[..MXCSR_MASK.start] == other.legacy[..MXCSR_MASK.start]
             && self.legacy[MXCSR_MASK.end..STATE.end] == other.legacy[MXCSR_MASK.end..STATE.end]
     }

@@ -66,8 +66,9 @@ impl EngineSlot {
     pub fn account(&self, engine_retired: u64, engine_runs: u64) -> String {
         match (self.engine(), &self.failed) {
             (Engine::Tcg, _) => format!(
-                "TCG engine: {engine_retired} of them in {engine_runs} runs ({} loading the whole vCPU state), every translation dropped {} times",
+                "TCG engine: {engine_retired} of them in {engine_runs} runs ({} loading the whole vCPU state; the x87/SSE state loaded {} times), every translation dropped {} times",
                 self.loads(),
+                self.fpu_loads(),
                 self.flushes()
             ),
             (Engine::Step, Some(why)) => format!("single-stepped: {why} (TCG engine before that: {engine_retired})"),
@@ -79,6 +80,14 @@ impl EngineSlot {
     fn loads(&self) -> u64 {
         #[cfg(feature = "tcg")]
         return self.tcg.engine.loads();
+        #[cfg(not(feature = "tcg"))]
+        0
+    }
+
+    /// Times the x87/SSE state went into the TCG engine.
+    fn fpu_loads(&self) -> u64 {
+        #[cfg(feature = "tcg")]
+        return self.tcg.engine.fpu_loads();
         #[cfg(not(feature = "tcg"))]
         0
     }

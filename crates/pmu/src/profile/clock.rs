@@ -63,8 +63,13 @@ impl Clock {
     /// summed over many intervals lose nothing to rounding. A zero numerator (an unvalidated
     /// profile) counts nothing.
     pub fn ref_ticks_at(&self, tsc: u64) -> u64 {
-        let ticks = u128::from(tsc) * u128::from(self.tsc_per_ref_denominator);
-        let ticks = ticks.checked_div(u128::from(self.tsc_per_ref_numerator)).unwrap_or(0);
+        let (numerator, denominator) = (self.tsc_per_ref_numerator, self.tsc_per_ref_denominator);
+        // The engine asks at every block it counts: a 64-bit division where the product fits.
+        if let Some(ticks) = tsc.checked_mul(u64::from(denominator)) {
+            return ticks.checked_div(u64::from(numerator)).unwrap_or(0);
+        }
+        let ticks = u128::from(tsc) * u128::from(denominator);
+        let ticks = ticks.checked_div(u128::from(numerator)).unwrap_or(0);
         u64::try_from(ticks).unwrap_or(u64::MAX)
     }
 }

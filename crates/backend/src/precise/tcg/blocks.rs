@@ -323,6 +323,9 @@ pub fn runs_in_engine(i: &Instruction, info: &mut InstructionInfoFactory) -> boo
 #[derive(Debug, Clone)]
 pub struct Block {
     pub insns: Vec<(u64, Insn)>,
+    /// The last of them, kept here too: the block hook reads it each time the block retires,
+    /// where `insns` is mostly out of the host's cache.
+    pub last: Option<(u64, Insn)>,
     pub runnable: bool,
     /// What the block needs loaded that the run did not load (when that alone stops it).
     pub needs: Needs,
@@ -466,6 +469,7 @@ pub fn decode_block(
         _ => None,
     };
     Block {
+        last: insns.last().copied(),
         insns,
         runnable,
         needs,

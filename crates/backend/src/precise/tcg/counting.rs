@@ -203,7 +203,7 @@ impl Acc {
         let b = &self.blocks[k as usize];
         self.iret |= b.ends_in_iret;
         self.sysret |= b.ends_in_sysret;
-        let Some((rip, last)) = b.insns.last() else { return };
+        let Some((rip, last)) = &b.last else { return };
         if !last.retired_at(*rip, next) {
             // The block ends in a REP string instruction that only ended an iteration (TCG runs
             // one iteration per block execution): the instructions before it retired, it did not.
@@ -232,7 +232,7 @@ impl Acc {
         let branch = self
             .lbr
             .as_ref()
-            .and(self.blocks[k as usize].insns.last())
+            .and(self.blocks[k as usize].last.as_ref())
             .and_then(|(rip, last)| taken_branch(last, *rip, next, taken, to_cpl));
         self.advance_clock(c);
         if let (Some(lbr), Some(branch)) = (&mut self.lbr, branch) {
@@ -457,6 +457,9 @@ pub fn on_block(uc: &mut Unicorn<'_, Data>, addr: u64, size: u32) {
             acc.current = Some(k);
             acc.used = acc.used.union(insns_need);
             acc.flushed_tlb |= flushes_tlb;
+            if flushes_tlb {
+                data.code.walks_stale();
+            }
             if self_loop {
                 loop_ahead(uc, k, addr);
             }

@@ -183,6 +183,13 @@ pub struct Data {
     flushes: u64,
     /// The vCPU's CR2, which the engine holds through every run ([`state::start`]).
     cr2: u64,
+    /// What the engine's x87/SSE registers and XCR0 hold, where emon knows: as loaded or read
+    /// last. Only the guest's code changes them in the engine, and a run whose code may have
+    /// reads them back ([`state::collect`]); a load that would put the same state back skips
+    /// its trampolines ([`state::load`]).
+    fpu: Option<emon_x86::fpu::Fpu>,
+    /// Times the x87/SSE state went into the engine.
+    fpu_loads: u64,
 }
 
 /// Why the engine cannot be used, or could not do what was asked.
@@ -208,6 +215,8 @@ impl Data {
             runs: 0,
             flushes: 0,
             cr2: 0,
+            fpu: None,
+            fpu_loads: 0,
         }
     }
 }
@@ -308,6 +317,11 @@ impl EngineCell {
     /// Runs that loaded the whole vCPU state (0 before the engine is made).
     pub fn loads(&self) -> u64 {
         self.0.as_ref().map_or(0, |t| t.loads)
+    }
+
+    /// Times the x87/SSE state went into the engine (a load skips it where the engine holds it).
+    pub fn fpu_loads(&self) -> u64 {
+        self.0.as_ref().map_or(0, |t| t.uc.get_data().fpu_loads)
     }
 
     /// The guest ran in KVM: what the engine holds of the vCPU's state may be old (KVM's TLB

@@ -154,7 +154,9 @@ pub fn load(uc: &mut Unicorn<'static, Data>, s: &CpuState) -> Result<(), TcgErro
     }
     load_msrs(uc, s.msrs.as_ref())?;
     if let Some(f) = &s.fpu {
-        load_fpu(uc, f, r)?;
+        if !uc.get_data().fpu.as_ref().is_some_and(|held| held.same_legacy_state(f)) {
+            load_fpu(uc, f, r)?;
+        }
     }
     // Data segments first: at CPL0 every descriptor a CPL3 program may use loads. A selector
     // whose descriptor no longer loads (the GDT changed under a loaded segment) goes in as null:
@@ -251,6 +253,9 @@ fn load_fpu(uc: &mut Unicorn<'static, Data>, f: &Fpu, s: &kvm_sregs) -> Result<(
     let end = m.at(private::CODE, private::FXRSTOR + 4);
     let regs = [(RegisterX86::RDI, m.at(private::DATA, 0))];
     trampoline(uc, m, (private::CODE, private::FXRSTOR, end), &regs, s.cr3, "FXRSTOR64")?;
+    uc.get_data_mut().fpu_loads += 1;
+    // Without CR4.OSXSAVE, XCR0 stays what it was, which emon does not know.
+    uc.get_data_mut().fpu = (s.cr4 & CR4_OSXSAVE != 0).then(|| Fpu::legacy_only(f.legacy.clone(), f.xcr0));
     uc.reg_write(RegisterX86::CR0, s.cr0).map_err(uc_err("loading CR0"))
 }
 
@@ -276,7 +281,9 @@ pub fn store_fpu(uc: &mut Unicorn<'static, Data>, s: &kvm_sregs) -> Result<Fpu, 
         xcr0 = (hi << 32) | (lo & 0xFFFF_FFFF);
     }
     uc.reg_write(RegisterX86::CR0, s.cr0).map_err(uc_err("loading CR0"))?;
-    Ok(Fpu::legacy_only(legacy, xcr0))
+    let f = Fpu::legacy_only(legacy, xcr0);
+    uc.get_data_mut().fpu = (s.cr4 & CR4_OSXSAVE != 0).then(|| f.clone());
+    Ok(f)
 }
 
 /// Enters CPL3 with the state's CS, SS, RIP, RSP and RFLAGS through an IRETQ at CPL0, which

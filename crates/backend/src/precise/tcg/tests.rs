@@ -818,3 +818,80 @@ fn a_dropped_stop_takes_its_translation_with_it() {
         assert_eq!((r.stop, r.state.regs.rip), (Stop::Handover, CODE + 1));
     }
 }
+
+/// The x87/SSE state goes into the engine only where it holds another: a run from the state
+/// the engine loaded or read back last skips the trampolines that load it, and still sees it; a
+/// state changed elsewhere (as KVM may change it) goes in.
+#[test]
+fn the_fpu_state_goes_in_only_where_the_engine_holds_another() {
+    // movq rax, xmm0; paddq xmm0, xmm0; out dx, al
+    let (mem, regs, mut sregs, mode) = machine(&[0x66, 0x48, 0x0F, 0x7E, 0xC0, 0x66, 0x0F, 0xD4, 0xC0, 0xEE]);
+    sregs.cr4 |= 1 << 9 | 1 << 10 | 1 << 18; // OSFXSR, OSXMMEXCPT, OSXSAVE
+    let mut tcg = Tcg::new(&mem).unwrap();
+    let run = |tcg: &mut Tcg, xmm0: u128| {
+        let mut state = CpuState::new(regs, sregs);
+        state.fpu = Some(fpu(xmm0));
+        // As after the guest ran in KVM: the whole state is loaded.
+        tcg.ran_elsewhere();
+        let r = tcg.run(&state, mode, counting(&[])).unwrap();
+        assert_eq!((r.stop, r.retired, r.state.regs.rip), (Stop::Handover, 2, CODE + 9), "{r:?}");
+        (r.state.regs.rax, u128::from_le_bytes(r.state.fpu.unwrap().xmm(0)))
+    };
+    let fpu_loads = |tcg: &Tcg| tcg.uc.get_data().fpu_loads;
+    assert_eq!(run(&mut tcg, 0x21), (0x21, 0x42));
+    assert_eq!(fpu_loads(&tcg), 1);
+    // What the engine read back (XMM0 = 0x42), given again: not loaded, and seen.
+    assert_eq!(run(&mut tcg, 0x42), (0x42, 0x84));
+    assert_eq!(fpu_loads(&tcg), 1, "the engine held it");
+    // Another XMM0 than the engine holds (0x84): loaded.
+    assert_eq!(run(&mut tcg, 0x7), (0x7, 0xE));
+    assert_eq!(fpu_loads(&tcg), 2);
+    // XCR0 alone differs: loaded (XSETBV).
+    let mut state = CpuState::new(regs, sregs);
+    let mut f = fpu(0xE);
+    f.xcr0 = 3;
+    state.fpu = Some(f);
+    tcg.ran_elsewhere();
+    let r = tcg.run(&state, mode, counting(&[])).unwrap();
+    assert_eq!((r.state.regs.rax, r.state.fpu.as_ref().unwrap().xcr0, fpu_loads(&tcg)), (0xE, 3, 3));
+    assert_eq!(tcg.loads, 4, "every run here loaded the whole state");
+}
+
+/// A run walks the guest's page tables once per code page, until an INVLPG: a block entered
+/// after the guest mapped its page elsewhere and ran INVLPG is checked and decoded from the new
+/// page, not from the one an earlier walk of the same run found.
+#[test]
+fn a_run_walks_each_code_page_again_after_invlpg() {
+    const Y: u64 = 0x4000_0000; // 1 GiB: PDPT[1] -> PD 0xA000 -> PT 0x9000 -> 4 KiB pages
+    const PT: u64 = 0x9000;
+    let (p1, p2) = (0x20000u64, 0x21000u64);
+    let mov_rax = |v: u64| [&[0x48u8, 0xB8][..], &v.to_le_bytes()].concat();
+    let call_rax = [0xFF, 0xD0];
+    // CODE: call Y; call Y + 0x10; out dx, al
+    let mut code = [mov_rax(Y), call_rax.to_vec(), mov_rax(Y + 0x10), call_rax.to_vec(), vec![0xEE]].concat();
+    code.resize(0x40, 0x90);
+    // CODE + 0x40: call Y; mov qword [PT], p2 | 7; invlpg [Y]; call Y + 0x10; out dx, al
+    let remap =
+        [&[0x48u8, 0xC7, 0x04, 0x25][..], &(PT as u32).to_le_bytes(), &((p2 | 7) as u32).to_le_bytes()].concat();
+    let invlpg = [&[0x0Fu8, 0x01, 0x3C, 0x25][..], &(Y as u32).to_le_bytes()].concat();
+    code.extend(
+        [mov_rax(Y), call_rax.to_vec(), remap, invlpg, mov_rax(Y + 0x10), call_rax.to_vec(), vec![0xEE]].concat(),
+    );
+    let (mem, regs, sregs, mode) = machine(&code);
+    mem.write_obj(0xA007u64, GuestAddress(0x2008)).unwrap();
+    mem.write_obj(PT | 7, GuestAddress(0xA000)).unwrap();
+    mem.write_obj(p1 | 7, GuestAddress(PT)).unwrap();
+    // Y: ret. Y + 0x10: nop; nop; ret on the first page, xchg ax, ax; ret (as long) on the second.
+    mem.write_slice(&[0xC3], GuestAddress(p1)).unwrap();
+    mem.write_slice(&[0x90, 0x90, 0xC3], GuestAddress(p1 + 0x10)).unwrap();
+    mem.write_slice(&[0xC3], GuestAddress(p2)).unwrap();
+    mem.write_slice(&[0x66, 0x90, 0xC3], GuestAddress(p2 + 0x10)).unwrap();
+    let mut tcg = Tcg::new(&mem).unwrap();
+    let counters = [(armed(Semantics::Instructions), u64::MAX)];
+    let r = tcg.run(&CpuState::new(regs, sregs), mode, counting(&counters)).unwrap();
+    // 2 x (mov, call), ret, nop, nop, ret
+    assert_eq!((r.stop, r.retired, r.counts[0], r.state.regs.rip), (Stop::Handover, 8, 8, CODE + 0x18), "{r:?}");
+    let r = tcg.run(&CpuState::new(kvm_regs { rip: CODE + 0x40, ..regs }, sregs), mode, counting(&counters)).unwrap();
+    // mov, call, ret, mov [PT], invlpg, mov, call, xchg, ret: the second page's code.
+    assert_eq!((r.stop, r.retired, r.counts[0]), (Stop::Handover, 9, 9), "{r:?}");
+}

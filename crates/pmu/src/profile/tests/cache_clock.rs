@@ -279,6 +279,12 @@ fn reference_ticks_follow_the_ratio_without_losing_remainders() {
     assert_eq!(nehalem.ref_ticks_at(2_667_000_000), 133_350_000);
     let unvalidated = Clock { tsc_per_ref_numerator: 0, ..Clock::TSC };
     assert_eq!(unvalidated.ref_ticks_at(1000), 0);
+    // Either side of where TSC x denominator stops fitting in 64 bits, the same floor.
+    let wide = Clock { tsc_per_ref_numerator: 3, tsc_per_ref_denominator: 2, ..Clock::TSC };
+    let edge = u64::MAX / 2;
+    for tsc in [edge - 1, edge, edge + 1, edge + 2, u64::MAX] {
+        assert_eq!(u128::from(wide.ref_ticks_at(tsc)), u128::from(tsc) * 2 / 3, "at {tsc:#x}");
+    }
 }
 
 #[test]
