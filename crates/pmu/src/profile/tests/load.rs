@@ -5,12 +5,14 @@ use std::path::PathBuf;
 use super::super::{Profile, ProfileError, DEFAULT_NOMINAL_MHZ};
 use super::{assert_mentions, err};
 
-/// A file in the system temp directory, removed on drop.
+/// A file in a directory of its own in the system temp directory, both removed on drop.
 struct TempFile(PathBuf);
 
 impl TempFile {
     fn new(name: &str, text: &str) -> TempFile {
-        let dir = std::env::temp_dir().join(format!("emon-profile-test-{}", std::process::id()));
+        static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let dir = std::env::temp_dir().join(format!("emon-profile-test-{}-{n}", std::process::id()));
         std::fs::create_dir_all(&dir).expect("create temp dir");
         let path = dir.join(name);
         std::fs::write(&path, text).expect("write temp file");
@@ -24,7 +26,9 @@ impl TempFile {
 
 impl Drop for TempFile {
     fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.0);
+        if let Some(dir) = self.0.parent() {
+            let _ = std::fs::remove_dir_all(dir);
+        }
     }
 }
 
