@@ -100,6 +100,12 @@ impl EngineSlot {
         0
     }
 
+    /// Keeps the times of the event checks on `clock` (tests: see [`EventClock`]).
+    #[cfg(feature = "tcg")]
+    pub fn set_event_clock(&mut self, clock: EventClock) {
+        self.tcg.clock = clock;
+    }
+
     /// The vCPU enters KVM at the boundary: it delivers the interrupts due there.
     pub fn kvm_entered(&mut self) {
         #[cfg(feature = "tcg")]
@@ -122,6 +128,42 @@ impl EngineSlot {
     /// What the run summary says about the engine.
     pub fn notes(&self) -> Vec<String> {
         self.failed.iter().map(|why| format!("counted by single-stepping only ({why})")).collect()
+    }
+}
+
+/// The clock that the event checks of code running without KVM entries keep (a millisecond
+/// apart: "Interrupts and NMIs in user mode" in the README): real time, or, for tests that must
+/// not depend on how fast the machine runs them, one they move by hand.
+#[cfg(feature = "tcg")]
+#[derive(Debug, Clone, Default)]
+pub enum EventClock {
+    #[default]
+    Real,
+    /// Stands at `start` plus what [`EventClock::advance`] added.
+    Manual { start: std::time::Instant, nanos: std::sync::Arc<std::sync::atomic::AtomicU64> },
+}
+
+#[cfg(feature = "tcg")]
+impl EventClock {
+    /// A clock that stands still until it is moved.
+    pub fn manual() -> EventClock {
+        EventClock::Manual { start: std::time::Instant::now(), nanos: Default::default() }
+    }
+
+    /// Moves a manual clock on by `by` (a real one moves by itself).
+    pub fn advance(&self, by: std::time::Duration) {
+        if let EventClock::Manual { nanos, .. } = self {
+            nanos.fetch_add(u64::try_from(by.as_nanos()).unwrap_or(u64::MAX), std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+
+    pub fn now(&self) -> std::time::Instant {
+        match self {
+            EventClock::Real => std::time::Instant::now(),
+            EventClock::Manual { start, nanos } => {
+                *start + std::time::Duration::from_nanos(nanos.load(std::sync::atomic::Ordering::Relaxed))
+            }
+        }
     }
 }
 
@@ -162,6 +204,8 @@ mod tcg_slot {
         /// An event was just taken in kernel code: another may be due as soon as the handler
         /// lets interrupts in again.
         pub kernel_recheck: bool,
+        /// The clock the times above are on.
+        pub clock: super::EventClock,
     }
 
     // SAFETY: the engine (which holds unicorn's non-thread-safe handle) is created in
@@ -189,6 +233,9 @@ mod step_only {
     }
 }
 
+#[cfg(all(test, feature = "tcg"))]
+pub(crate) use fast_forward::EVENT_CHECK;
+
 #[cfg(feature = "tcg")]
 mod fast_forward {
     use super::super::stepper::Pending;
@@ -212,7 +259,7 @@ mod fast_forward {
     /// interrupts that came meanwhile): a tenth of a fast Linux timer tick.
     const FREE_SLICE: Duration = Duration::from_millis(1);
     /// How often KVM is asked for the interrupts due while user code runs in the engine.
-    const EVENT_CHECK: Duration = FREE_SLICE;
+    pub(crate) const EVENT_CHECK: Duration = FREE_SLICE;
     /// What user mode runs at least between two events it takes once one came before it had
     /// (starved): this many instructions, or this much real time.
     const USER_PROGRESS: u64 = 1000;
@@ -239,12 +286,13 @@ mod fast_forward {
                 // delivery); an IRET back to user mode sets it again if its frame has it.
                 self.step.user_tf = false;
                 let slot = &mut self.engine.tcg;
+                let now = slot.clock.now();
                 if let Some(t) = slot.user_since.take() {
-                    slot.user_ran += t.elapsed();
+                    slot.user_ran += now.saturating_duration_since(t);
                 }
-                let since = *slot.kernel_since.get_or_insert_with(Instant::now);
+                let since = *slot.kernel_since.get_or_insert(now);
                 let recheck = slot.kernel_recheck && cx.vcpu.regs()?.rflags & RFLAGS_IF != 0;
-                if (recheck || since.elapsed() >= EVENT_CHECK) && self.take_kernel_event(cx)? {
+                if (recheck || now.saturating_duration_since(since) >= EVENT_CHECK) && self.take_kernel_event(cx)? {
                     // KVM delivers it at this boundary's entry.
                     return Ok(None);
                 }
@@ -353,7 +401,7 @@ mod fast_forward {
         /// vCPU's next entry is at CPL0, where it can be stepped.
         fn take_user_event(&mut self, cx: &mut Cx, mode: &CpuMode) -> Result<bool, BackendError> {
             let slot = &mut self.engine.tcg;
-            let now = Instant::now();
+            let now = slot.clock.now();
             let since = *slot.user_since.get_or_insert(now);
             let progressed = slot.user_retired >= USER_PROGRESS || slot.user_ran + (now - since) >= USER_RUN;
             let starved = slot.user_starved && !progressed;
@@ -430,7 +478,7 @@ mod fast_forward {
         /// instruction, where the CPU takes it too (SDM Vol. 2B, REP); true if one was.
         fn take_kernel_event(&mut self, cx: &mut Cx) -> Result<bool, BackendError> {
             self.engine.tcg.cooldown = 0;
-            self.engine.tcg.kernel_since = Some(Instant::now());
+            self.engine.tcg.kernel_since = Some(self.engine.tcg.clock.now());
             self.stats.event_checks += 1;
             let due = cx.vcpu.due_event()?;
             // The CPU takes the next one at the first boundary where RFLAGS.IF lets it in (SDM

@@ -186,6 +186,14 @@ impl Precise {
         self
     }
 
+    /// Keeps the times of the event checks of code that runs without KVM entries on `clock`
+    /// (tests that must not depend on how fast the machine runs them).
+    #[cfg(feature = "tcg")]
+    pub fn with_event_clock(mut self, clock: engine::EventClock) -> Precise {
+        self.engine.set_event_clock(clock);
+        self
+    }
+
     /// Runs user-mode code in the TCG engine even while nothing counts, and completes SYSCALL
     /// from CPL3 (where the TCG engine is built in and chosen).
     pub fn with_user_in_engine(mut self, on: bool) -> Precise {

@@ -1,6 +1,8 @@
 //! The precise backend's boundary logic against a scripted vCPU: each test says where the vCPU
 //! stopped after an entry, as KVM would report it, and checks what retired and what was counted.
 //! No KVM is involved.
+#[cfg(feature = "tcg")]
+use super::engine::{EventClock, EVENT_CHECK};
 use super::*;
 use crate::testing::Script;
 use crate::vpmu::{Accounting, MsrStats};
@@ -1204,7 +1206,9 @@ fn a_cpl0_rep_string_instruction_longer_than_a_run_stays_in_the_engine_and_takes
     // rep stosb; nop; hlt
     let code = [0xF3, 0xAA, NOP, 0xF4];
     let mut r = Rig::new(&code);
-    r.precise = Precise::with_engine(Engine::Tcg);
+    // The event checks' clock stands still: KVM is asked only where the runs stop midway, however
+    // long each takes on this machine.
+    r.precise = Precise::with_engine(Engine::Tcg).with_event_clock(EventClock::manual());
     (r.vcpu.regs.rcx, r.vcpu.regs.rdi, r.vcpu.regs.rax) = (100_000, 0x10_0000, 0xAB);
     r.count();
     let mut runs = 0;
@@ -1220,7 +1224,7 @@ fn a_cpl0_rep_string_instruction_longer_than_a_run_stays_in_the_engine_and_takes
     assert_eq!(r.pmc(0), 2, "the REP STOSB retired once, then the NOP");
 
     let mut r = Rig::new(&code);
-    r.precise = Precise::with_engine(Engine::Tcg);
+    r.precise = Precise::with_engine(Engine::Tcg).with_event_clock(EventClock::manual());
     (r.vcpu.regs.rcx, r.vcpu.regs.rdi) = (100_000, 0x10_0000);
     r.vcpu.due_events.push_back(Some(DueEvent::Interrupt(TIMER)));
     r.count();
@@ -1281,34 +1285,38 @@ fn the_guests_breakpoints_fire_in_user_mode_run_by_emon() {
 /// Kernel code that emon runs without entering KVM (here a loop that polls RDTSC, which emon
 /// answers, between engine runs) still takes its interrupts: after a millisecond KVM is asked
 /// for the event due, which goes out at the next entry. Once one was, the next is asked for as
-/// soon as RFLAGS.IF lets it in, not a millisecond later.
+/// soon as RFLAGS.IF lets it in, not a millisecond later. The millisecond is on a clock the test
+/// moves, so that it holds however fast the machine runs the test.
 #[cfg(feature = "tcg")]
 #[test]
 fn kernel_code_emon_runs_without_entering_kvm_takes_its_interrupts() {
     use crate::DueEvent;
     // 1: pause; rdtsc; jmp 1b
     let mut r = Rig::new(&[0xF3, 0x90, 0x0F, 0x31, 0xEB, 0xFA]);
-    r.precise = Precise::with_engine(Engine::Tcg);
+    let clock = EventClock::manual();
+    r.precise = Precise::with_engine(Engine::Tcg).with_event_clock(clock.clone());
     r.vcpu.regs.rflags |= RFLAGS_IF;
     r.count();
-    // Until KVM is first asked, with nothing due (the engine is made meanwhile).
-    while r.vcpu.event_probes == 0 {
-        assert_eq!(r.before(true), Next::Retired);
-    }
-    r.vcpu.due_events.extend([Some(DueEvent::Interrupt(TIMER)), Some(DueEvent::Interrupt(TIMER + 1))]);
-    let start = std::time::Instant::now();
-    let mut boundaries = 0;
-    let next = loop {
-        let next = r.before(true);
-        boundaries += 1;
-        if r.vcpu.event_probes > 1 {
-            break next;
+    let boundaries = |r: &mut Rig, n: usize| {
+        for _ in 0..n {
+            assert_eq!(r.before(true), Next::Retired, "the loop runs in the engine and in emon, with no entry");
         }
-        assert_eq!(next, Next::Retired, "the loop runs in the engine and in emon, with no entry");
-        assert!(start.elapsed() < std::time::Duration::from_secs(10), "KVM never asked");
     };
-    assert!(boundaries > 2 && r.pmc(0) > 2, "the loop ran between two questions, with no entry");
-    assert_eq!(next, Next::Run, "KVM's entry, to deliver it");
+    // Short of a millisecond KVM is not asked; past it, it is (nothing due).
+    boundaries(&mut r, 5);
+    clock.advance(EVENT_CHECK - std::time::Duration::from_micros(1));
+    boundaries(&mut r, 5);
+    assert_eq!(r.vcpu.event_probes, 0);
+    clock.advance(std::time::Duration::from_micros(1));
+    boundaries(&mut r, 1);
+    assert_eq!(r.vcpu.event_probes, 1);
+    r.vcpu.due_events.extend([Some(DueEvent::Interrupt(TIMER)), Some(DueEvent::Interrupt(TIMER + 1))]);
+    boundaries(&mut r, 5);
+    assert_eq!(r.vcpu.event_probes, 1, "a millisecond from the last question");
+    assert!(r.pmc(0) > 10, "the loop ran between two questions, with no entry");
+    clock.advance(EVENT_CHECK);
+    assert_eq!(r.before(true), Next::Run, "KVM's entry, to deliver it");
+    assert_eq!(r.vcpu.event_probes, 2);
     assert_eq!(r.vcpu.queued_event, Some(DueEvent::Interrupt(TIMER)));
     // The handler's first instruction retired (here: the loop's, as if the vector's handler were
     // the loop), with IF set again: KVM is asked again at once.
