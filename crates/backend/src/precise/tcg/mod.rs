@@ -749,9 +749,13 @@ impl Tcg {
                 return Ok((Stop::Handover, pc));
             }
             let facts = insn::of(&i);
-            // The code it runs is checked against the snapshot, as a run's blocks are.
+            // The code it runs is checked against the snapshot, as a run's blocks are, with the
+            // page tables walked again (the block hook, which drops its walks at an INVLPG,
+            // stands aside here).
             let len = i.len() as u32;
-            if self.uc.get_data_mut().code.enter(&mem, &mode, pc, len).is_err() {
+            let code = &mut self.uc.get_data_mut().code;
+            code.walks_stale();
+            if code.enter(&mem, &mode, pc, len).is_err() {
                 self.flush()?;
                 self.uc.get_data_mut().code.restart();
             }
