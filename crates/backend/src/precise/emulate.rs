@@ -281,9 +281,9 @@ impl Precise {
     /// [`Self::engine_tsc`] for an engine run at `mode`, in user mode only. Kernel code's go to
     /// KVM: each step is an entry, where KVM delivers the interrupt due at once, as the CPU
     /// does, where the engine takes events only between runs, a millisecond apart (with the
-    /// engine answering kernel code's, a boot on an overloaded machine once panicked in Linux's
-    /// check that the timer's interrupt arrives, which waits on the TSC: README, "Real time in
-    /// the engine"). None above CPL0 with CR4.TSD set either, where RDTSC and RDTSCP raise #GP
+    /// engine answering kernel code's, boots of a starved vCPU panicked in Linux's check that
+    /// the timer's interrupt arrives, which waits on the TSC: README, "Real time in the
+    /// engine"). None above CPL0 with CR4.TSD set either, where RDTSC and RDTSCP raise #GP
     /// (SDM Vol. 2B, RDTSC), which emon raises (`emulate_tsc_read`) without a run that would only
     /// stop at the fault.
     pub(super) fn engine_run_tsc(
