@@ -19,8 +19,8 @@ pub struct CodeSnapshot {
     /// The pages the current run has checked.
     entered: FxHashSet<u64>,
     /// The current run's walks: linear page to guest-physical page, for the pages it found
-    /// mapped, kept as the engine's own TLB keeps them: until the run ends or runs an INVLPG
-    /// ([`CodeSnapshot::walks_stale`]).
+    /// mapped, kept as the engine's own TLB keeps them: until the next run begins, or this one
+    /// runs an INVLPG ([`CodeSnapshot::walks_stale`]).
     walks: FxHashMap<u64, u64>,
     /// The translations must go whatever the pages hold: none are known to be clean (a new
     /// engine, or instruction-counting translations made by `step_to_overflow`).
@@ -86,17 +86,20 @@ impl CodeSnapshot {
     ) -> Result<[Option<u64>; 2], Changed> {
         let mut phys = [None; 2];
         for (k, la) in [addr, addr + u64::from(size.max(1)) - 1].into_iter().enumerate() {
-            let walked = match self.walks.get(&(la & !(PAGE - 1))) {
-                Some(&page) => Some(page),
-                None => mode.translate(mem, la).map(|pa| pa & !(PAGE - 1)),
-            };
-            let Some(page) = walked else {
-                // A page the engine runs but emon cannot find: trust nothing next time.
-                self.stale = true;
-                continue;
+            let linear = la & !(PAGE - 1);
+            let page = match self.walks.get(&linear) {
+                Some(&page) => page,
+                None => {
+                    let Some(pa) = mode.translate(mem, la) else {
+                        // A page the engine runs but emon cannot find: trust nothing next time.
+                        self.stale = true;
+                        continue;
+                    };
+                    self.walks.insert(linear, pa & !(PAGE - 1));
+                    pa & !(PAGE - 1)
+                }
             };
             phys[k] = Some(page);
-            self.walks.insert(la & !(PAGE - 1), page);
             if !self.entered.insert(page) {
                 continue;
             }
@@ -120,7 +123,6 @@ impl CodeSnapshot {
     /// what was decoded from them before is then old.
     pub fn end(&mut self, mem: &GuestMemoryMmap) -> bool {
         let mut written = false;
-        self.walks.clear();
         for page in self.entered.drain() {
             if let Some(bytes) = self.pages.get_mut(&page) {
                 match guest_page(mem, page) {

@@ -254,9 +254,14 @@ fn load_fpu(uc: &mut Unicorn<'static, Data>, f: &Fpu, s: &kvm_sregs) -> Result<(
     let regs = [(RegisterX86::RDI, m.at(private::DATA, 0))];
     trampoline(uc, m, (private::CODE, private::FXRSTOR, end), &regs, s.cr3, "FXRSTOR64")?;
     uc.get_data_mut().fpu_loads += 1;
-    // Without CR4.OSXSAVE, XCR0 stays what it was, which emon does not know.
-    uc.get_data_mut().fpu = (s.cr4 & CR4_OSXSAVE != 0).then(|| Fpu::legacy_only(f.legacy.clone(), f.xcr0));
+    hold_fpu(uc, s, Fpu::legacy_only(f.legacy.clone(), f.xcr0));
     uc.reg_write(RegisterX86::CR0, s.cr0).map_err(uc_err("loading CR0"))
+}
+
+/// Records that the engine's x87/SSE registers and XCR0 hold `f` (`Data::fpu`), as just loaded
+/// or read. Without CR4.OSXSAVE neither XSETBV nor XGETBV ran, so emon does not know XCR0.
+fn hold_fpu(uc: &mut Unicorn<'static, Data>, s: &kvm_sregs, f: Fpu) {
+    uc.get_data_mut().fpu = (s.cr4 & CR4_OSXSAVE != 0).then_some(f);
 }
 
 /// The legacy region (FXSAVE64) and XCR0 the engine holds now. Clobbers the general registers:
@@ -282,7 +287,7 @@ pub fn store_fpu(uc: &mut Unicorn<'static, Data>, s: &kvm_sregs) -> Result<Fpu, 
     }
     uc.reg_write(RegisterX86::CR0, s.cr0).map_err(uc_err("loading CR0"))?;
     let f = Fpu::legacy_only(legacy, xcr0);
-    uc.get_data_mut().fpu = (s.cr4 & CR4_OSXSAVE != 0).then(|| f.clone());
+    hold_fpu(uc, s, f.clone());
     Ok(f)
 }
 
