@@ -401,7 +401,7 @@ fn print_statistics(r: &vmm::RunReport) {
     eprintln!("PMU state at the end of the run:\n{}", r.pmu.dump());
     eprintln!("file descriptors: {} at the first KVM_RUN, {} at the end", e.fds_at_start, e.fds_at_end);
     eprintln!("register ioctls (vCPU ioctls kvm_run and the register cache could not spare): {}", e.register_ioctls);
-    eprintln!("RDTSC and RDTSCP of user mode in the TCG engine: {}", e.engine_tsc);
+    eprintln!("RDTSC and RDTSCP in the TCG engine (kernel code's with interrupts masked): {}", e.engine_tsc);
     eprintln!(
         "PMIs: {} fixed-vector, {} NMI, {} masked, {} dropped",
         v.pmis.fixed, v.pmis.nmi, v.pmis.masked, v.pmis.dropped

@@ -39,6 +39,11 @@ impl Precise {
             Special::Rdtsc | Special::Rdtscp if virtual_time || (p.cpl == 3 && self.user_in_engine()) => {
                 self.emulate_tsc_read(cx, p, i, mode)?
             }
+            // Kernel code's where nothing KVM holds may come in before it, as for the PMU's MSRs
+            // below: a step in KVM would only read the same clock.
+            Special::Rdtsc | Special::Rdtscp if p.cpl < 3 && Self::nothing_due(cx, queued)? => {
+                self.emulate_tsc_read(cx, p, i, mode)?
+            }
             Special::Fence => {
                 let regs = cx.vcpu.regs()?;
                 self.complete(cx, p, i, regs)?
@@ -79,14 +84,13 @@ impl Precise {
             Special::Rdmsr | Special::Wrmsr if p.cpl == 0 => {
                 let regs = cx.vcpu.regs()?;
                 let msr = (regs.rcx & 0xFFFF_FFFF) as u32;
-                // Nothing KVM holds may be delivered before it: no PMI queued, and interrupts
-                // masked (an interrupt the guest raised, a self-IPI say, comes in before the next
-                // instruction where RFLAGS.IF lets it, SDM Vol. 3A 6.8.1).
-                let nothing_due = !queued && regs.rflags & RFLAGS_IF == 0;
+                let nothing_due = Self::nothing_due(cx, queued)?;
+                let deadline_write = i.special == Special::Wrmsr && nothing_due;
                 if i.special == Special::Rdmsr && virtual_time && msr == IA32_TSC {
                     self.emulate_tsc_read(cx, p, i, mode)?
-                } else if msr == IA32_TSC_DEADLINE && self.clock.virtual_tsc().is_some() {
-                    // The deadline timer's MSR, on the model's side of the guest's time.
+                } else if msr == IA32_TSC_DEADLINE && (self.clock.virtual_tsc().is_some() || deadline_write) {
+                    // The deadline timer's MSR: on the model's side of the guest's time, or
+                    // written as the VMM (KVM arms its timer as at the guest's WRMSR).
                     self.emulate_tsc_deadline(cx, p, i, regs)?
                 } else if Pmu::owns(msr) && nothing_due {
                     self.emulate_pmu_msr(cx, p, i, msr, regs)?
@@ -101,6 +105,15 @@ impl Precise {
             }
             _ => return Ok(None),
         }))
+    }
+
+    /// Whether nothing KVM holds may be delivered before the instruction at this CPL0 boundary: no
+    /// PMI queued (`queued`), and interrupts masked (an interrupt the guest raised, a self-IPI
+    /// say, comes in before the next instruction where RFLAGS.IF lets it, SDM Vol. 3A 6.8.1).
+    /// emon may then complete the instruction itself instead of a step in KVM, an entry that
+    /// would deliver it first.
+    fn nothing_due(cx: &mut Cx, queued: bool) -> Result<bool, BackendError> {
+        Ok(!queued && cx.vcpu.regs()?.rflags & RFLAGS_IF == 0)
     }
 
     /// An instruction emon emulated retires: its effect on the registers, `regs`, is written back
@@ -278,20 +291,22 @@ impl Precise {
         Ok(cx.vcpu.tsc_window()?)
     }
 
-    /// [`Self::engine_tsc`] for an engine run at `mode`, in user mode only. Kernel code's go to
-    /// KVM: each step is an entry, where KVM delivers the interrupt due at once, as the CPU
-    /// does, where the engine takes events only between runs, a millisecond apart (with the
-    /// engine answering kernel code's, boots of a starved vCPU panicked in Linux's check that
-    /// the timer's interrupt arrives, which waits on the TSC: README, "Real time in the
-    /// engine"). None above CPL0 with CR4.TSD set either, where RDTSC and RDTSCP raise #GP
-    /// (SDM Vol. 2B, RDTSC), which emon raises (`emulate_tsc_read`) without a run that would only
-    /// stop at the fault.
+    /// [`Self::engine_tsc`] for an engine run at `mode`. Kernel code's (below CPL3) only with RFLAGS.IF clear
+    /// (the run stops before a read once IF is set: `Counting::tsc_if_clear`): where IF is set,
+    /// KVM may hold an interrupt the CPU would take before the read, and a step in KVM is an entry
+    /// that delivers it first, where the engine takes events only between runs, a millisecond
+    /// apart (with the engine answering reads under IF too, boots of a starved vCPU panicked in
+    /// Linux's check that the timer's interrupt arrives, which polls the TSC with interrupts on:
+    /// README, "Real time in the engine"). None above CPL0 with CR4.TSD set either, where RDTSC
+    /// and RDTSCP raise #GP (SDM Vol. 2B, RDTSC), which emon raises (`emulate_tsc_read`) without
+    /// a run that would only stop at the fault.
     pub(super) fn engine_run_tsc(
         &mut self,
         cx: &mut Cx,
         mode: &CpuMode,
     ) -> Result<Option<crate::TscWindow>, BackendError> {
-        if mode.cpl == 0 || mode.cr4 & CR4_TSD != 0 {
+        let kernel = mode.cpl < 3;
+        if mode.cpl > 0 && mode.cr4 & CR4_TSD != 0 || kernel && cx.vcpu.regs()?.rflags & RFLAGS_IF != 0 {
             return Ok(None);
         }
         self.engine_tsc(cx)
@@ -302,6 +317,9 @@ impl Precise {
     /// moves by the difference between the two (both ways), and the timer fires as far ahead
     /// as the guest asked. Without this, a guest that counts with the deadline timer armed sets
     /// deadlines already past on KVM's side: an interrupt storm. 0 disarms it either way.
+    /// In real time (the guest's TSC is KVM's) a WRMSR goes to KVM as it is, as the VMM's write,
+    /// where nothing KVM holds is due first: the timer's deadline on every Linux tick, a step
+    /// each otherwise.
     fn emulate_tsc_deadline(
         &mut self,
         cx: &mut Cx,
@@ -309,8 +327,10 @@ impl Precise {
         i: &Insn,
         mut regs: kvm_bindings::kvm_regs,
     ) -> Result<Next, BackendError> {
-        let virtual_now = self.clock.virtual_tsc().expect("checked by the caller");
-        let kvm_ahead = cx.vcpu.guest_tsc()?.wrapping_sub(virtual_now);
+        let kvm_ahead = match self.clock.virtual_tsc() {
+            Some(virtual_now) => cx.vcpu.guest_tsc()?.wrapping_sub(virtual_now),
+            None => 0,
+        };
         if i.special == Special::Wrmsr {
             let deadline = (regs.rdx << 32) | (regs.rax & 0xFFFF_FFFF);
             let on_kvm = if deadline == 0 { 0 } else { deadline.wrapping_add(kvm_ahead) };

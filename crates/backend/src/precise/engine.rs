@@ -728,6 +728,7 @@ mod fast_forward {
                     watch: watch.clone(),
                     withhold_sti: counts_here,
                     tsc: self.engine_run_tsc(cx, mode)?,
+                    tsc_if_clear: mode.cpl < 3,
                 };
                 let engine = self.engine.tcg.engine.get(cx.vcpu.memory()).expect("made above");
                 let run = match engine.run(&state, *mode, counting) {
@@ -774,7 +775,7 @@ mod fast_forward {
                 slot.cooldown = match (mode.cpl, run.retired, run.stop) {
                     (3, ..) => 0,
                     (_, 0, _) => TCG_COOLDOWN,
-                    (_, _, tcg::Stop::Handover) => 0,
+                    (_, _, tcg::Stop::Handover | tcg::Stop::InterruptsOn) => 0,
                     _ => 1,
                 };
                 return Ok(Some((state, run)));

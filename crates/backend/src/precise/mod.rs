@@ -99,7 +99,8 @@ pub struct Stats {
     /// With nothing counting and CPL0 code stepped in KVM (`--cpl0 kvm`, user mode in the
     /// engine): the returns to user mode the engine ran.
     pub free_returns: u64,
-    /// RDMSR/WRMSR of IA32_TSC_DEADLINE translated between the model's and KVM's guest TSC.
+    /// RDMSR/WRMSR of IA32_TSC_DEADLINE emon completed: translated between the model's and KVM's
+    /// guest TSC, or (in real time) written as the VMM.
     pub tsc_deadlines: u64,
     /// RDMSR/WRMSR of the PMU's MSRs completed by emon (not stepped in KVM).
     pub pmu_msrs: u64,
@@ -119,8 +120,8 @@ pub struct Stats {
     pub breakpoints_unchecked: std::collections::BTreeMap<String, u64>,
     /// Returns to user mode (SYSRET, IRET) the engine completed where KVM was to step them.
     pub returns_completed: u64,
-    /// RDTSC, RDTSCP and RDMSR(IA32_TSC) emon completed (from the modelled guest time, or at
-    /// CPL3).
+    /// RDTSC, RDTSCP and RDMSR(IA32_TSC) emon completed (from the modelled guest time, at CPL3,
+    /// or in kernel code with nothing due before them).
     pub tsc_reads: u64,
     /// RDTSC and RDTSCP the engine ran, answered from the host's TSC (`Vcpu::tsc_window`).
     pub engine_tsc_reads: u64,
@@ -559,7 +560,7 @@ impl Backend for Precise {
         let s = &self.stats;
         let engine = self.engine.account(s.engine_retired, s.engine_runs);
         format!(
-            "precise backend: {} instructions counted ({engine}; {} without their own single-step trap), {} interrupts/exceptions seen while stepping, {} HLT, {} RDPMC and {} TSC reads emulated ({} more in the engine, from the host's TSC), {} TSC deadline accesses translated, {} PMU MSR accesses completed, {} branches recorded in the LBR stack, {} PEBS records written ({} not, the buffer full), stepping switched {} times, {} counters reprogrammed",
+            "precise backend: {} instructions counted ({engine}; {} without their own single-step trap), {} interrupts/exceptions seen while stepping, {} HLT, {} RDPMC and {} TSC reads emulated ({} more in the engine, from the host's TSC), {} TSC deadline accesses completed, {} PMU MSR accesses completed, {} branches recorded in the LBR stack, {} PEBS records written ({} not, the buffer full), stepping switched {} times, {} counters reprogrammed",
             s.retired,
             s.lost_traps,
             s.events,

@@ -901,19 +901,64 @@ fn user_mode_rdtsc_reads_the_window_or_faults_under_tsd() {
     }
 }
 
-/// Kernel RDTSC goes to KVM where user mode's runs in the engine: a step, an entry at which KVM
-/// delivers the interrupt due at once, which a kernel loop waiting on the TSC for one needs (the
-/// engine takes events only between runs).
+/// Kernel RDTSC where the vCPU has a window on the guest's TSC, in real time: with RFLAGS.IF
+/// clear the engine answers it (no interrupt KVM holds can come in before it); with IF set it
+/// goes to KVM, a step, an entry at which KVM delivers the interrupt due at once, which a kernel
+/// loop waiting on the TSC for one needs (the engine takes events only between runs).
 #[cfg(feature = "tcg")]
 #[test]
-fn kernel_rdtsc_is_stepped_in_kvm_with_a_window_on_the_guests_tsc() {
-    // rdtsc; nop; nop
-    let mut r = Rig::new(&[0x0F, 0x31, NOP, NOP]);
-    r.precise = Precise::with_engine(Engine::Tcg).with_user_in_engine(true).with_real_time();
-    r.vcpu.tsc_window = Some(crate::TscWindow { offset: 0, floor: 1 << 60, aux: 0 });
-    r.count();
-    assert_eq!(r.before(true), Next::Run, "KVM steps it");
-    assert_eq!((r.vcpu.regs.rip, r.vcpu.tsc_given), (CODE, 0), "nothing ran or was given");
+fn kernel_rdtsc_runs_in_the_engine_with_interrupts_masked_and_in_kvm_without() {
+    let floor = (1 << 60) + 12345;
+    for interrupts in [false, true] {
+        // rdtsc; nop; hlt
+        let mut r = Rig::new(&[0x0F, 0x31, NOP, 0xF4]);
+        r.precise = Precise::with_engine(Engine::Tcg).with_user_in_engine(true).with_real_time();
+        r.vcpu.tsc_window = Some(crate::TscWindow { offset: 0, floor, aux: 0 });
+        if interrupts {
+            r.vcpu.regs.rflags |= RFLAGS_IF;
+        }
+        r.count();
+        if interrupts {
+            assert_eq!(r.before(true), Next::Run, "KVM steps it");
+            assert_eq!((r.vcpu.regs.rip, r.vcpu.tsc_given), (CODE, 0), "nothing ran or was given");
+        } else {
+            assert_eq!(r.before(true), Next::Retired, "in the engine");
+            assert_eq!((r.vcpu.regs.rip, r.vcpu.regs.rax, r.vcpu.tsc_given), (CODE + 3, floor & 0xFFFF_FFFF, floor));
+            assert_eq!((r.precise.stats.engine_tsc_reads, r.pmc(0)), (1, 2));
+        }
+    }
+}
+
+/// Where kernel code is stepped (no engine), in real time: RDTSC and a WRMSR of
+/// IA32_TSC_DEADLINE with nothing KVM holds due first (RFLAGS.IF clear, no PMI queued) are
+/// emon's to complete: the TSC read from KVM's, the deadline written to KVM as it is, and no
+/// step; otherwise KVM steps them, an entry that delivers what is due first.
+#[test]
+fn kernel_tsc_reads_and_deadlines_with_nothing_due_are_completed_without_a_step() {
+    // rdtsc; wrmsr; nop
+    let code = [0x0F, 0x31, 0x0F, 0x30, NOP];
+    for (rflags, queued) in [(2, false), (2 | RFLAGS_IF, false), (2, true)] {
+        let mut r = Rig::new(&code);
+        r.precise = Precise::with_engine(Engine::Step).with_real_time();
+        r.vcpu.tsc = 1 << 40;
+        r.count();
+        r.vcpu.regs.rflags = rflags;
+        if queued {
+            r.precise.event_queued();
+        }
+        let due = rflags != 2 || queued;
+        if due {
+            assert_eq!(r.before(true), Next::Run, "{rflags:#x} {queued}: KVM steps the RDTSC");
+            assert_eq!(r.precise.stats.tsc_reads, 0);
+            continue;
+        }
+        assert_eq!(r.before(true), Next::Retired, "RDTSC completed by emon");
+        assert_eq!((r.vcpu.regs.rip, r.vcpu.regs.rax, r.vcpu.regs.rdx), (CODE + 2, 0, 1 << 8));
+        (r.vcpu.regs.rcx, r.vcpu.regs.rax, r.vcpu.regs.rdx) = (0x6E0, 0x1234, 0x100);
+        assert_eq!(r.before(true), Next::Retired, "WRMSR of the deadline completed by emon");
+        assert_eq!((r.vcpu.regs.rip, r.vcpu.tsc_deadline), (CODE + 4, 0x100_0000_1234), "as written");
+        assert_eq!((r.precise.stats.tsc_reads, r.precise.stats.tsc_deadlines, r.pmc(0)), (1, 1, 2));
+    }
 }
 
 /// A REP string instruction in user mode whose source runs into a page that is not present: the

@@ -84,12 +84,42 @@ pub struct Withheld {
     pub tsc: bool,
 }
 
+impl Withheld {
+    /// What decides whether the engine runs `i` among the run's conditions: each flag set where
+    /// `i` is what it withholds.
+    fn deciding(i: &Instruction) -> Withheld {
+        Withheld { user_access: opens_user_access(i), sti: i.mnemonic() == Mnemonic::Sti, tsc: reads_tsc(i) }
+    }
+
+    fn union(self, other: Withheld) -> Withheld {
+        Withheld {
+            user_access: self.user_access || other.user_access,
+            sti: self.sti || other.sti,
+            tsc: self.tsc || other.tsc,
+        }
+    }
+
+    /// Whether code decoded for `self` is decoded alike for `other`, where only the flags set in
+    /// `deciding` decide anything of it.
+    pub fn alike(self, other: Withheld, deciding: Withheld) -> bool {
+        (!deciding.user_access || self.user_access == other.user_access)
+            && (!deciding.sti || self.sti == other.sti)
+            && (!deciding.tsc || self.tsc == other.tsc)
+    }
+}
+
+/// Whether `i` reads the time-stamp counter: RDTSC or RDTSCP (RDMSR of IA32_TSC is handed over
+/// as any RDMSR).
+pub fn reads_tsc(i: &Instruction) -> bool {
+    matches!(i.mnemonic(), Mnemonic::Rdtsc | Mnemonic::Rdtscp)
+}
+
 /// Whether the engine may run `i` in a run that withholds `withheld` (see [`classify`]).
 pub fn class_in(i: &Instruction, info: &mut InstructionInfoFactory, withheld: Withheld) -> Class {
     if withheld.user_access && opens_user_access(i) || withheld.sti && i.mnemonic() == Mnemonic::Sti {
         return Class::HandedOver;
     }
-    if !withheld.tsc && matches!(i.mnemonic(), Mnemonic::Rdtsc | Mnemonic::Rdtscp) && !i.has_lock_prefix() {
+    if !withheld.tsc && reads_tsc(i) && !i.has_lock_prefix() {
         return Class::Runs(Needs::NONE);
     }
     classify(i, info)
@@ -346,6 +376,8 @@ pub struct Block {
     pub rep_string: Option<RepString>,
     /// It has an INVLPG.
     pub flushes_tlb: bool,
+    /// It reads the TSC (RDTSC or RDTSCP) in the engine.
+    pub reads_tsc: bool,
     /// Per armed counter: the events of every instruction but the last.
     pub body: Vec<u64>,
     /// Per armed counter: the last instruction's events when it branches and when it does not.
@@ -361,6 +393,10 @@ pub struct Block {
     /// and the run's cache model, loaded state and what it withholds (see [`decode_block`]).
     pub from: [Option<u64>; 2],
     pub decoded_for: (bool, Needs, Withheld),
+    /// The run's conditions its instructions are subject to: a run that withholds otherwise
+    /// only where these are the same decodes it alike (runs at CPL0 with and without a window on
+    /// the TSC share every block that does not read it).
+    pub deciding: Withheld,
     /// The size of the translated block it was decoded for (TCG translates code it has seen
     /// written again, often to another size).
     pub size: u32,
@@ -369,6 +405,16 @@ pub struct Block {
 }
 
 impl Block {
+    /// Whether the block serves a run that enters `size` bytes from the pages `from`, decoded for
+    /// `wanted` (see [`decode_block`]).
+    pub fn serves(&self, from: [Option<u64>; 2], wanted: (bool, Needs, Withheld), size: u32) -> bool {
+        let (cache, loaded, withheld) = self.decoded_for;
+        self.from == from
+            && self.size == size
+            && (cache, loaded) == (wanted.0, wanted.1)
+            && withheld.alike(wanted.2, self.deciding)
+    }
+
     /// Sums what the block adds to each armed counter (`counting`: the counter counts at the
     /// run's privilege level).
     pub fn sums(&mut self, armed: &[Armed], counting: &[bool]) {
@@ -427,6 +473,8 @@ pub fn decode_block(
     let mut ends_in_sti = false;
     let mut ends_in_sysret = false;
     let mut flushes_tlb = false;
+    let mut tsc = false;
+    let mut deciding = Withheld::default();
     // The first two instructions, to tell a lone one.
     let mut single: Vec<Instruction> = Vec::with_capacity(2);
     let mut d = Decoder::with_ip(64, &bytes, addr, DecoderOptions::NONE);
@@ -436,6 +484,7 @@ pub fn decode_block(
         // The smallest line a profile may have: the bound holds whatever the profile's line.
         let accesses = if cache { access::max_lines(&i, MIN_CACHE_LINE).ok() } else { Some(0) };
         let class = class_in(&i, &mut info, withheld);
+        deciding = deciding.union(Withheld::deciding(&i));
         match (i.is_invalid(), class, accesses) {
             (false, Class::Runs(n), Some(l)) if n.met_by(loaded) => {
                 lines += l;
@@ -445,6 +494,7 @@ pub fn decode_block(
                 ends_in_sti = i.mnemonic() == Mnemonic::Sti;
                 ends_in_sysret = i.code() == Code::Sysretq;
                 flushes_tlb |= i.mnemonic() == Mnemonic::Invlpg;
+                tsc |= reads_tsc(&i);
                 insns.push((i.ip(), insn::of(&i)));
                 if single.len() < 2 {
                     single.push(i);
@@ -481,6 +531,7 @@ pub fn decode_block(
         self_loop,
         rep_string,
         flushes_tlb,
+        reads_tsc: tsc,
         body: Vec::new(),
         last_taken: Vec::new(),
         last_not: Vec::new(),
@@ -490,6 +541,7 @@ pub fn decode_block(
         lines,
         from: [None; 2],
         decoded_for: (cache, loaded, withheld),
+        deciding,
         size: size as u32,
         seen: 0,
     }

@@ -91,6 +91,8 @@ pub struct Acc {
     pub lbr: Option<LbrTail>,
     /// What the run hands over that the engine could run.
     pub withheld: Withheld,
+    /// RDTSC and RDTSCP run only with RFLAGS.IF clear ([`Counting::tsc_if_clear`]).
+    pub tsc_if_clear: bool,
 }
 
 impl Acc {
@@ -103,7 +105,7 @@ impl Acc {
         loaded: Needs,
         (decoded, run): (Decoded, u64),
     ) -> Acc {
-        let Counting { armed, clock, budget, cache, deadline, lbr, watch, withhold_sti, tsc } = counting;
+        let Counting { armed, clock, budget, cache, deadline, lbr, watch, withhold_sti, tsc, tsc_if_clear } = counting;
         Acc {
             mode,
             mem,
@@ -141,6 +143,7 @@ impl Acc {
             changed: false,
             lbr,
             withheld: Withheld { user_access: watch.user_data, sti: withhold_sti, tsc: tsc.is_none() },
+            tsc_if_clear,
         }
         .tracking()
     }
@@ -157,13 +160,7 @@ impl Acc {
     pub fn enter(&mut self, found: Option<u32>, addr: u64, size: u32, from: [Option<u64>; 2]) -> u32 {
         let wanted = (self.cache.is_some(), self.loaded, self.withheld);
         let k = match found {
-            Some(k)
-                if self.blocks[k as usize].from == from
-                    && self.blocks[k as usize].decoded_for == wanted
-                    && self.blocks[k as usize].size == size =>
-            {
-                k
-            }
+            Some(k) if self.blocks[k as usize].serves(from, wanted, size) => k,
             _ => {
                 if self.blocks.len() >= MAX_BLOCKS {
                     self.blocks.clear();
@@ -359,7 +356,7 @@ fn unicorn_gpr(r: iced_x86::Register) -> Option<RegisterX86> {
     })
 }
 
-use emon_x86::arch::RFLAGS_TF;
+use emon_x86::arch::{RFLAGS_IF, RFLAGS_TF};
 
 /// Blocks between two looks at the clock (a look costs about as much as a short block).
 const DEADLINE_EVERY: u64 = 256;
@@ -409,7 +406,6 @@ pub fn on_block(uc: &mut Unicorn<'_, Data>, addr: u64, size: u32) {
         }
     }
     let data = uc.get_data_mut();
-    let data_stops = &data.stops;
     let Some(acc) = data.acc.as_mut() else { return };
     let k = match acc.index.get(&addr).copied() {
         Some(k) if acc.blocks[k as usize].seen == acc.run && acc.blocks[k as usize].size == size => k,
@@ -422,6 +418,20 @@ pub fn on_block(uc: &mut Unicorn<'_, Data>, addr: u64, size: u32) {
             }
         },
     };
+    if acc.tsc_if_clear && acc.blocks[k as usize].reads_tsc {
+        // RFLAGS.IF as at its RDTSC: only STI and IRETQ set IF in a run, and each ends its block.
+        let interrupts_on = uc.reg_read(RegisterX86::RFLAGS).map_or(true, |f| f & RFLAGS_IF != 0);
+        if interrupts_on {
+            let Some(acc) = uc.get_data_mut().acc.as_mut() else { return };
+            acc.stop = Some(Stop::InterruptsOn);
+            acc.accesses.clear();
+            let _ = uc.emu_stop();
+            return;
+        }
+    }
+    let data = uc.get_data_mut();
+    let data_stops = &data.stops;
+    let Some(acc) = data.acc.as_mut() else { return };
     let block = &acc.blocks[k as usize];
     let (runnable, n, needs, stops_at) = (block.runnable, block.insns.len(), block.needs, block.stops_at);
     let (insns_need, self_loop, flushes_tlb) = (block.insns_need, block.self_loop, block.flushes_tlb);
@@ -480,8 +490,15 @@ pub fn on_breakpoint(uc: &mut Unicorn<'_, Data>, _addr: u64, _size: u32) {
 
 /// A stop hook: the engine stops before the handed-over instruction at `addr`, which a block it
 /// ran leads to (only during a run: not in a trampoline or a completion).
-pub fn on_stop(uc: &mut Unicorn<'_, Data>, _addr: u64, _size: u32) {
-    let Some(acc) = uc.get_data_mut().acc.as_mut() else { return };
+pub fn on_stop(uc: &mut Unicorn<'_, Data>, addr: u64, _size: u32) {
+    let data = uc.get_data_mut();
+    let tsc = data.tsc_stops.contains(&addr);
+    let Some(acc) = data.acc.as_mut() else { return };
+    if tsc && !acc.withheld.tsc {
+        // RDTSC or RDTSCP, stopped at for a run without a window on the TSC; this run has one
+        // (and its block hook saw RFLAGS.IF where the window needs it clear).
+        return;
+    }
     acc.stop = Some(Stop::Handover);
     let _ = uc.emu_stop();
 }

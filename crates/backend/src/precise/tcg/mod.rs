@@ -79,6 +79,9 @@ pub enum Stop {
     Overflowed,
     /// Before an instruction at one of the guest's instruction breakpoints ([`Watch::exec`]).
     Breakpoint,
+    /// Before a block that reads the TSC, with RFLAGS.IF set by an STI or IRETQ the run ran,
+    /// where its window serves only code with IF clear ([`Counting::tsc_if_clear`]).
+    InterruptsOn,
     /// Before a block TCG could not translate: an instruction in it crosses into a page that
     /// cannot be fetched from. TCG then ends the run with no exception, where the CPU would run
     /// the instructions before that one and fault on it (SDM Vol. 3A 6.15, #PF): the caller
@@ -126,6 +129,9 @@ pub struct Counting<'a> {
     /// Where RDTSC and RDTSCP read the guest's TSC in the engine; `None`: they are handed over
     /// ([`Withheld::tsc`]).
     pub tsc: Option<crate::TscWindow>,
+    /// The window serves only code with RFLAGS.IF clear: the run stops before a block that reads
+    /// the TSC once IF is set ([`Stop::InterruptsOn`]).
+    pub tsc_if_clear: bool,
 }
 
 /// What one engine run retired, and the vCPU state it left.
@@ -170,8 +176,10 @@ pub struct Run {
 pub struct Data {
     acc: Option<Acc>,
     trampoline: Option<(u64, u64)>,
-    /// Where the engine has stop hooks (see [`Tcg::run`]).
+    /// Where the engine has stop hooks (see [`Tcg::run`]), and which of them are before RDTSC or
+    /// RDTSCP: those are not stops in a run with a window on the TSC ([`on_stop`]).
     stops: FxHashSet<u64>,
+    tsc_stops: FxHashSet<u64>,
     /// What the engine's translations were made from (README, "The TCG engine").
     code: CodeSnapshot,
     /// The vector of the exception that stopped the engine, if one did.
@@ -209,6 +217,7 @@ impl Data {
             acc: None,
             trampoline: None,
             stops: Default::default(),
+            tsc_stops: Default::default(),
             code: CodeSnapshot::new(),
             fault: None,
             decoded: Decoded::default(),
@@ -578,7 +587,9 @@ impl Tcg {
             if let Some((block, size, at)) = acc.cut.take() {
                 // The block hook stopped before the block: nothing of it ran.
                 acc.stop = None;
-                self.add_stop(at, block, size)?;
+                let bytes = mode.fetch(&self.mem, at);
+                let reads_tsc = blocks::reads_tsc(&Decoder::with_ip(64, &bytes, at, DecoderOptions::NONE).decode());
+                self.add_stop(at, block, size, reads_tsc)?;
                 pc = now;
                 continue;
             }
@@ -604,14 +615,19 @@ impl Tcg {
     }
 
     /// Stops the engine before the handed-over instruction at `at` from now on, and drops the
-    /// translation of the block at `block` (of `size` bytes) that was made without the stop.
-    fn add_stop(&mut self, at: u64, block: u64, size: u32) -> Result<(), TcgError> {
+    /// translation of the block at `block` (of `size` bytes) that was made without the stop;
+    /// `reads_tsc`: the instruction is RDTSC or RDTSCP.
+    fn add_stop(&mut self, at: u64, block: u64, size: u32, reads_tsc: bool) -> Result<(), TcgError> {
         if self.stops.len() >= MAX_STOPS {
             self.flush()?;
         }
         let hook = self.uc.add_code_hook(at, at, on_stop).map_err(uc_err("adding a stop"))?;
         self.stops.insert(at, hook);
-        self.uc.get_data_mut().stops.insert(at);
+        let data = self.uc.get_data_mut();
+        data.stops.insert(at);
+        if reads_tsc {
+            data.tsc_stops.insert(at);
+        }
         self.uc.ctl_remove_cache(block, block + u64::from(size).max(1)).map_err(uc_err("dropping a translation"))
     }
 
@@ -619,7 +635,9 @@ impl Tcg {
     /// unicorn calls it straight from the translation, and the hook's data goes with the hook
     /// (a translation that outlived it called freed memory: emon died of SIGSEGV).
     fn drop_stop(&mut self, at: u64) -> Result<(), TcgError> {
-        self.uc.get_data_mut().stops.remove(&at);
+        let data = self.uc.get_data_mut();
+        data.stops.remove(&at);
+        data.tsc_stops.remove(&at);
         if let Some(hook) = self.stops.remove(&at) {
             self.uc.remove_hook(hook).map_err(uc_err("removing a stop"))?;
             self.uc.ctl_remove_cache(at, at + 1).map_err(uc_err("dropping a translation"))?;
@@ -640,6 +658,7 @@ impl Tcg {
         let data = self.uc.get_data_mut();
         data.flushes += 1;
         data.stops.clear();
+        data.tsc_stops.clear();
         // The decoded blocks go with the translations.
         data.decoded = Decoded::default();
         if let Some(acc) = data.acc.as_mut() {

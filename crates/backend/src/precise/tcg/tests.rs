@@ -68,6 +68,7 @@ fn counting(armed: &[(Armed, u64)]) -> Counting<'_> {
         watch: Watch::default(),
         withhold_sti: true,
         tsc: None,
+        tsc_if_clear: false,
     }
 }
 
@@ -186,6 +187,66 @@ fn rdtsc_runs_in_the_engine_with_a_window_on_the_guests_tsc() {
     assert!(before <= first && first < second && second <= after, "{before} {first} {second} {after}");
     let r = run(&mut tcg, None);
     assert_eq!((r.stop, r.state.regs.rip, r.retired, r.tsc), (Stop::Handover, CODE, 0, TscGiven::default()));
+}
+
+/// A window that serves only code with RFLAGS.IF clear (`Counting::tsc_if_clear`): the run
+/// reads the TSC before an STI, and stops before the block that would read it after (IF set
+/// there), the instructions before retired. A stop a run without a window put before an RDTSC
+/// is no stop in a run with one, and stays for the next run without (no translation made
+/// again); that run stops at it.
+#[test]
+fn a_window_for_code_with_interrupts_masked_stops_before_a_read_once_sti_ran() {
+    // nop; rdtsc; mov rbx, rax; sti; nop; rdtsc; out dx, al
+    let code = [0x90, 0x0F, 0x31, 0x48, 0x89, 0xC3, 0xFB, 0x90, 0x0F, 0x31, 0xEE];
+    let (mem, regs, sregs, mode) = machine(&code);
+    let mut tcg = Tcg::new(&mem).unwrap();
+    let counters = [(armed(Semantics::Instructions), u64::MAX)];
+    let floor = crate::host_tsc() + (1 << 50);
+    let window = Some(crate::TscWindow { offset: 0, floor, aux: 0 });
+    let masked_only = |tsc| Counting { tsc, tsc_if_clear: true, withhold_sti: false, ..counting(&counters) };
+    let state = CpuState::new(regs, sregs);
+    let r = tcg.run(&state, mode, masked_only(None)).unwrap();
+    assert_eq!((r.stop, r.state.regs.rip, r.retired), (Stop::Handover, CODE + 1, 1), "no window: before the RDTSC");
+    assert!(tcg.uc.get_data().tsc_stops.contains(&(CODE + 1)));
+    let translations = tcg.flushes();
+    let r = tcg.run(&state, mode, masked_only(window)).unwrap();
+    assert_eq!((r.stop, r.state.regs.rip, r.retired), (Stop::InterruptsOn, CODE + 8, 5));
+    assert_eq!((r.state.regs.rbx, r.tsc), (floor & 0xFFFF_FFFF, TscGiven { reads: 1, last: Some(floor) }));
+    assert_ne!(r.state.regs.rflags & RFLAGS_IF, 0);
+    assert_eq!(r.counts, vec![5]);
+    assert!(tcg.stops.contains_key(&(CODE + 1)), "the stop stays");
+    let r = tcg.run(&state, mode, masked_only(None)).unwrap();
+    assert_eq!((r.stop, r.state.regs.rip, r.retired), (Stop::Handover, CODE + 1, 1), "stopped at it again");
+    assert_eq!(tcg.flushes(), translations);
+    // Where the window serves any code, both reads run.
+    let r = tcg.run(&state, mode, Counting { tsc_if_clear: false, ..masked_only(window) }).unwrap();
+    assert_eq!((r.stop, r.state.regs.rip, r.retired, r.tsc.reads), (Stop::Handover, CODE + 10, 6, 2));
+}
+
+/// A block decoded for a run with a window on the TSC serves a run without one, and the other
+/// way round, unless it reads the TSC: runs at CPL0 with RFLAGS.IF clear have the window and
+/// runs with IF set do not, and decoding every block again at each switch cost a boot a third of
+/// its time. Likewise for STI and what opens user memory to the kernel.
+#[test]
+fn a_decoded_block_serves_runs_that_withhold_otherwise_only_what_it_does_not_have() {
+    // nop; out dx, al | nop; rdtsc; out dx, al | sti | stac
+    let code = [0x90, 0xEE, 0x90, 0x0F, 0x31, 0xEE, 0xFB, 0x0F, 0x01, 0xCB];
+    let (mem, _, _, mode) = machine(&code);
+    let window = Withheld::default();
+    let none = Withheld { tsc: true, ..window };
+    let all = Withheld { user_access: true, sti: true, tsc: true };
+    let serves = |(at, size): (u64, usize), made: Withheld, wanted: Withheld| {
+        let b = blocks::decode_block(&mode, &mem, (at, size), false, Needs::NONE, made);
+        b.serves([None; 2], (false, Needs::NONE, wanted), size as u32)
+    };
+    assert!(serves((CODE, 2), window, none) && serves((CODE, 2), none, all), "no RDTSC, STI or STAC");
+    assert!(!serves((CODE + 2, 4), window, none) && !serves((CODE + 2, 4), none, window), "an RDTSC");
+    assert!(serves((CODE + 2, 4), none, Withheld { sti: true, ..none }));
+    assert!(!serves((CODE + 6, 1), window, Withheld { sti: true, ..window }), "an STI");
+    assert!(!serves((CODE + 7, 3), window, Withheld { user_access: true, ..window }), "a STAC");
+    let b = blocks::decode_block(&mode, &mem, (CODE, 2), false, Needs::NONE, window);
+    assert!(!b.serves([None; 2], (true, Needs::NONE, window), 2), "decoded without the cache model");
+    assert!(!b.serves([None; 2], (false, Needs::NONE, window), 3), "another size");
 }
 
 /// CMASK compares each instruction's count (emon's per-cycle unit) with the threshold, INV
