@@ -291,15 +291,14 @@ impl Precise {
         Ok(cx.vcpu.tsc_window()?)
     }
 
-    /// [`Self::engine_tsc`] for an engine run at `mode`. Kernel code's (below CPL3) only with RFLAGS.IF clear
-    /// (the run stops before a read once IF is set: `Counting::tsc_if_clear`): where IF is set,
-    /// KVM may hold an interrupt the CPU would take before the read, and a step in KVM is an entry
-    /// that delivers it first, where the engine takes events only between runs, a millisecond
-    /// apart (with the engine answering reads under IF too, boots of a starved vCPU panicked in
-    /// Linux's check that the timer's interrupt arrives, which polls the TSC with interrupts on:
-    /// README, "Real time in the engine"). None above CPL0 with CR4.TSD set either, where RDTSC
-    /// and RDTSCP raise #GP (SDM Vol. 2B, RDTSC), which emon raises (`emulate_tsc_read`) without
-    /// a run that would only stop at the fault.
+    /// [`Self::engine_tsc`] for an engine run at `mode`. Kernel code's (below CPL3) only with
+    /// RFLAGS.IF clear (the run stops before a read once IF is set: `Counting::tsc_if_clear`):
+    /// where IF is set, KVM may hold an interrupt the CPU would take before the read (SDM Vol. 3A
+    /// 6.8.1), and a step in KVM is an entry that delivers it first, where the engine takes
+    /// events only between runs, a millisecond apart (README, "Real time in the engine"). None
+    /// above CPL0 with CR4.TSD set either, where RDTSC and RDTSCP raise #GP (SDM Vol. 2B,
+    /// RDTSC), which emon raises (`emulate_tsc_read`) without a run that would only stop at the
+    /// fault.
     pub(super) fn engine_run_tsc(
         &mut self,
         cx: &mut Cx,

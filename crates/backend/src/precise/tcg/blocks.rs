@@ -116,10 +116,11 @@ pub fn reads_tsc(i: &Instruction) -> bool {
 
 /// Whether the engine may run `i` in a run that withholds `withheld` (see [`classify`]).
 pub fn class_in(i: &Instruction, info: &mut InstructionInfoFactory, withheld: Withheld) -> Class {
-    if withheld.user_access && opens_user_access(i) || withheld.sti && i.mnemonic() == Mnemonic::Sti {
+    let is = Withheld::deciding(i);
+    if withheld.user_access && is.user_access || withheld.sti && is.sti {
         return Class::HandedOver;
     }
-    if !withheld.tsc && reads_tsc(i) && !i.has_lock_prefix() {
+    if !withheld.tsc && is.tsc && !i.has_lock_prefix() {
         return Class::Runs(Needs::NONE);
     }
     classify(i, info)

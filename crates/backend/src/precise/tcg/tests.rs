@@ -225,8 +225,8 @@ fn a_window_for_code_with_interrupts_masked_stops_before_a_read_once_sti_ran() {
 
 /// A block decoded for a run with a window on the TSC serves a run without one, and the other
 /// way round, unless it reads the TSC: runs at CPL0 with RFLAGS.IF clear have the window and
-/// runs with IF set do not, and decoding every block again at each switch cost a boot a third of
-/// its time. Likewise for STI and what opens user memory to the kernel.
+/// runs with IF set do not, and decoding every block again at each switch made a boot about a
+/// quarter slower. Likewise for STI and what opens user memory to the kernel.
 #[test]
 fn a_decoded_block_serves_runs_that_withhold_otherwise_only_what_it_does_not_have() {
     // nop; out dx, al | nop; rdtsc; out dx, al | sti | stac
