@@ -66,6 +66,7 @@ impl Precise {
             // At CPL3 it raises #GP(0), which KVM raises.
             Special::Invlpg if p.cpl == 0 => {
                 cx.vcpu.flush_tlb()?;
+                self.engine.tlb_flushed();
                 let regs = cx.vcpu.regs()?;
                 self.complete(cx, p, i, regs)?
             }

@@ -77,7 +77,7 @@ impl EngineSlot {
     }
 
     /// Engine runs that loaded the whole vCPU state.
-    fn loads(&self) -> u64 {
+    pub fn loads(&self) -> u64 {
         #[cfg(feature = "tcg")]
         return self.tcg.engine.loads();
         #[cfg(not(feature = "tcg"))]
@@ -123,6 +123,13 @@ impl EngineSlot {
             self.tcg.events_asked = None;
             self.tcg.engine.ran_elsewhere();
         }
+    }
+
+    /// emon completed an INVLPG (SDM Vol. 2A, INVLPG): the engine's translations may be old, as
+    /// after KVM ran the guest.
+    pub fn tlb_flushed(&mut self) {
+        #[cfg(feature = "tcg")]
+        self.tcg.engine.ran_elsewhere();
     }
 
     /// What the run summary says about the engine.

@@ -1240,6 +1240,34 @@ fn an_engine_run_through_invlpg_has_kvm_drop_its_translations() {
     }
 }
 
+/// An INVLPG that emon completes at a step boundary drops the engine's translations too, not
+/// only KVM's: the engine's next run loads the whole state, which flushes its TLB, where it would
+/// otherwise go on from the state it held. Here the INVLPG overflows the counter, so the engine
+/// stops before it, the stepper retires it in emon, and the engine runs on after it: no KVM entry
+/// comes in between.
+#[cfg(feature = "tcg")]
+#[test]
+fn an_invlpg_emon_completes_has_the_engine_drop_its_translations() {
+    // nop; jmp $+2 | invlpg [rax] | nop; nop; hlt
+    let code = [NOP, 0xEB, 0x00, 0x0F, 0x01, 0x38, NOP, NOP, 0xF4];
+    let mut r = Rig::new(&code);
+    // The event checks' clock stands still: KVM is not asked for events however long the
+    // boundaries take on this machine.
+    r.precise = Precise::with_engine(Engine::Tcg).with_event_clock(EventClock::manual());
+    r.count();
+    // The INVLPG (a block of its own) overflows the counter: the run stops before it.
+    r.wrmsr(msr::IA32_PMC0, (1 << 48) - 3);
+    assert_eq!(r.before(true), Next::Retired);
+    assert_eq!(r.vcpu.regs.rip, CODE + 3, "the engine stopped short of the overflow");
+    let (loads, runs) = (r.precise.engine.loads(), r.precise.stats.engine_runs);
+    assert_eq!(r.before(true), Next::Retired, "INVLPG is retired by emon");
+    assert_eq!((r.vcpu.regs.rip, r.vcpu.tlb_flushes, r.precise.stats.engine_runs), (CODE + 6, 1, runs));
+    assert_eq!(r.before(true), Next::Retired);
+    assert_eq!(r.vcpu.regs.rip, CODE + code.len() as u64 - 1, "the engine ran up to the HLT");
+    assert_eq!(r.precise.stats.engine_runs, runs + 1);
+    assert_eq!(r.precise.engine.loads(), loads + 1, "the engine's run loads the whole state");
+}
+
 /// A CPL0 REP string instruction whose iterations outrun one engine run goes on in the engine:
 /// KVM is asked for the events due between two runs (it is not entered, which would run all the
 /// remaining iterations at once), and one that is due goes out at the next entry, between two

@@ -32,6 +32,13 @@ impl Needs {
     pub fn union(self, other: Needs) -> Needs {
         Needs { fpu: self.fpu || other.fpu, msrs: self.msrs || other.msrs }
     }
+
+    /// Whether a block decoded for a run that loaded `self` is decoded alike for one that loaded
+    /// `other`: its runnable instructions, which need `used`, have it in both, and the one it
+    /// stopped at for want of `stopped_for` (if it stopped so) lacks it in both.
+    pub fn alike(self, other: Needs, used: Needs, stopped_for: Needs) -> bool {
+        self == other || used.met_by(other) && (stopped_for == Needs::NONE || !stopped_for.met_by(other))
+    }
 }
 
 /// Whether the engine runs an instruction.
@@ -388,6 +395,9 @@ pub struct Block {
     pub cycles_body: u64,
     pub cycles_taken: u64,
     pub cycles_not: u64,
+    /// The armed counters, and whether each counts at the run's privilege level, that the sums
+    /// above are for: a run that arms the same finds them made.
+    pub summed_for: Option<(Vec<Armed>, Vec<bool>)>,
     /// The most cache lines its data accesses can touch (counted only with a cache model).
     pub lines: u64,
     /// What it was decoded from and for: the guest-physical pages of its first and last byte,
@@ -412,13 +422,17 @@ impl Block {
         let (cache, loaded, withheld) = self.decoded_for;
         self.from == from
             && self.size == size
-            && (cache, loaded) == (wanted.0, wanted.1)
+            && cache == wanted.0
+            && loaded.alike(wanted.1, self.insns_need, self.needs)
             && withheld.alike(wanted.2, self.deciding)
     }
 
     /// Sums what the block adds to each armed counter (`counting`: the counter counts at the
     /// run's privilege level).
     pub fn sums(&mut self, armed: &[Armed], counting: &[bool]) {
+        if self.summed_for.as_ref().is_some_and(|(a, c)| a[..] == *armed && c[..] == *counting) {
+            return;
+        }
         let n = self.insns.len();
         let per = |a: &Armed, on: bool, (rip, i): &(u64, Insn), taken: bool| {
             if on {
@@ -438,6 +452,7 @@ impl Block {
         self.cycles_body = self.insns[..n.saturating_sub(1)].iter().map(|(_, i)| cycles(i, false)).sum();
         self.cycles_taken = last.map_or(0, |(_, i)| cycles(i, true));
         self.cycles_not = last.map_or(0, |(_, i)| cycles(i, false));
+        self.summed_for = Some((armed.to_vec(), counting.to_vec()));
     }
 }
 
@@ -539,6 +554,7 @@ pub fn decode_block(
         cycles_body: 0,
         cycles_taken: 0,
         cycles_not: 0,
+        summed_for: None,
         lines,
         from: [None; 2],
         decoded_for: (cache, loaded, withheld),

@@ -65,6 +65,9 @@ pub struct Acc {
     /// stopping the engine before the block after the one the step entered (`single_entered`).
     pub single: bool,
     pub single_entered: bool,
+    /// The step's instruction went on to the block after it (taken for a branch to itself, where
+    /// RIP alone cannot tell it from a fault that left RIP where it was).
+    pub single_left: bool,
     /// The instruction that brought a counter to its overflow, where the run stopped right after
     /// it (`Stop::Overflowed`).
     pub overflowed_at: Option<u64>,
@@ -131,6 +134,7 @@ impl Acc {
             sysret: false,
             single: false,
             single_entered: false,
+            single_left: false,
             overflowed_at: None,
             accesses: Vec::new(),
             decoded: FxHashMap::default(),
@@ -155,8 +159,8 @@ impl Acc {
 
     /// The block at `addr` (of `size` bytes, its pages at `from`) the first time this run
     /// enters it (the hook runs at every execution of every block): decoded again unless an
-    /// earlier run decoded it from the same pages for the same state, and summed for this
-    /// run's counters. Its index in `blocks`.
+    /// earlier run decoded it alike from the same pages, and summed for this run's counters
+    /// unless an earlier run armed the same. Its index in `blocks`.
     pub fn enter(&mut self, found: Option<u32>, addr: u64, size: u32, from: [Option<u64>; 2]) -> u32 {
         let wanted = (self.cache.is_some(), self.loaded, self.withheld);
         let k = match found {
@@ -377,6 +381,7 @@ pub fn on_block(uc: &mut Unicorn<'_, Data>, addr: u64, size: u32) {
     if acc.single {
         // One instruction (`Tcg::step_to_overflow`): whatever block follows it does not run.
         if std::mem::replace(&mut acc.single_entered, true) {
+            acc.single_left = true;
             let _ = uc.emu_stop();
         }
         return;

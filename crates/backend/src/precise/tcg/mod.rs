@@ -789,7 +789,7 @@ impl Tcg {
                 *stop_after = Some((at, self.stop_at(pc, next)?));
             }
             let a = acc(&mut self.uc);
-            (a.stop, a.single_entered) = (None, false);
+            (a.stop, a.single_entered, a.single_left) = (None, false, false);
             let r = state::start(&mut self.uc, pc, 0);
             let faulted = acc(&mut self.uc).stop == Some(Stop::Fault) || r.is_err();
             let next = self.uc.reg_read(RegisterX86::RIP).map_err(uc_err("reading RIP"))?;
@@ -797,9 +797,10 @@ impl Tcg {
                 // One iteration of a REP string instruction: it retires after its last.
                 continue;
             }
-            // No progress but for a branch to itself: the instruction faulted (unicorn ends a run
-            // at some faults without calling the interrupt hook).
-            if faulted || next == pc && !matches!(facts.flow, insn::Flow::Direct { .. }) {
+            // No progress but for a branch to itself (which entered the block after it): the
+            // instruction faulted (unicorn ends a run at some faults without calling the interrupt
+            // hook; a CALL whose push faults leaves RIP at the CALL, as any direct branch to itself).
+            if faulted || next == pc && !acc(&mut self.uc).single_left {
                 acc(&mut self.uc).accesses.clear();
                 return Ok((Stop::Fault, next));
             }
