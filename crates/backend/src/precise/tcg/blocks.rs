@@ -413,6 +413,9 @@ pub struct Block {
     pub size: u32,
     /// The run that last entered it (its sums are that run's).
     pub seen: u64,
+    /// The blocks control went on to after it last, by address and index in the blocks: the
+    /// block hook finds the next block here before it looks it up.
+    pub next: [Option<(u64, u32)>; 2],
 }
 
 impl Block {
@@ -561,5 +564,6 @@ pub fn decode_block(
         deciding,
         size: size as u32,
         seen: 0,
+        next: [None; 2],
     }
 }

@@ -194,6 +194,31 @@ impl Acc {
         k
     }
 
+    /// The index of the block at `addr`, which control reached from block `prev`: where it went
+    /// from there before, else from the index (a hash lookup, most of the block hook's time when
+    /// it was the only way).
+    fn lookup(&self, prev: Option<u32>, addr: u64) -> Option<u32> {
+        let memo = prev.and_then(|p| self.blocks.get(p as usize)).map_or([None; 2], |b| b.next);
+        match memo.into_iter().flatten().find(|&(at, _)| at == addr) {
+            Some((_, k)) => Some(k),
+            None => self.index.get(&addr).copied(),
+        }
+    }
+
+    /// Control went on from block `prev` to block `k` at `addr`: remembered in `prev` for the
+    /// next time. (Any pair it holds agrees with the index, which maps an address to the same
+    /// block until both are cleared together.)
+    fn went_on(&mut self, prev: Option<u32>, addr: u64, k: u32) {
+        if let Some(b) = prev.and_then(|p| self.blocks.get_mut(p as usize)) {
+            if b.next[0] != Some((addr, k)) {
+                if b.next[0].is_some_and(|(at, _)| at != addr) {
+                    b.next[1] = b.next[0];
+                }
+                b.next[0] = Some((addr, k));
+            }
+        }
+    }
+
     /// The decoded blocks, for the next run.
     pub fn take_decoded(&mut self) -> Decoded {
         Decoded { blocks: std::mem::take(&mut self.blocks), index: std::mem::take(&mut self.index) }
@@ -412,7 +437,7 @@ pub fn on_block(uc: &mut Unicorn<'_, Data>, addr: u64, size: u32) {
     }
     let data = uc.get_data_mut();
     let Some(acc) = data.acc.as_mut() else { return };
-    let k = match acc.index.get(&addr).copied() {
+    let k = match acc.lookup(prev, addr) {
         Some(k) if acc.blocks[k as usize].seen == acc.run && acc.blocks[k as usize].size == size => k,
         found => match data.code.enter(&acc.mem, &acc.mode, addr, size) {
             Ok(from) => acc.enter(found, addr, size, from),
@@ -423,6 +448,7 @@ pub fn on_block(uc: &mut Unicorn<'_, Data>, addr: u64, size: u32) {
             }
         },
     };
+    acc.went_on(prev, addr, k);
     if acc.tsc_if_clear && acc.blocks[k as usize].reads_tsc {
         // RFLAGS.IF as at its RDTSC: only STI and IRETQ set IF in a run, and each ends its block.
         let interrupts_on = uc.reg_read(RegisterX86::RFLAGS).map_or(true, |f| f & RFLAGS_IF != 0);

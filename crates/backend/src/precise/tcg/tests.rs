@@ -756,6 +756,58 @@ fn user_code_stepped_to_an_overflow_stops_at_a_faulting_call_without_counting_it
     assert_eq!((r.stop, r.state.regs.rip, r.retired, r.counts[0]), (Stop::Overflowed, CODE, 3, 3), "{r:?}");
 }
 
+/// A block that goes on to either of two blocks of the same size in the same page, which differ
+/// in their instruction count: the block hook finds each by its address (the memo of where
+/// control went from a block holds two, and either may be the wrong one).
+#[test]
+fn a_block_with_two_successors_finds_each_by_its_address() {
+    // 1: test cl, 1; jz 3f | 2: xchg ax, ax; jmp 4f | 3: nop; nop; jmp 4f | 4: dec rcx; jnz 1b; hlt
+    let code = [
+        0xF6, 0xC1, 0x01, 0x74, 0x04, 0x66, 0x90, 0xEB, 0x04, 0x90, 0x90, 0xEB, 0x00, 0x48, 0xFF, 0xC9, 0x75, 0xEE,
+        0xF4,
+    ];
+    let (mem, mut regs, sregs, mode) = machine(&code);
+    regs.rcx = 10;
+    let mut tcg = Tcg::new(&mem).unwrap();
+    let counters = [(armed(Semantics::Instructions), u64::MAX)];
+    let r = tcg.run(&CpuState::new(regs, sregs), mode, counting(&counters)).unwrap();
+    assert_eq!((r.stop, r.state.regs.rip, r.state.regs.rcx), (Stop::Handover, CODE + 18, 0));
+    // Per pass: TEST, JZ, DEC, JNZ, and 2 (RCX odd) or 3 (even) in between.
+    assert_eq!(r.counts, vec![10 * 4 + 5 * 2 + 5 * 3]);
+}
+
+/// A run through more blocks than the engine keeps decoded drops them all midway (blocks and
+/// index together), and counts on exactly: the block hook finds a block from the one before it
+/// where control went from there before (by address), and that memo never outlives the index it
+/// agrees with. Blocks of the same size and page differ in their instruction count, so finding
+/// the wrong one shows in the counts, and the first block goes on to either of two of them.
+#[test]
+fn a_run_through_more_blocks_than_are_kept_counts_exactly_across_the_drop() {
+    // 1: test cl, 1; jz 3f | 2: xchg ax, ax; jmp 4f | 3: nop; nop; jmp 4f |
+    // 4: (xchg ax, ax; jmp $+2 | nop; nop; jmp $+2) x N/2; dec rcx; jnz 1b; hlt
+    let n = MAX_BLOCKS + 100;
+    let mut code = vec![0xF6, 0xC1, 0x01, 0x74, 0x04, 0x66, 0x90, 0xEB, 0x04, 0x90, 0x90, 0xEB, 0x00];
+    code.extend([0x66, 0x90, 0xEB, 0x00, 0x90, 0x90, 0xEB, 0x00].repeat(n / 2));
+    code.extend([0x48, 0xFF, 0xC9]);
+    // jnz rel32, back to the start
+    let rel = -((code.len() + 6) as i32);
+    code.extend([0x0F, 0x85]);
+    code.extend(rel.to_le_bytes());
+    code.push(0xF4);
+    let (mem, mut regs, sregs, mode) = machine(&code);
+    let passes = 3;
+    regs.rcx = passes;
+    let mut tcg = Tcg::new(&mem).unwrap();
+    let counters =
+        [(armed(Semantics::Instructions), u64::MAX), (armed(Semantics::Branches(BranchFilter::ALL)), u64::MAX)];
+    let r = tcg.run(&CpuState::new(regs, sregs), mode, counting(&counters)).unwrap();
+    assert!(r.blocks > passes * n as u64, "{r:?}");
+    assert_eq!((r.stop, r.state.regs.rip, r.state.regs.rcx), (Stop::Handover, CODE + code.len() as u64 - 1, 0));
+    // Each pass: the TEST and JZ, the DEC and JNZ, the blocks; RCX odd, even, odd: 2, 3, 2 more.
+    let instructions = passes * (4 + n as u64 / 2 * 5) + 2 + 3 + 2;
+    assert_eq!(r.counts, vec![instructions, passes * (n as u64 + 3)]);
+}
+
 /// An x87/SSE state with XMM0 = `xmm0` and the rest as after FNINIT.
 fn fpu(xmm0: u128) -> Fpu {
     let mut legacy = Box::new([0u8; emon_x86::fpu::LEGACY]);
