@@ -9,6 +9,17 @@ use emon_pmu::profile::Clock;
 /// TSC the model ran ahead (README, "Guest time").
 pub const TSC_CATCH_UP_LIMIT: std::time::Duration = std::time::Duration::from_secs(10);
 
+/// Where RDTSC and RDTSCP read the guest's TSC in the TCG engine (README, "Guest time").
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TscSource {
+    /// Real time: the host's TSC, through the window on the guest's.
+    Host(crate::TscWindow),
+    /// A counted stretch's time: `base` plus the model clock at the instruction (the core cycles
+    /// of every instruction before it), as emon answers a read at a step boundary
+    /// ([`GuestClock::virtual_tsc`]); `aux` is IA32_TSC_AUX, RDTSCP's ECX.
+    Model { base: u64, aux: u32 },
+}
+
 /// See the module documentation.
 #[derive(Debug, Clone)]
 pub struct GuestClock {
@@ -64,6 +75,11 @@ impl GuestClock {
     /// clock since, plus real time halted. `None` outside a counted stretch.
     pub fn virtual_tsc(&self) -> Option<u64> {
         self.stretch.map(|(tsc, cycles, halted)| tsc.wrapping_add(self.cycles - cycles).wrapping_add(halted))
+    }
+
+    /// What the model's TSC adds the model clock to: `virtual_tsc` is this plus `cycles`.
+    pub fn model_base(&self) -> Option<u64> {
+        self.virtual_tsc().map(|t| t.wrapping_sub(self.cycles))
     }
 
     /// The guest's TSC now: the model's in a counted stretch, KVM's otherwise.

@@ -4,6 +4,7 @@
 //! time"), RDMSR and WRMSR of the PMU's MSRs (a KVM round trip each), the fences (after which
 //! some hosts lose the single-step trap), and INVLPG (a KVM round trip per page on a host that
 //! emulates CPL0 code).
+use super::clock::TscSource;
 use super::stepper::Pending;
 use super::Precise;
 use crate::{BackendError, Cx, Next};
@@ -267,12 +268,12 @@ impl Precise {
         let tsc = match self.engine_tsc(cx)? {
             // From the host's TSC, as the engine answers it: no ioctl, and in step with the
             // engine's values.
-            Some(w) => {
+            Some(TscSource::Host(w)) => {
                 let tsc = w.now();
                 cx.vcpu.tsc_given(tsc);
                 tsc
             }
-            None => self.clock.guest_tsc(cx)?,
+            _ => self.clock.guest_tsc(cx)?,
         };
         regs.rax = tsc & 0xFFFF_FFFF;
         regs.rdx = tsc >> 32;
@@ -283,33 +284,36 @@ impl Precise {
     }
 
     /// Where RDTSC and RDTSCP read the guest's TSC in the engine (and where emon answers them
-    /// at CPL3, alike): `None` in a counted stretch whose time follows the model (README,
-    /// "Guest time"), or where this host's TSC cannot bound it; they are then handed over.
-    pub(super) fn engine_tsc(&mut self, cx: &mut Cx) -> Result<Option<crate::TscWindow>, BackendError> {
-        if self.clock.virtual_tsc().is_some() {
-            return Ok(None);
-        }
-        Ok(cx.vcpu.tsc_window()?)
+    /// at CPL3, alike): in a counted stretch whose time follows the model, the model clock at the
+    /// instruction (README, "Guest time"); otherwise the host's TSC, where it bounds the guest's;
+    /// `None`: they are handed over.
+    pub(super) fn engine_tsc(&mut self, cx: &mut Cx) -> Result<Option<TscSource>, BackendError> {
+        let window = cx.vcpu.tsc_window()?;
+        let Some(base) = self.clock.model_base() else { return Ok(window.map(TscSource::Host)) };
+        let aux = match window {
+            Some(w) => w.aux,
+            None => cx.vcpu.get_msr(IA32_TSC_AUX)? as u32,
+        };
+        Ok(Some(TscSource::Model { base, aux }))
     }
 
-    /// [`Self::engine_tsc`] for an engine run at `mode`. Kernel code's (below CPL3) only with
-    /// RFLAGS.IF clear (the run stops before a read once IF is set: `Counting::tsc_if_clear`):
-    /// where IF is set, KVM may hold an interrupt the CPU would take before the read (SDM Vol. 3A
-    /// 6.8.1), and a step in KVM is an entry that delivers it first, where the engine takes
-    /// events only between runs, a millisecond apart (README, "Real time in the engine"). None
-    /// above CPL0 with CR4.TSD set either, where RDTSC and RDTSCP raise #GP (SDM Vol. 2B,
-    /// RDTSC), which emon raises (`emulate_tsc_read`) without a run that would only stop at the
-    /// fault.
-    pub(super) fn engine_run_tsc(
-        &mut self,
-        cx: &mut Cx,
-        mode: &CpuMode,
-    ) -> Result<Option<crate::TscWindow>, BackendError> {
-        let kernel = mode.cpl < 3;
-        if mode.cpl > 0 && mode.cr4 & CR4_TSD != 0 || kernel && cx.vcpu.regs()?.rflags & RFLAGS_IF != 0 {
+    /// [`Self::engine_tsc`] for an engine run at `mode`. None above CPL0 with CR4.TSD set, where
+    /// RDTSC and RDTSCP raise #GP (SDM Vol. 2B, RDTSC), which emon raises (`emulate_tsc_read`)
+    /// without a run that would only stop at the fault. Real time for kernel code (below CPL3)
+    /// only with RFLAGS.IF clear (the run stops before a read once IF is set:
+    /// `Counting::tsc_if_clear`): where IF is set, KVM may hold an interrupt the CPU would take
+    /// before the read (SDM Vol. 3A 6.8.1), and a step in KVM is an entry that delivers it first,
+    /// where the engine takes events only between runs, a millisecond apart (README, "Real time in
+    /// the engine"). The model's time at an instruction is the same whenever an interrupt comes.
+    pub(super) fn engine_run_tsc(&mut self, cx: &mut Cx, mode: &CpuMode) -> Result<Option<TscSource>, BackendError> {
+        if mode.cpl > 0 && mode.cr4 & CR4_TSD != 0 {
             return Ok(None);
         }
-        self.engine_tsc(cx)
+        let source = self.engine_tsc(cx)?;
+        if mode.cpl < 3 && matches!(source, Some(TscSource::Host(_))) && cx.vcpu.regs()?.rflags & RFLAGS_IF != 0 {
+            return Ok(None);
+        }
+        Ok(source)
     }
 
     /// RDMSR and WRMSR of IA32_TSC_DEADLINE while the guest's TSC follows the model: KVM's

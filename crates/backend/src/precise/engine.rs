@@ -245,6 +245,7 @@ pub(crate) use fast_forward::EVENT_CHECK;
 
 #[cfg(feature = "tcg")]
 mod fast_forward {
+    use super::super::clock::TscSource;
     use super::super::stepper::Pending;
     use super::super::tcg::{self, Class, CpuState, Needs};
     use super::super::{Precise, RFLAGS_TF};
@@ -720,6 +721,7 @@ mod fast_forward {
                 // on time for interrupts too (at CPL0 KVM delivers them at the next step; at CPL3
                 // KVM is asked): STI runs there, and what it lets in waits for the run's end.
                 let deadline = (mode.cpl == 3 || !counts_here).then(|| Instant::now() + FREE_SLICE);
+                let tsc = self.engine_run_tsc(cx, mode)?;
                 let counting = tcg::Counting {
                     armed: &armed,
                     clock,
@@ -734,8 +736,8 @@ mod fast_forward {
                     lbr: self.branches.tail(cx.pmu),
                     watch: watch.clone(),
                     withhold_sti: counts_here,
-                    tsc: self.engine_run_tsc(cx, mode)?,
-                    tsc_if_clear: mode.cpl < 3,
+                    tsc,
+                    tsc_if_clear: mode.cpl < 3 && matches!(tsc, Some(TscSource::Host(_))),
                 };
                 let engine = self.engine.tcg.engine.get(cx.vcpu.memory()).expect("made above");
                 let run = match engine.run(&state, *mode, counting) {
@@ -751,6 +753,7 @@ mod fast_forward {
                     cx.vcpu.tsc_given(last);
                     self.stats.engine_tsc_reads += run.tsc.reads;
                 }
+                self.stats.engine_model_tsc_reads += run.tsc.model_reads;
                 tracing::trace!(
                     rip = format_args!("{:#x}", state.regs.rip),
                     cpl = mode.cpl,

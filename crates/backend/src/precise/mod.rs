@@ -125,6 +125,8 @@ pub struct Stats {
     pub tsc_reads: u64,
     /// RDTSC and RDTSCP the engine ran, answered from the host's TSC (`Vcpu::tsc_window`).
     pub engine_tsc_reads: u64,
+    /// Reads of the model's time in a counted stretch the engine answered.
+    pub engine_model_tsc_reads: u64,
     /// RDTSC, RDTSCP or RDMSR that retired in counted code without their own single-step trap,
     /// so in KVM, reading real time (README, "Guest time").
     pub tsc_unseen: u64,
@@ -560,7 +562,7 @@ impl Backend for Precise {
         let s = &self.stats;
         let engine = self.engine.account(s.engine_retired, s.engine_runs);
         format!(
-            "precise backend: {} instructions counted ({engine}; {} without their own single-step trap), {} interrupts/exceptions seen while stepping, {} HLT, {} RDPMC and {} TSC reads emulated ({} more in the engine, from the host's TSC), {} TSC deadline accesses completed, {} PMU MSR accesses completed, {} branches recorded in the LBR stack, {} PEBS records written ({} not, the buffer full), stepping switched {} times, {} counters reprogrammed",
+            "precise backend: {} instructions counted ({engine}; {} without their own single-step trap), {} interrupts/exceptions seen while stepping, {} HLT, {} RDPMC and {} TSC reads emulated ({} more in the engine from the host's TSC, {} from the model's), {} TSC deadline accesses completed, {} PMU MSR accesses completed, {} branches recorded in the LBR stack, {} PEBS records written ({} not, the buffer full), stepping switched {} times, {} counters reprogrammed",
             s.retired,
             s.lost_traps,
             s.events,
@@ -568,6 +570,7 @@ impl Backend for Precise {
             s.rdpmc,
             s.tsc_reads,
             s.engine_tsc_reads,
+            s.engine_model_tsc_reads,
             s.tsc_deadlines,
             s.pmu_msrs,
             self.branches.lbr_recorded,

@@ -1355,7 +1355,43 @@ fn the_guests_breakpoints_fire_in_user_mode_run_by_emon() {
     assert!(r.precise.stats.user_to_kvm.is_empty() && r.precise.stats.debugged_in_kvm == 0, "nothing went to KVM");
 }
 
-/// Kernel code that emon runs without entering KVM (here a loop that polls RDTSC, which emon
+/// In a counted stretch the engine's RDTSC and RDTSCP read the model's time as emon answers them
+/// at step boundaries: the same values, and the same model clock after, as the stepper's (here
+/// with RFLAGS.IF set, where the engine reads real time only with it clear).
+#[cfg(feature = "tcg")]
+#[test]
+fn the_engine_reads_the_models_time_as_the_stepper_answers_it() {
+    // nop; rdtsc; mov rbx, rax; mov rsi, rdx; rdtscp; hlt
+    let code = [NOP, 0x0F, 0x31, 0x48, 0x89, 0xC3, 0x48, 0x89, 0xD6, 0x0F, 0x01, 0xF9, 0xF4];
+    let rig = |engine| {
+        let mut r = Rig::new(&code);
+        r.precise = Precise::with_engine(engine).with_event_clock(EventClock::manual());
+        r.vcpu.regs.rflags |= RFLAGS_IF;
+        r.count();
+        r
+    };
+    let value = |r: &Rig| r.vcpu.regs.rdx << 32 | r.vcpu.regs.rax;
+    let mut stepped = rig(Engine::Step);
+    stepped.step(CODE + 1);
+    assert_eq!(stepped.before(true), Next::Retired, "RDTSC, answered by emon");
+    let first = value(&stepped);
+    stepped.step(CODE + 6);
+    stepped.step(CODE + 9);
+    assert_eq!(stepped.before(true), Next::Retired, "RDTSCP, answered by emon");
+    assert_eq!(stepped.vcpu.regs.rip, CODE + 12);
+    let second = value(&stepped);
+    assert!(first < second);
+    let mut engine = rig(Engine::Tcg);
+    assert_eq!(engine.before(true), Next::Retired);
+    assert_eq!(engine.vcpu.regs.rip, CODE + 12, "the engine ran up to the HLT");
+    let got = (engine.vcpu.regs.rsi << 32 | engine.vcpu.regs.rbx, value(&engine));
+    assert_eq!(got, (first, second));
+    assert_eq!(engine.precise.clock.cycles, stepped.precise.clock.cycles);
+    assert_eq!((engine.precise.stats.engine_model_tsc_reads, engine.precise.stats.tsc_reads), (2, 0));
+    assert_eq!(engine.pmc(0), stepped.pmc(0));
+}
+
+/// Kernel code that emon runs without entering KVM (here a loop that polls RDPMC, which emon
 /// answers, between engine runs) still takes its interrupts: after a millisecond KVM is asked
 /// for the event due, which goes out at the next entry. Once one was, the next is asked for as
 /// soon as RFLAGS.IF lets it in, not a millisecond later. The millisecond is on a clock the test
@@ -1364,8 +1400,8 @@ fn the_guests_breakpoints_fire_in_user_mode_run_by_emon() {
 #[test]
 fn kernel_code_emon_runs_without_entering_kvm_takes_its_interrupts() {
     use crate::DueEvent;
-    // 1: pause; rdtsc; jmp 1b
-    let mut r = Rig::new(&[0xF3, 0x90, 0x0F, 0x31, 0xEB, 0xFA]);
+    // 1: pause; rdpmc; jmp 1b (ECX 0: IA32_PMC0)
+    let mut r = Rig::new(&[0xF3, 0x90, 0x0F, 0x33, 0xEB, 0xFA]);
     let clock = EventClock::manual();
     r.precise = Precise::with_engine(Engine::Tcg).with_event_clock(clock.clone());
     r.vcpu.regs.rflags |= RFLAGS_IF;

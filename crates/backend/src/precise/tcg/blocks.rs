@@ -386,6 +386,9 @@ pub struct Block {
     pub flushes_tlb: bool,
     /// It reads the TSC (RDTSC or RDTSCP) in the engine.
     pub reads_tsc: bool,
+    /// Each of its reads of the TSC, and the core cycles of the instructions before it in the
+    /// block (the cost model): where a run reads the model's time, the model clock there.
+    pub tsc_at: Vec<(u64, u64)>,
     /// Per armed counter: the events of every instruction but the last.
     pub body: Vec<u64>,
     /// Per armed counter: the last instruction's events when it branches and when it does not.
@@ -493,6 +496,7 @@ pub fn decode_block(
     let mut ends_in_sysret = false;
     let mut flushes_tlb = false;
     let mut tsc = false;
+    let mut tsc_at = Vec::new();
     let mut deciding = Withheld::default();
     // The first two instructions, to tell a lone one.
     let mut single: Vec<Instruction> = Vec::with_capacity(2);
@@ -514,6 +518,9 @@ pub fn decode_block(
                 ends_in_sysret = i.code() == Code::Sysretq;
                 flushes_tlb |= i.mnemonic() == Mnemonic::Invlpg;
                 tsc |= reads_tsc(&i);
+                if reads_tsc(&i) {
+                    tsc_at.push((i.ip(), insns.iter().map(|(_, x)| cycles(x, false)).sum()));
+                }
                 insns.push((i.ip(), insn::of(&i)));
                 if single.len() < 2 {
                     single.push(i);
@@ -551,6 +558,7 @@ pub fn decode_block(
         rep_string,
         flushes_tlb,
         reads_tsc: tsc,
+        tsc_at,
         body: Vec::new(),
         last_taken: Vec::new(),
         last_not: Vec::new(),

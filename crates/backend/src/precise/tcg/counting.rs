@@ -96,6 +96,8 @@ pub struct Acc {
     pub withheld: Withheld,
     /// RDTSC and RDTSCP run only with RFLAGS.IF clear ([`Counting::tsc_if_clear`]).
     pub tsc_if_clear: bool,
+    /// They read the model's time: the block hook times each read of a block before it runs.
+    pub model_tsc: bool,
 }
 
 impl Acc {
@@ -148,6 +150,7 @@ impl Acc {
             lbr,
             withheld: Withheld { user_access: watch.user_data, sti: withhold_sti, tsc: tsc.is_none() },
             tsc_if_clear,
+            model_tsc: matches!(tsc, Some(super::TscSource::Model { .. })),
         }
         .tracking()
     }
@@ -496,6 +499,9 @@ pub fn on_block(uc: &mut Unicorn<'_, Data>, addr: u64, size: u32) {
         }
         None => {
             acc.current = Some(k);
+            if acc.model_tsc && !acc.blocks[k as usize].tsc_at.is_empty() {
+                data.model_reads.block(acc.clock.cycles, &acc.blocks[k as usize].tsc_at);
+            }
             acc.used = acc.used.union(insns_need);
             acc.flushed_tlb |= flushes_tlb;
             if flushes_tlb {

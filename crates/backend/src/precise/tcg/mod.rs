@@ -44,7 +44,7 @@ use rustc_hash::{FxHashMap, FxHashSet};
 use snapshot::CodeSnapshot;
 pub use state::{CpuState, SysMsrs};
 use std::time::Instant;
-pub use tsc::Given as TscGiven;
+pub use tsc::{Given as TscGiven, Source as TscSource};
 use unicorn_engine::unicorn_const::{uc_error, Arch, Mode, Prot};
 use unicorn_engine::{RegisterX86, UcHookId, Unicorn, X86CpuModel};
 use vm_memory::{GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion};
@@ -128,8 +128,8 @@ pub struct Counting<'a> {
     pub withhold_sti: bool,
     /// Where RDTSC and RDTSCP read the guest's TSC in the engine; `None`: they are handed over
     /// ([`Withheld::tsc`]).
-    pub tsc: Option<crate::TscWindow>,
-    /// The window serves only code with RFLAGS.IF clear: the run stops before a block that reads
+    pub tsc: Option<TscSource>,
+    /// The source serves only code with RFLAGS.IF clear: the run stops before a block that reads
     /// the TSC once IF is set ([`Stop::InterruptsOn`]).
     pub tsc_if_clear: bool,
 }
@@ -198,6 +198,9 @@ pub struct Data {
     fpu: Option<emon_x86::fpu::Fpu>,
     /// Times the x87/SSE state went into the engine.
     fpu_loads: u64,
+    /// Where a run reads the model's time, the model clock at each read of the block about to
+    /// run, for the RDTSC hooks ([`tsc::ModelReads`]).
+    model_reads: tsc::ModelReads,
 }
 
 /// Why the engine cannot be used, or could not do what was asked.
@@ -226,6 +229,7 @@ impl Data {
             cr2: 0,
             fpu: None,
             fpu_loads: 0,
+            model_reads: tsc::ModelReads::default(),
         }
     }
 }
@@ -397,6 +401,7 @@ impl Tcg {
         })
         .map_err(uc_err("adding the interrupt hook"))?;
         let tsc = tsc::TscHooks::add(&mut uc)?;
+        uc.get_data_mut().model_reads = tsc.model_reads();
         Ok(Tcg { uc, tsc, mem: mem.clone(), stops: FxHashMap::default(), held: None, loads: 0 })
     }
 
@@ -405,7 +410,7 @@ impl Tcg {
     /// documentation. At CPL3 the engine does not stop short of an overflow: it runs on an
     /// instruction at a time up to the one that overflows a counter, and stops after it
     /// ([`Stop::Overflowed`]).
-    pub fn run(&mut self, state: &CpuState, mode: CpuMode, counting: Counting) -> Result<Run, TcgError> {
+    pub fn run(&mut self, state: &CpuState, mode: CpuMode, mut counting: Counting) -> Result<Run, TcgError> {
         let held = self.held.take();
         let same = held.is_some_and(|h| h.sregs == state.sregs && (state.fpu.is_none() || h.fpu == state.fpu));
         if same {
@@ -431,6 +436,11 @@ impl Tcg {
         data.fault = None;
         data.runs += 1;
         let decoded = (std::mem::take(&mut data.decoded), data.runs);
+        // The model's time needs the model clock, which only a run that tracks its blocks keeps.
+        let tracked = !counting.armed.is_empty() || counting.cache.is_some() || counting.lbr.is_some();
+        if matches!(counting.tsc, Some(TscSource::Model { .. })) && !tracked {
+            counting.tsc = None;
+        }
         self.tsc.begin(counting.tsc);
         data.acc = Some(Acc::new(mode, self.mem.clone(), counting, loaded, decoded));
         // The code hook costs a call per instruction: only while the cache model counts.
@@ -788,7 +798,11 @@ impl Tcg {
             if let (Some(at), None) = (wanted, &stop_after) {
                 *stop_after = Some((at, self.stop_at(pc, next)?));
             }
-            let a = acc(&mut self.uc);
+            let data = self.uc.get_data_mut();
+            let a = data.acc.as_mut().expect("set by run");
+            if a.model_tsc && blocks::reads_tsc(&i) {
+                data.model_reads.block(a.clock.cycles, &[(pc, 0)]);
+            }
             (a.stop, a.single_entered, a.single_left) = (None, false, false);
             let r = state::start(&mut self.uc, pc, 0);
             let faulted = acc(&mut self.uc).stop == Some(Stop::Fault) || r.is_err();

@@ -171,22 +171,63 @@ fn rdtsc_runs_in_the_engine_with_a_window_on_the_guests_tsc() {
     let values = |r: &Run| (r.state.regs.rsi << 32 | r.state.regs.rbx, r.state.regs.rdx << 32 | r.state.regs.rax);
     // A floor far above the host's TSC decides.
     let floor = crate::host_tsc() + (1 << 50);
-    let r = run(&mut tcg, Some(crate::TscWindow { offset: 0, floor, aux: 7 }));
+    let r = run(&mut tcg, Some(TscSource::Host(crate::TscWindow { offset: 0, floor, aux: 7 })));
     assert_eq!((r.stop, r.state.regs.rip, r.retired, r.counts.clone()), (Stop::Handover, CODE + 11, 4, vec![4]));
     assert_eq!(values(&r), (floor, floor + 1));
     let halves = [r.state.regs.rax, r.state.regs.rbx, r.state.regs.rdx, r.state.regs.rsi];
     assert!(halves.iter().all(|h| h >> 32 == 0), "{halves:x?}");
     assert_eq!(r.state.regs.rcx, 7);
-    assert_eq!(r.tsc, TscGiven { reads: 2, last: Some(floor + 1) });
+    assert_eq!(r.tsc, TscGiven { reads: 2, last: Some(floor + 1), model_reads: 0 });
     // The host's TSC plus the offset.
     let offset = 1 << 60;
     let before = crate::host_tsc() + offset;
-    let r = run(&mut tcg, Some(crate::TscWindow { offset, floor: 0, aux: 0 }));
+    let r = run(&mut tcg, Some(TscSource::Host(crate::TscWindow { offset, floor: 0, aux: 0 })));
     let after = crate::host_tsc() + offset;
     let (first, second) = values(&r);
     assert!(before <= first && first < second && second <= after, "{before} {first} {second} {after}");
     let r = run(&mut tcg, None);
     assert_eq!((r.stop, r.state.regs.rip, r.retired, r.tsc), (Stop::Handover, CODE, 0, TscGiven::default()));
+}
+
+/// The core cycles the cost model gives the instructions of `code`, none a taken branch.
+fn model_cycles(code: &[u8]) -> u64 {
+    let mut d = iced_x86::Decoder::with_ip(64, code, CODE, iced_x86::DecoderOptions::NONE);
+    std::iter::from_fn(|| d.can_decode().then(|| d.decode()))
+        .map(|i| crate::precise::events::cycles(&emon_x86::insn::of(&i), false))
+        .sum()
+}
+
+/// In a counted stretch RDTSC and RDTSCP read the model's time in the engine (`TscSource::Model`):
+/// the base plus the model clock at the instruction, the core cycles of everything before it, as
+/// emon answers a read at a step boundary; RDTSCP's ECX IA32_TSC_AUX. So in a block run, with
+/// RFLAGS.IF set (the model's time does not depend on when an interrupt comes), and where user
+/// code goes an instruction at a time to an overflow.
+#[test]
+fn rdtsc_reads_the_models_time_in_a_counted_stretch() {
+    // nop; nop; rdtsc; mov rbx, rax; rdtscp; out dx, al
+    let code = [0x90, 0x90, 0x0F, 0x31, 0x48, 0x89, 0xC3, 0x0F, 0x01, 0xF9, 0xEE];
+    let (mem, mut regs, sregs, mode) = machine(&code);
+    regs.rflags |= RFLAGS_IF;
+    let mut tcg = Tcg::new(&mem).unwrap();
+    let (base, start) = (1 << 40, 1000);
+    let model = Some(TscSource::Model { base, aux: 9 });
+    let clock = ModelClock { cycles: start, ..CLOCK };
+    let counters = [(armed(Semantics::Instructions), u64::MAX)];
+    let r = tcg.run(&CpuState::new(regs, sregs), mode, Counting { tsc: model, clock, ..counting(&counters) }).unwrap();
+    assert_eq!((r.stop, r.state.regs.rip, r.retired), (Stop::Handover, CODE + 10, 5));
+    let first = base + start + model_cycles(&code[..2]);
+    let second = base + start + model_cycles(&code[..7]);
+    let halves = |v: u64| (v & 0xFFFF_FFFF, v >> 32);
+    assert_eq!((r.state.regs.rbx, (r.state.regs.rax, r.state.regs.rdx)), (halves(first).0, halves(second)));
+    assert_eq!((r.state.regs.rcx, r.tsc), (9, TscGiven { reads: 0, last: None, model_reads: 2 }));
+    assert_eq!(r.cycles, model_cycles(&code[..10]), "the run's cycles go on the model clock");
+    // User code three instructions from an overflow goes an instruction at a time, the RDTSC last.
+    let umode = CpuMode { cpl: 3, ..mode };
+    let usr = Armed { os: false, ..armed(Semantics::Instructions) };
+    let near = [(usr, 3)];
+    let r = tcg.run(&user_state(&sregs, &regs), umode, Counting { tsc: model, clock, ..counting(&near) }).unwrap();
+    assert_eq!((r.stop, r.state.regs.rip, r.retired), (Stop::Overflowed, CODE + 4, 3));
+    assert_eq!(((r.state.regs.rax, r.state.regs.rdx), r.tsc.model_reads), (halves(first), 1));
 }
 
 /// A window that serves only code with RFLAGS.IF clear (`Counting::tsc_if_clear`): the run
@@ -202,7 +243,7 @@ fn a_window_for_code_with_interrupts_masked_stops_before_a_read_once_sti_ran() {
     let mut tcg = Tcg::new(&mem).unwrap();
     let counters = [(armed(Semantics::Instructions), u64::MAX)];
     let floor = crate::host_tsc() + (1 << 50);
-    let window = Some(crate::TscWindow { offset: 0, floor, aux: 0 });
+    let window = Some(TscSource::Host(crate::TscWindow { offset: 0, floor, aux: 0 }));
     let masked_only = |tsc| Counting { tsc, tsc_if_clear: true, withhold_sti: false, ..counting(&counters) };
     let state = CpuState::new(regs, sregs);
     let r = tcg.run(&state, mode, masked_only(None)).unwrap();
@@ -211,7 +252,10 @@ fn a_window_for_code_with_interrupts_masked_stops_before_a_read_once_sti_ran() {
     let translations = tcg.flushes();
     let r = tcg.run(&state, mode, masked_only(window)).unwrap();
     assert_eq!((r.stop, r.state.regs.rip, r.retired), (Stop::InterruptsOn, CODE + 8, 5));
-    assert_eq!((r.state.regs.rbx, r.tsc), (floor & 0xFFFF_FFFF, TscGiven { reads: 1, last: Some(floor) }));
+    assert_eq!(
+        (r.state.regs.rbx, r.tsc),
+        (floor & 0xFFFF_FFFF, TscGiven { reads: 1, last: Some(floor), model_reads: 0 })
+    );
     assert_ne!(r.state.regs.rflags & RFLAGS_IF, 0);
     assert_eq!(r.counts, vec![5]);
     assert!(tcg.stops.contains_key(&(CODE + 1)), "the stop stays");
