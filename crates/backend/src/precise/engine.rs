@@ -781,11 +781,13 @@ mod fast_forward {
                 // what the engine handed over or faulted on (after a handover that is the next
                 // instruction anyway). A run that retired nothing is not tried again for a while.
                 // (At CPL3 the engine goes on: KVM cannot step user mode here. What a user-mode
-                // run retired says nothing of the kernel code after it.)
+                // run retired says nothing of the kernel code after it.) A run that stopped for
+                // state it did not load goes on in the next, which loads it (`wants`): the
+                // SWAPGS before Linux's return to user mode was a KVM step on every return.
                 slot.cooldown = match (mode.cpl, run.retired, run.stop) {
                     (3, ..) => 0,
                     (_, 0, _) => TCG_COOLDOWN,
-                    (_, _, tcg::Stop::Handover | tcg::Stop::InterruptsOn) => 0,
+                    (_, _, tcg::Stop::Handover | tcg::Stop::InterruptsOn | tcg::Stop::Needs(_)) => 0,
                     _ => 1,
                 };
                 return Ok(Some((state, run)));

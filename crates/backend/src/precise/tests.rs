@@ -1391,6 +1391,33 @@ fn the_engine_reads_the_models_time_as_the_stepper_answers_it() {
     assert_eq!(engine.pmc(0), stepped.pmc(0));
 }
 
+/// A kernel run that stops for state it did not load (here the SYSCALL MSRs, at a SWAPGS after
+/// runs that did not use them, so that runs stopped loading them) goes on in the next engine
+/// run, which loads them, not in a KVM step: Linux's return to user mode took one at every
+/// return.
+#[cfg(feature = "tcg")]
+#[test]
+fn a_kernel_run_that_stops_for_state_it_did_not_load_goes_on_in_the_engine() {
+    // (nop; rdpmc) x 10; nop; jmp $+2 | swapgs; nop; hlt
+    let mut code = [NOP, 0x0F, 0x33].repeat(10);
+    code.extend([NOP, 0xEB, 0x00, 0x0F, 0x01, 0xF8, NOP, 0xF4]);
+    let mut r = Rig::new(&code);
+    r.precise = Precise::with_engine(Engine::Tcg).with_event_clock(EventClock::manual());
+    r.count();
+    for k in 0..10 {
+        assert_eq!(r.before(true), Next::Retired, "the engine runs the NOP");
+        assert_eq!(r.before(true), Next::Retired, "emon completes the RDPMC");
+        assert_eq!(r.vcpu.regs.rip, CODE + 3 * (k + 1));
+    }
+    let swapgs = CODE + 33;
+    assert_eq!(r.before(true), Next::Retired);
+    assert_eq!(r.vcpu.regs.rip, swapgs, "stopped before the SWAPGS, which needs the MSRs");
+    let runs = r.precise.stats.engine_runs;
+    assert_eq!(r.before(true), Next::Retired, "the next run loads them and runs it");
+    assert_eq!((r.vcpu.regs.rip, r.precise.stats.engine_runs), (swapgs + 4, runs + 1));
+    assert_eq!(r.pmc(0), 24);
+}
+
 /// Kernel code that emon runs without entering KVM (here a loop that polls RDPMC, which emon
 /// answers, between engine runs) still takes its interrupts: after a millisecond KVM is asked
 /// for the event due, which goes out at the next entry. Once one was, the next is asked for as
