@@ -384,10 +384,9 @@ pub struct Block {
     pub rep_string: Option<RepString>,
     /// It has an INVLPG.
     pub flushes_tlb: bool,
-    /// It reads the TSC (RDTSC or RDTSCP) in the engine.
-    pub reads_tsc: bool,
-    /// Each of its reads of the TSC, and the core cycles of the instructions before it in the
-    /// block (the cost model): where a run reads the model's time, the model clock there.
+    /// Each of its reads of the TSC (RDTSC or RDTSCP) in the engine, and the core cycles of the
+    /// instructions before it in the block (the cost model): where a run reads the model's time,
+    /// the model clock there.
     pub tsc_at: Vec<(u64, u64)>,
     /// Per armed counter: the events of every instruction but the last.
     pub body: Vec<u64>,
@@ -422,6 +421,11 @@ pub struct Block {
 }
 
 impl Block {
+    /// Whether it reads the TSC in the engine.
+    pub fn reads_tsc(&self) -> bool {
+        !self.tsc_at.is_empty()
+    }
+
     /// Whether the block serves a run that enters `size` bytes from the pages `from`, decoded for
     /// `wanted` (see [`decode_block`]).
     pub fn serves(&self, from: [Option<u64>; 2], wanted: (bool, Needs, Withheld), size: u32) -> bool {
@@ -495,7 +499,6 @@ pub fn decode_block(
     let mut ends_in_sti = false;
     let mut ends_in_sysret = false;
     let mut flushes_tlb = false;
-    let mut tsc = false;
     let mut tsc_at = Vec::new();
     let mut deciding = Withheld::default();
     // The first two instructions, to tell a lone one.
@@ -517,7 +520,6 @@ pub fn decode_block(
                 ends_in_sti = i.mnemonic() == Mnemonic::Sti;
                 ends_in_sysret = i.code() == Code::Sysretq;
                 flushes_tlb |= i.mnemonic() == Mnemonic::Invlpg;
-                tsc |= reads_tsc(&i);
                 if reads_tsc(&i) {
                     tsc_at.push((i.ip(), insns.iter().map(|(_, x)| cycles(x, false)).sum()));
                 }
@@ -557,7 +559,6 @@ pub fn decode_block(
         self_loop,
         rep_string,
         flushes_tlb,
-        reads_tsc: tsc,
         tsc_at,
         body: Vec::new(),
         last_taken: Vec::new(),

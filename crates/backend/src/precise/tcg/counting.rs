@@ -110,6 +110,7 @@ impl Acc {
         loaded: Needs,
         (decoded, run): (Decoded, u64),
     ) -> Acc {
+        let tracked = counting.tracks();
         let Counting { armed, clock, budget, cache, deadline, lbr, watch, withhold_sti, tsc, tsc_if_clear } = counting;
         Acc {
             mode,
@@ -127,7 +128,7 @@ impl Acc {
             blocks: decoded.blocks,
             index: decoded.index,
             run,
-            tracked: false,
+            tracked,
             stop: None,
             cpl: mode.cpl,
             iret: false,
@@ -152,12 +153,6 @@ impl Acc {
             tsc_if_clear,
             model_tsc: matches!(tsc, Some(super::TscSource::Model { .. })),
         }
-        .tracking()
-    }
-
-    fn tracking(mut self) -> Acc {
-        self.tracked = !self.armed.is_empty() || self.cache.is_some() || self.lbr.is_some();
-        self
     }
 
     /// The block at `addr` (of `size` bytes, its pages at `from`) the first time this run
@@ -452,7 +447,7 @@ pub fn on_block(uc: &mut Unicorn<'_, Data>, addr: u64, size: u32) {
         },
     };
     acc.went_on(prev, addr, k);
-    if acc.tsc_if_clear && acc.blocks[k as usize].reads_tsc {
+    if acc.tsc_if_clear && acc.blocks[k as usize].reads_tsc() {
         // RFLAGS.IF as at its RDTSC: only STI and IRETQ set IF in a run, and each ends its block.
         let interrupts_on = uc.reg_read(RegisterX86::RFLAGS).map_or(true, |f| f & RFLAGS_IF != 0);
         if interrupts_on {
@@ -499,7 +494,7 @@ pub fn on_block(uc: &mut Unicorn<'_, Data>, addr: u64, size: u32) {
         }
         None => {
             acc.current = Some(k);
-            if acc.model_tsc && !acc.blocks[k as usize].tsc_at.is_empty() {
+            if acc.model_tsc && acc.blocks[k as usize].reads_tsc() {
                 data.model_reads.block(acc.clock.cycles, &acc.blocks[k as usize].tsc_at);
             }
             acc.used = acc.used.union(insns_need);

@@ -134,6 +134,14 @@ pub struct Counting<'a> {
     pub tsc_if_clear: bool,
 }
 
+impl Counting<'_> {
+    /// Whether something takes what the run's blocks do beyond the instruction count: an armed
+    /// counter, the cache model or the LBR stack (`Acc::tracked`).
+    pub fn tracks(&self) -> bool {
+        !self.armed.is_empty() || self.cache.is_some() || self.lbr.is_some()
+    }
+}
+
 /// What one engine run retired, and the vCPU state it left.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Run {
@@ -437,8 +445,7 @@ impl Tcg {
         data.runs += 1;
         let decoded = (std::mem::take(&mut data.decoded), data.runs);
         // The model's time needs the model clock, which only a run that tracks its blocks keeps.
-        let tracked = !counting.armed.is_empty() || counting.cache.is_some() || counting.lbr.is_some();
-        if matches!(counting.tsc, Some(TscSource::Model { .. })) && !tracked {
+        if matches!(counting.tsc, Some(TscSource::Model { .. })) && !counting.tracks() {
             counting.tsc = None;
         }
         self.tsc.begin(counting.tsc);
