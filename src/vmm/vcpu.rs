@@ -135,7 +135,7 @@ impl Vcpu {
                 return Ok(VcpuStop::Stopped(reason));
             }
             let mut vcpu = self.cpu.with(&self.mem);
-            if self.pmu.before_entry(&mut vcpu, at_boundary)? == Entry::Retired {
+            if self.pmu.before_entry(&mut vcpu, &mut self.bus, at_boundary)? == Entry::Retired {
                 at_boundary = true;
                 continue;
             }

@@ -15,6 +15,7 @@ use emon_backend::guest_debug::GuestDebug;
 use emon_backend::kvm::{trap_pmu_msrs, KvmCpu};
 use emon_backend::precise::Precise;
 use emon_backend::vpmu::{Entry, VirtualPmu};
+use emon_backend::NoPorts;
 use emon_pmu::pmu::{msr, Pmu};
 use emon_pmu::profile::Profile;
 use kvm_bindings::{kvm_segment, kvm_userspace_memory_region};
@@ -86,7 +87,7 @@ pub fn run() -> Result<Outcome, Box<dyn std::error::Error>> {
     let mut at_boundary = true;
     let guest_read = loop {
         // Delivers a pending PMI, reprograms what the guest changed, and arms the backend.
-        if vpmu.before_entry(&mut cpu.with(&mem), at_boundary)? == Entry::Retired {
+        if vpmu.before_entry(&mut cpu.with(&mem), &mut NoPorts, at_boundary)? == Entry::Retired {
             at_boundary = true;
             continue;
         }

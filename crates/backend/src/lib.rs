@@ -51,6 +51,30 @@ pub struct Cx<'a> {
     pub pmu: &'a mut Pmu,
     /// For a RDMSR or WRMSR of a PMU MSR the backend completes itself, instead of KVM's exit.
     pub msrs: &'a mut dyn PmuMsrs,
+    /// For an IN or OUT the backend completes itself, instead of KVM's exit.
+    pub ports: &'a mut dyn Ports,
+}
+
+/// The I/O ports the VMM's own devices answer (a UART, the real-time clock), as a VM exit to the
+/// VMM reaches them: a backend that completes a guest's IN or OUT itself goes through these.
+pub trait Ports {
+    /// Whether the VMM answers `port` itself, with no effect beyond its device: not a port that
+    /// KVM's in-kernel devices answer, nor one whose access ends or resets the run.
+    fn completes(&self, port: u16) -> bool;
+    fn read(&mut self, port: u16, data: &mut [u8]);
+    fn write(&mut self, port: u16, data: &[u8]);
+}
+
+/// No ports: every IN and OUT goes to KVM.
+#[derive(Debug, Default)]
+pub struct NoPorts;
+
+impl Ports for NoPorts {
+    fn completes(&self, _port: u16) -> bool {
+        false
+    }
+    fn read(&mut self, _port: u16, _data: &mut [u8]) {}
+    fn write(&mut self, _port: u16, _data: &[u8]) {}
 }
 
 /// The guest's RDMSR and WRMSR of the PMU's MSRs ([`Pmu::owns`]), as the facade answers them:

@@ -14,7 +14,7 @@
 //! 4. [`VirtualPmu::report`] when the run ends: the backend's account, and what the run summary
 //!    must say about the counts.
 use crate::pmi::{plan, PmiDelivery};
-use crate::{Backend, BackendError, Cx, Next, PmuMsrs, Vcpu};
+use crate::{Backend, BackendError, Cx, Next, PmuMsrs, Ports, Vcpu};
 use emon_pmu::pmu::{GpFault, Pmu, Unmodelled};
 
 /// What the VMM does after [`VirtualPmu::before_entry`].
@@ -200,13 +200,19 @@ impl<O: Observer> VirtualPmu<O> {
 
     /// Before every entry to the guest (see the module documentation). `at_boundary`: the vCPU is
     /// between two instructions (the previous exit completed one), as opposed to in the middle of
-    /// one (an MSR or I/O exit).
-    pub fn before_entry(&mut self, vcpu: &mut dyn Vcpu, at_boundary: bool) -> Result<Entry, BackendError> {
+    /// one (an MSR or I/O exit). `ports`: the VMM's devices, for an IN or OUT the backend
+    /// completes itself ([`crate::NoPorts`] for none).
+    pub fn before_entry(
+        &mut self,
+        vcpu: &mut dyn Vcpu,
+        ports: &mut dyn Ports,
+        at_boundary: bool,
+    ) -> Result<Entry, BackendError> {
         loop {
             if self.pmu.pmi_pending() {
                 self.deliver_pmi(vcpu)?;
             }
-            let mut cx = Cx { vcpu, pmu: &mut self.pmu, msrs: &mut self.msrs };
+            let mut cx = Cx { vcpu, pmu: &mut self.pmu, msrs: &mut self.msrs, ports: &mut *ports };
             match self.backend.before_run(&mut cx, at_boundary)? {
                 Next::Run => return Ok(Entry::Run),
                 Next::Retired => return Ok(Entry::Retired),
@@ -219,7 +225,8 @@ impl<O: Observer> VirtualPmu<O> {
     /// The backend's single step (or an instruction the VMM completed itself): one instruction
     /// retired and the vCPU is at `pc`.
     pub fn debug_exit(&mut self, vcpu: &mut dyn Vcpu, pc: u64) -> Result<(), BackendError> {
-        self.backend.on_debug_exit(&mut Cx { vcpu, pmu: &mut self.pmu, msrs: &mut self.msrs }, pc)
+        let cx = &mut Cx { vcpu, pmu: &mut self.pmu, msrs: &mut self.msrs, ports: &mut crate::NoPorts };
+        self.backend.on_debug_exit(cx, pc)
     }
 
     /// The VMM injected an event itself (the #BP of an INT3 it completed, a #DB it gives back):
@@ -376,7 +383,7 @@ mod tests {
     fn a_pmi_goes_out_through_lvtpc_then_freezes_and_kvm_runs_first() {
         let mut v = armed(false);
         let mut cpu = vcpu(0x33);
-        assert_eq!(v.before_entry(&mut cpu, true).unwrap(), Entry::Run);
+        assert_eq!(v.before_entry(&mut cpu, &mut crate::NoPorts, true).unwrap(), Entry::Run);
         assert_ne!(reg(&cpu.lapic, IRR + 0x10) & 1 << (0x33 - 32), 0, "the vector is requested");
         assert_eq!(reg(&cpu.lapic, LVT_PMC), 0x33 | LVT_MASKED, "LVTPC masks itself");
         assert!(v.pmu().frozen(), "FREEZE_PERFMON_ON_PMI (v4: CTR_Frz)");
@@ -389,11 +396,11 @@ mod tests {
     fn an_nmi_pmi_and_a_masked_one() {
         let mut v = armed(false);
         let mut cpu = vcpu(0x400);
-        v.before_entry(&mut cpu, true).unwrap();
+        v.before_entry(&mut cpu, &mut crate::NoPorts, true).unwrap();
         assert_eq!(cpu.nmis, 1);
         let mut v = armed(false);
         let mut cpu = vcpu(0x33 | LVT_MASKED);
-        v.before_entry(&mut cpu, true).unwrap();
+        v.before_entry(&mut cpu, &mut crate::NoPorts, true).unwrap();
         assert_eq!(reg(&cpu.lapic, IRR + 0x10), 0, "nothing requested");
         assert_eq!((v.report().pmis.masked, cpu.nmis), (1, 0));
         assert_eq!(v.report().summary, "syncs 3 runs 2 queued 0");

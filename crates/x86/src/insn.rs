@@ -1,5 +1,5 @@
 //! What counting needs to know about one guest instruction, decoded with iced-x86.
-use iced_x86::{Decoder, DecoderOptions, FlowControl, Instruction, Mnemonic, OpKind};
+use iced_x86::{Decoder, DecoderOptions, FlowControl, Instruction, Mnemonic, OpKind, Register};
 
 /// How an instruction may transfer control.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -85,6 +85,41 @@ pub enum Special {
     /// CR3 would: a round trip through KVM per page costs tens of microseconds on a host that
     /// emulates CPL0 code, and Linux flushes tens of thousands of pages one by one.
     Invlpg,
+    /// IN and OUT of one port (not the string forms INS and OUTS): a VM exit each, and on a host
+    /// that emulates CPL0 code a round trip through KVM. At CPL0 emon completes those to the
+    /// ports the VMM's own devices answer, such as a UART polled a character at a time.
+    Port(PortAccess),
+}
+
+/// The port access of an IN or OUT (SDM Vol. 2A, IN; Vol. 2B, OUT).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PortAccess {
+    /// OUT: from AL, AX or EAX to the port; IN: from the port into them.
+    pub out: bool,
+    /// Bytes: 1, 2 or 4.
+    pub size: u8,
+    /// The port an immediate names; `None`: the port in DX.
+    pub port: Option<u8>,
+}
+
+impl PortAccess {
+    fn of(i: &Instruction) -> Option<PortAccess> {
+        let out = i.mnemonic() == Mnemonic::Out;
+        // IN's data register is its first operand, OUT's its second; the port is the other.
+        let (data, port) = if out { (1, 0) } else { (0, 1) };
+        let size = match i.op_register(data) {
+            Register::AL => 1,
+            Register::AX => 2,
+            Register::EAX => 4,
+            _ => return None,
+        };
+        let port = match i.op_kind(port) {
+            OpKind::Immediate8 => Some(i.immediate8()),
+            OpKind::Register if i.op_register(port) == Register::DX => None,
+            _ => return None,
+        };
+        Some(PortAccess { out, size, port })
+    }
 }
 
 /// A decoded guest instruction.
@@ -235,6 +270,7 @@ pub fn of(i: &Instruction) -> Insn {
         Int => Special::Int(i.immediate8()),
         Int3 => Special::Int(3),
         Invlpg => Special::Invlpg,
+        In | Out => PortAccess::of(i).map_or(Special::None, Special::Port),
         _ => Special::None,
     };
     let changes_mode = is_far_transfer(i)
@@ -444,6 +480,15 @@ mod tests {
         assert_eq!(d(&[0x0F, 0x32]).special, Special::Rdmsr);
         assert_eq!(d(&[0x0F, 0xAE, 0xE8]).special, Special::Fence);
         assert_eq!(d(&[0x48, 0x0F, 0xAE, 0x2F]).special, Special::Xsave);
+        let port = |out, size, port| Special::Port(PortAccess { out, size, port });
+        assert_eq!(d(&[0xEC]).special, port(false, 1, None)); // in al, dx
+        assert_eq!(d(&[0x66, 0xED]).special, port(false, 2, None)); // in ax, dx
+        assert_eq!(d(&[0xE5, 0x71]).special, port(false, 4, Some(0x71))); // in eax, 0x71
+        assert_eq!(d(&[0xEE]).special, port(true, 1, None)); // out dx, al
+        assert_eq!(d(&[0xE6, 0x80]).special, port(true, 1, Some(0x80))); // out 0x80, al
+        assert_eq!(d(&[0xEF]).special, port(true, 4, None)); // out dx, eax
+        assert_eq!(d(&[0xF3, 0x6E]).special, Special::None); // rep outsb: KVM's
+        assert_eq!(d(&[0x6C]).special, Special::None); // insb
         assert_eq!(d(&[0x0F, 0x30]).class_cycles, EXITING_CYCLES); // wrmsr
         assert_eq!(d(&[0x48, 0xF7, 0xF1]).class_cycles, DIV_CYCLES); // div rcx
         assert_eq!(d(&[0x48, 0x8B, 0x03]).mem_operands, 1); // mov rax, [rbx]

@@ -71,6 +71,18 @@ impl PioBus {
         PioAction::Continue
     }
 
+    /// Whether `port` is one of emon's devices whose accesses have no effect beyond the device
+    /// (a backend may then complete an IN or OUT of it without KVM): COM1, fw_cfg and the CMOS.
+    /// The debug-exit port and the i8042 (its reset) end the run; every other port may be one of
+    /// KVM's in-kernel devices (the PIC, the PIT), which emon cannot reach.
+    pub fn completes(&self, port: u16) -> bool {
+        matches!(
+            port,
+            serial::COM1
+                ..=serial::COM1_END | fw_cfg::SELECTOR_PORT | fw_cfg::DATA_PORT | cmos::INDEX_PORT | cmos::DATA_PORT
+        )
+    }
+
     pub fn read(&mut self, port: u16, data: &mut [u8]) {
         match port {
             serial::COM1..=serial::COM1_END => self.serial.read(port - serial::COM1, data),
@@ -82,5 +94,21 @@ impl PioBus {
                 *self.unhandled.entry(port).or_default() += 1;
             }
         }
+    }
+}
+
+/// The bus as the precise backend completes IN and OUT without KVM.
+impl crate::backend::Ports for PioBus {
+    fn completes(&self, port: u16) -> bool {
+        PioBus::completes(self, port)
+    }
+
+    fn read(&mut self, port: u16, data: &mut [u8]) {
+        PioBus::read(self, port, data);
+    }
+
+    fn write(&mut self, port: u16, data: &[u8]) {
+        let action = PioBus::write(self, port, data);
+        debug_assert_eq!(action, PioAction::Continue, "port {port:#x} completes with no effect beyond its device");
     }
 }

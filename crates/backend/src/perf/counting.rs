@@ -214,7 +214,10 @@ mod tests {
         let mut perf = Perf::new(task_clock_caps(), guest, libc::SIGUSR2);
         let mut before_run = |perf: &mut Perf, pmu: &mut Pmu| {
             let msrs = &mut crate::vpmu::Accounting::<()>::default();
-            assert_eq!(perf.before_run(&mut Cx { vcpu: &mut vcpu, pmu, msrs }, true).unwrap(), Next::Run);
+            assert_eq!(
+                perf.before_run(&mut Cx { vcpu: &mut vcpu, pmu, msrs, ports: &mut crate::NoPorts }, true).unwrap(),
+                Next::Run
+            );
         };
         // Core cycles on PMC0 and on FIXED_CTR1, both backed by task-clock.
         pmu.wrmsr(msr::IA32_PERFEVTSEL0, 0x43_003C).unwrap();

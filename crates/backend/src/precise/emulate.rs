@@ -2,8 +2,8 @@
 //! in KVM: HLT (which KVM steps over), RDPMC (which has no userspace exit), the time-stamp
 //! counter's reads and IA32_TSC_DEADLINE (the guest's time follows the model, README "Guest
 //! time"), RDMSR and WRMSR of the PMU's MSRs (a KVM round trip each), the fences (after which
-//! some hosts lose the single-step trap), and INVLPG (a KVM round trip per page on a host that
-//! emulates CPL0 code).
+//! some hosts lose the single-step trap), INVLPG (a KVM round trip per page on a host that
+//! emulates CPL0 code), and IN and OUT of the VMM's own devices (a VM exit each).
 use super::clock::TscSource;
 use super::stepper::Pending;
 use super::Precise;
@@ -104,6 +104,33 @@ impl Precise {
                     }
                     return Ok(None);
                 }
+            }
+            // The ports the VMM's own devices answer, at CPL0 (where IOPL never refuses it, SDM
+            // Vol. 1 19.5.1), where nothing KVM holds comes in before it: as for the PMU's MSRs,
+            // or where this host's kernel code runs in the engine, which asks KVM for the events
+            // due only every so often anyway ("CPL0 code in the TCG engine").
+            Special::Port(access) if p.cpl == 0 => {
+                let mut regs = cx.vcpu.regs()?;
+                let port = access.port.map_or(regs.rdx as u16, u16::from);
+                let may = !queued && (regs.rflags & RFLAGS_IF == 0 || self.cpl0_in_engine());
+                // An I/O breakpoint (DR7 R/W = 10b) is KVM's to raise.
+                if !may || !cx.ports.completes(port) || self.guest_breakpoints(cx)?.armed() {
+                    return Ok(None);
+                }
+                let size = usize::from(access.size);
+                if access.out {
+                    cx.ports.write(port, &regs.rax.to_le_bytes()[..size]);
+                } else {
+                    let mut data = [0u8; 4];
+                    cx.ports.read(port, &mut data[..size]);
+                    let value = u64::from(u32::from_le_bytes(data));
+                    // A 32-bit destination clears RAX's upper half (SDM Vol. 1 3.4.1.1); AL and
+                    // AX leave the rest of it.
+                    let kept = if size == 4 { 0 } else { !0u64 << (8 * size) };
+                    regs.rax = regs.rax & kept | value;
+                }
+                self.stats.ports += 1;
+                self.complete(cx, p, i, regs)?
             }
             _ => return Ok(None),
         }))

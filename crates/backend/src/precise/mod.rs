@@ -104,6 +104,8 @@ pub struct Stats {
     pub tsc_deadlines: u64,
     /// RDMSR/WRMSR of the PMU's MSRs completed by emon (not stepped in KVM).
     pub pmu_msrs: u64,
+    /// IN and OUT of the VMM's own devices completed by emon (not stepped in KVM).
+    pub ports: u64,
     /// SYSCALLs from user mode emon completed (where the host does not enter the kernel).
     pub syscalls: u64,
     /// INT n and INT3 from user mode emon delivered (where the host swallows them).
@@ -562,7 +564,7 @@ impl Backend for Precise {
         let s = &self.stats;
         let engine = self.engine.account(s.engine_retired, s.engine_runs);
         format!(
-            "precise backend: {} instructions counted ({engine}; {} without their own single-step trap), {} interrupts/exceptions seen while stepping, {} HLT, {} RDPMC and {} TSC reads emulated ({} more in the engine from the host's TSC, {} from the model's), {} TSC deadline accesses completed, {} PMU MSR accesses completed, {} branches recorded in the LBR stack, {} PEBS records written ({} not, the buffer full), stepping switched {} times, {} counters reprogrammed",
+            "precise backend: {} instructions counted ({engine}; {} without their own single-step trap), {} interrupts/exceptions seen while stepping, {} HLT, {} RDPMC and {} TSC reads emulated ({} more in the engine from the host's TSC, {} from the model's), {} TSC deadline accesses completed, {} PMU MSR accesses and {} port accesses completed, {} branches recorded in the LBR stack, {} PEBS records written ({} not, the buffer full), stepping switched {} times, {} counters reprogrammed",
             s.retired,
             s.lost_traps,
             s.events,
@@ -573,6 +575,7 @@ impl Backend for Precise {
             s.engine_model_tsc_reads,
             s.tsc_deadlines,
             s.pmu_msrs,
+            s.ports,
             self.branches.lbr_recorded,
             self.ds.pebs_records,
             self.ds.pebs_full,
@@ -580,7 +583,7 @@ impl Backend for Precise {
             self.counters.reprogrammed
         ) + &if self.runs_free_in_engine() {
             format!(
-                "; with nothing counting, {} CPL0 instructions ran in the TCG engine and {} in KVM (handed over), {} user-mode instructions and {} returns to user mode in the engine; {} SYSCALLs and {} INT n from user mode completed",
+                "; with nothing counting, {} CPL0 instructions ran in the TCG engine and {} handed over (stepped in KVM or completed by emon), {} user-mode instructions and {} returns to user mode in the engine; {} SYSCALLs and {} INT n from user mode completed",
                 s.free_engine, s.free_stepped, s.free_user, s.free_returns, s.syscalls, s.soft_interrupts
             )
         } else {

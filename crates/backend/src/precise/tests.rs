@@ -27,7 +27,35 @@ struct Rig {
     pmu: Pmu,
     /// The facade's answer to the guest's PMU MSR accesses the backend completes.
     msrs: Accounting,
+    /// The VMM's devices, for the guest's port accesses the backend completes.
+    ports: TestPorts,
     precise: Precise,
+}
+
+/// One device at [`TestPorts::PORT`]: it keeps what was written to it and reads back
+/// [`TestPorts::READS`]; every other port is KVM's.
+#[derive(Debug, Default)]
+struct TestPorts {
+    written: Vec<(u16, Vec<u8>)>,
+    reads: u64,
+}
+
+impl TestPorts {
+    const PORT: u16 = 0x3F8;
+    const READS: u8 = 0x60;
+}
+
+impl crate::Ports for TestPorts {
+    fn completes(&self, port: u16) -> bool {
+        port == Self::PORT
+    }
+    fn read(&mut self, _port: u16, data: &mut [u8]) {
+        self.reads += 1;
+        data.fill(Self::READS);
+    }
+    fn write(&mut self, port: u16, data: &[u8]) {
+        self.written.push((port, data.to_vec()));
+    }
 }
 
 impl Rig {
@@ -55,6 +83,7 @@ impl Rig {
             },
             pmu: Pmu::new(&Profile::load("skylake").unwrap().pmu),
             msrs: Accounting::default(),
+            ports: TestPorts::default(),
             precise: Precise::with_engine(Engine::Step),
         };
         rig.gate(TIMER, HANDLER);
@@ -87,14 +116,14 @@ impl Rig {
     }
 
     fn before(&mut self, at_boundary: bool) -> Next {
-        let mut cx = Cx { vcpu: &mut self.vcpu, pmu: &mut self.pmu, msrs: &mut self.msrs };
+        let mut cx = Cx { vcpu: &mut self.vcpu, pmu: &mut self.pmu, msrs: &mut self.msrs, ports: &mut self.ports };
         self.precise.before_run(&mut cx, at_boundary).unwrap()
     }
 
     /// The entry ended in a single-step exit with the vCPU at `pc`.
     fn exit_at(&mut self, pc: u64) {
         self.vcpu.regs.rip = pc;
-        let mut cx = Cx { vcpu: &mut self.vcpu, pmu: &mut self.pmu, msrs: &mut self.msrs };
+        let mut cx = Cx { vcpu: &mut self.vcpu, pmu: &mut self.pmu, msrs: &mut self.msrs, ports: &mut self.ports };
         self.precise.on_debug_exit(&mut cx, pc).unwrap();
     }
 
@@ -493,6 +522,70 @@ fn pmu_msr_accesses_at_cpl0_are_completed_through_the_facade() {
         assert_eq!(r.before(true), Next::Run, "{rcx:#x} {rflags:#x} {queued}");
         assert_eq!(r.msrs.stats, MsrStats::default());
     }
+}
+
+/// `out dx, al; in al, dx; in eax, dx; out dx, ax` to the VMM's own device at CPL0 while PMC0
+/// counts instructions: emon completes each through the VMM's ports, as KVM's I/O exit would reach
+/// them, without a step in KVM, and each retires and counts once. IN of AL keeps the rest of RAX,
+/// IN of EAX clears its upper half (SDM Vol. 1 3.4.1.1); OUT writes the operand's bytes only.
+#[test]
+fn port_accesses_of_the_vmms_devices_at_cpl0_are_completed_by_emon() {
+    let mut r = Rig::new(&[0xEE, 0xEC, 0xED, 0x66, 0xEF, NOP]);
+    r.count();
+    (r.vcpu.regs.rdx, r.vcpu.regs.rax) = (u64::from(TestPorts::PORT), 0x1234_5678_9ABC_DE41);
+    assert_eq!(r.before(true), Next::Retired, "OUT, completed by emon");
+    assert_eq!(r.ports.written, [(TestPorts::PORT, vec![0x41])]);
+    assert_eq!((r.vcpu.regs.rip, r.pmc(0)), (CODE + 1, 1));
+    assert_eq!(r.before(true), Next::Retired, "IN of AL");
+    assert_eq!(r.vcpu.regs.rax, 0x1234_5678_9ABC_DE60);
+    assert_eq!(r.before(true), Next::Retired, "IN of EAX");
+    assert_eq!(r.vcpu.regs.rax, 0x6060_6060);
+    r.vcpu.regs.rax = 0xFFFF_0102;
+    assert_eq!(r.before(true), Next::Retired, "OUT of AX");
+    assert_eq!(r.ports.written[1], (TestPorts::PORT, vec![0x02, 0x01]));
+    assert_eq!((r.vcpu.regs.rip, r.pmc(0), r.pmc(1)), (CODE + 5, 4, 0));
+    assert_eq!((r.ports.reads, r.precise.stats.ports), (2, 4));
+    assert!(r.vcpu.injected.is_empty());
+    // KVM's, stepped as before: another port (one of KVM's in-kernel devices, perhaps); with
+    // interrupts enabled, where KVM would deliver what it holds first and the engine does not run
+    // this host's kernel code; with a PMI queued; with the guest's breakpoints armed (an I/O
+    // breakpoint is KVM's to raise).
+    for (dx, rflags, queued, dr7) in [
+        (0x80, 2, false, 0),
+        (u64::from(TestPorts::PORT), 2 | RFLAGS_IF, false, 0),
+        (u64::from(TestPorts::PORT), 2, true, 0),
+        (u64::from(TestPorts::PORT), 2, false, 0b10),
+    ] {
+        let mut r = Rig::new(&[0xEE, NOP]);
+        r.count();
+        (r.vcpu.regs.rdx, r.vcpu.regs.rflags, r.vcpu.dr7) = (dx, rflags, dr7);
+        if queued {
+            r.precise.event_queued();
+        }
+        assert_eq!(r.before(true), Next::Run, "{dx:#x} {rflags:#x} {queued} {dr7:#x}");
+        assert!(r.ports.written.is_empty());
+        r.exit_at(CODE + 1);
+        assert_eq!((r.pmc(0), r.precise.stats.ports), (1, 0), "stepped in KVM and counted once");
+    }
+}
+
+/// Kernel code that polls a UART (`in al, dx; test al, 0x20; jz` back, then `out dx, al`) where
+/// this host's CPL0 code runs in the engine, with interrupts enabled and nothing counting: emon
+/// completes the port accesses (the engine runs between them), and KVM is never entered.
+#[cfg(feature = "tcg")]
+#[test]
+fn a_polled_uart_in_kernel_code_the_engine_runs_is_completed_without_kvm() {
+    // in al, dx; test al, 0x20; jz -5; out dx, al; hlt
+    let mut r = Rig::new(&[0xEC, 0xA8, 0x20, 0x74, 0xFB, 0xEE, 0xF4]);
+    r.precise = Precise::with_engine(Engine::Tcg).with_cpl0_in_engine(true);
+    r.precise.engine.set_event_clock(EventClock::manual());
+    (r.vcpu.regs.rdx, r.vcpu.regs.rflags) = (u64::from(TestPorts::PORT), 2 | RFLAGS_IF);
+    while r.vcpu.regs.rip != CODE + 6 {
+        assert_eq!(r.before(true), Next::Retired, "at {:#x}", r.vcpu.regs.rip);
+    }
+    assert_eq!((r.ports.reads, r.ports.written.len(), r.precise.stats.ports), (1, 1, 2));
+    assert_eq!(r.ports.written[0], (TestPorts::PORT, vec![0x60]), "the status read, written back");
+    assert_eq!(r.precise.stats.engine_runs, 1, "the TEST and JZ between them");
 }
 
 /// `nop; wrmsr; nop; hlt` with the WRMSR enabling IA32_PMC0 (instructions at every CPL), CPL0 code
