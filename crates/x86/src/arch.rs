@@ -46,6 +46,12 @@ pub const IA32_TSC_DEADLINE: u32 = 0x6E0;
 /// IA32_TSC_ADJUST: writes move IA32_TSC by the same amount (SDM Vol. 3B 18.17.3).
 pub const IA32_TSC_ADJUST: u32 = 0x3B;
 
+/// IA32_APIC_BASE: where the local APIC's xAPIC page is, EN (the APIC on) and EXTD (x2APIC mode,
+/// which has no page) (SDM Vol. 3A 11.4.4, 11.12.1).
+pub const IA32_APIC_BASE: u32 = 0x1B;
+pub const APIC_BASE_EXTD: u64 = 1 << 10;
+pub const APIC_BASE_EN: u64 = 1 << 11;
+
 /// IA32_TSC_AUX: what RDTSCP returns in ECX.
 pub const IA32_TSC_AUX: u32 = 0xC000_0103;
 /// IA32_EFER: SCE (SYSCALL enable), LME/LMA (IA-32e mode), NXE.

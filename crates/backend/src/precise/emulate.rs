@@ -3,7 +3,8 @@
 //! counter's reads and IA32_TSC_DEADLINE (the guest's time follows the model, README "Guest
 //! time"), RDMSR and WRMSR of the PMU's MSRs (a KVM round trip each), the fences (after which
 //! some hosts lose the single-step trap), INVLPG (a KVM round trip per page on a host that
-//! emulates CPL0 code), and IN and OUT of the VMM's own devices (a VM exit each).
+//! emulates CPL0 code), IN and OUT of the VMM's own devices (a VM exit each), and the store that
+//! writes the xAPIC's LVTPC (an MMIO write KVM would step).
 use super::clock::TscSource;
 use super::stepper::Pending;
 use super::Precise;
@@ -132,8 +133,72 @@ impl Precise {
                 self.stats.ports += 1;
                 self.complete(cx, p, i, regs)?
             }
+            // A store to the local APIC's page at CPL0: its LVTPC, the PMU's own interrupt
+            // register, emon writes where nothing KVM holds comes in first (as for the ports).
+            Special::None if p.cpl == 0 && i.mem_operands == 1 => {
+                match self.emulate_lvtpc_write(cx, p, i, mode, queued)? {
+                    Some(next) => next,
+                    None => return Ok(None),
+                }
+            }
             _ => return Ok(None),
         }))
+    }
+
+    /// `MOV m32, r32` or `MOV m32, imm32` to the xAPIC's LVTPC (Linux unmasks it so at the end of
+    /// each PMI): an MMIO write, and so a KVM step, and on a host whose kernel code runs in the
+    /// engine a load of the whole vCPU state after it. The register takes the written vector,
+    /// delivery mode and mask (its delivery status is read-only), and is masked whatever was
+    /// written while the APIC is software-disabled (SDM Vol. 3A 11.5.1, 11.4.7.2). `None`: any
+    /// other store, or one whose translation the processor would set an accessed or dirty flag
+    /// on (SDM Vol. 3A 4.8), KVM's.
+    fn emulate_lvtpc_write(
+        &mut self,
+        cx: &mut Cx,
+        p: &mut Pending,
+        i: &Insn,
+        mode: &CpuMode,
+        queued: bool,
+    ) -> Result<Option<Next>, BackendError> {
+        use crate::lapic::{self, LVT_MASKED, LVT_PMC, SVR, SVR_APIC_ENABLED};
+        use emon_x86::arch::{APIC_BASE_EN, APIC_BASE_EXTD};
+        use iced_x86::{MemorySize, Mnemonic, OpKind};
+        /// The LVTPC's writable bits: vector, delivery mode and mask.
+        const WRITABLE: u32 = 0xFF | 0b111 << lapic::DELIVERY_MODE_SHIFT | LVT_MASKED;
+        let regs = cx.vcpu.regs()?;
+        if queued || regs.rflags & RFLAGS_IF != 0 && !self.cpl0_in_engine() {
+            return Ok(None);
+        }
+        let full = super::stepper::decode_full(cx, mode, p.rip);
+        if full.mnemonic() != Mnemonic::Mov
+            || full.op0_kind() != OpKind::Memory
+            || full.memory_size() != MemorySize::UInt32
+        {
+            return Ok(None);
+        }
+        let value = match full.op1_kind() {
+            OpKind::Register => emon_x86::access::gpr(&regs, full.op1_register()) as u32,
+            OpKind::Immediate32 => full.immediate32(),
+            _ => return Ok(None),
+        };
+        let sregs = cx.vcpu.sregs()?;
+        let reg = |r| emon_x86::access::gpr(&regs, r);
+        let Ok(&[access]) = emon_x86::access::data_accesses(&full, reg, sregs.fs.base, sregs.gs.base).as_deref() else {
+            return Ok(None);
+        };
+        let store = emon_x86::mode::Access::Write;
+        let Some(phys) = mode.quiet_translation(cx.vcpu.memory(), access.linear, store, false) else { return Ok(None) };
+        let xapic = sregs.apic_base & (APIC_BASE_EN | APIC_BASE_EXTD) == APIC_BASE_EN;
+        let page = sregs.apic_base & !0xFFF;
+        if !xapic || phys != page + LVT_PMC as u64 || self.guest_breakpoints(cx)?.armed() {
+            return Ok(None);
+        }
+        let mut apic = cx.vcpu.lapic()?;
+        let masked = if lapic::reg(&apic, SVR) & SVR_APIC_ENABLED == 0 { LVT_MASKED } else { 0 };
+        lapic::set_reg(&mut apic, LVT_PMC, value & WRITABLE | masked);
+        cx.vcpu.set_lapic(&apic)?;
+        self.stats.lvtpc_writes += 1;
+        self.complete(cx, p, i, regs).map(Some)
     }
 
     /// Whether nothing KVM holds may be delivered before the instruction at this CPL0 boundary: no

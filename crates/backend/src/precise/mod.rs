@@ -106,6 +106,8 @@ pub struct Stats {
     pub pmu_msrs: u64,
     /// IN and OUT of the VMM's own devices completed by emon (not stepped in KVM).
     pub ports: u64,
+    /// Writes of the xAPIC's LVTPC completed by emon (not stepped in KVM).
+    pub lvtpc_writes: u64,
     /// SYSCALLs from user mode emon completed (where the host does not enter the kernel).
     pub syscalls: u64,
     /// INT n and INT3 from user mode emon delivered (where the host swallows them).
@@ -564,7 +566,7 @@ impl Backend for Precise {
         let s = &self.stats;
         let engine = self.engine.account(s.engine_retired, s.engine_runs);
         format!(
-            "precise backend: {} instructions counted ({engine}; {} without their own single-step trap), {} interrupts/exceptions seen while stepping, {} HLT, {} RDPMC and {} TSC reads emulated ({} more in the engine from the host's TSC, {} from the model's), {} TSC deadline accesses completed, {} PMU MSR accesses and {} port accesses completed, {} branches recorded in the LBR stack, {} PEBS records written ({} not, the buffer full), stepping switched {} times, {} counters reprogrammed",
+            "precise backend: {} instructions counted ({engine}; {} without their own single-step trap), {} interrupts/exceptions seen while stepping, {} HLT, {} RDPMC and {} TSC reads emulated ({} more in the engine from the host's TSC, {} from the model's), {} TSC deadline accesses completed, {} PMU MSR accesses, {} port accesses and {} LVTPC writes completed, {} branches recorded in the LBR stack, {} PEBS records written ({} not, the buffer full), stepping switched {} times, {} counters reprogrammed",
             s.retired,
             s.lost_traps,
             s.events,
@@ -576,6 +578,7 @@ impl Backend for Precise {
             s.tsc_deadlines,
             s.pmu_msrs,
             s.ports,
+            s.lvtpc_writes,
             self.branches.lbr_recorded,
             self.ds.pebs_records,
             self.ds.pebs_full,

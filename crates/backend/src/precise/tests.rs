@@ -569,6 +569,63 @@ fn port_accesses_of_the_vmms_devices_at_cpl0_are_completed_by_emon() {
     }
 }
 
+/// `mov [rdi], esi; nop` at CPL0 while PMC0 counts instructions, RDI at the xAPIC page's LVTPC
+/// (Linux's unmasking of it at the end of a PMI): emon writes the register's writable bits (the
+/// delivery status is read-only, SDM Vol. 3A 11.5.1) into the local APIC's page itself, without
+/// a KVM step, and the MOV retires and counts once; a software-disabled APIC keeps it masked (SDM
+/// Vol. 3A 11.4.7.2). Any other register, an x2APIC (no page), a translation whose accessed or
+/// dirty flag the store would set, a queued PMI or, where the engine does not run this host's
+/// kernel code, interrupts enabled leave the store to KVM.
+#[test]
+fn an_lvtpc_write_at_cpl0_is_completed_in_the_local_apics_page() {
+    const APIC: u64 = 0xFEE0_0000;
+    /// PDPT 0x2000 entry 3 -> PD 0x5000, whose entry for the APIC's 2 MiB maps it with `flags`;
+    /// the entries above it accessed.
+    fn apic_rig(flags: u64) -> Rig {
+        let mut r = Rig::new(&[0x89, 0x37, NOP]);
+        r.vcpu.mem.write_obj(0x2023u64, GuestAddress(0x1000)).unwrap();
+        r.vcpu.mem.write_obj(0x5023u64, GuestAddress(0x2000 + 3 * 8)).unwrap();
+        r.vcpu.mem.write_obj(APIC | flags, GuestAddress(0x5000 + ((APIC >> 21) & 0x1FF) * 8)).unwrap();
+        r.vcpu.sregs.apic_base = APIC | 0x900; // BSP, EN
+        crate::lapic::set_reg(&mut r.vcpu.lapic, crate::lapic::SVR, 0x1FF);
+        crate::lapic::set_reg(&mut r.vcpu.lapic, crate::lapic::LVT_PMC, crate::lapic::LVT_MASKED | 0x400);
+        (r.vcpu.regs.rdi, r.vcpu.regs.rsi) = (APIC + crate::lapic::LVT_PMC as u64, 0xFFFE_F400);
+        r.count();
+        r
+    }
+    // Present, writable, 2 MiB, accessed and dirty.
+    const MAPPED: u64 = 0x83 | 0x20 | 0x40;
+    let lvtpc = |r: &Rig| crate::lapic::reg(&r.vcpu.lapic, crate::lapic::LVT_PMC);
+    let mut r = apic_rig(MAPPED);
+    assert_eq!(r.before(true), Next::Retired, "completed by emon");
+    assert_eq!(lvtpc(&r), 0x400, "NMI, unmasked: the delivery status and the reserved bits written are dropped");
+    assert_eq!((r.vcpu.regs.rip, r.pmc(0), r.precise.stats.lvtpc_writes), (CODE + 2, 1, 1));
+    assert!(r.vcpu.injected.is_empty());
+    let mut r = apic_rig(MAPPED);
+    r.vcpu.regs.rsi = 0xFFFF_FFFF;
+    assert_eq!(r.before(true), Next::Retired);
+    assert_eq!(lvtpc(&r), 0x1_07FF, "vector, delivery mode and mask; not the delivery status");
+    let mut r = apic_rig(MAPPED);
+    crate::lapic::set_reg(&mut r.vcpu.lapic, crate::lapic::SVR, 0xFF);
+    assert_eq!(r.before(true), Next::Retired);
+    assert_eq!(lvtpc(&r), crate::lapic::LVT_MASKED | 0x400, "a software-disabled APIC masks it");
+    for (what, flags, rdi, apic_base, rflags, queued) in [
+        ("LINT0", MAPPED, APIC + 0x350, APIC | 0x900, 2, false),
+        ("x2APIC", MAPPED, APIC + 0x340, APIC | 0xD00, 2, false),
+        ("dirty flag to set", 0x83 | 0x20, APIC + 0x340, APIC | 0x900, 2, false),
+        ("interrupts enabled", MAPPED, APIC + 0x340, APIC | 0x900, 2 | RFLAGS_IF, false),
+        ("a PMI queued", MAPPED, APIC + 0x340, APIC | 0x900, 2, true),
+    ] {
+        let mut r = apic_rig(flags);
+        (r.vcpu.regs.rdi, r.vcpu.sregs.apic_base, r.vcpu.regs.rflags) = (rdi, apic_base, rflags);
+        if queued {
+            r.precise.event_queued();
+        }
+        assert_eq!(r.before(true), Next::Run, "{what}: KVM's");
+        assert_eq!((lvtpc(&r), r.precise.stats.lvtpc_writes), (crate::lapic::LVT_MASKED | 0x400, 0), "{what}");
+    }
+}
+
 /// Kernel code that polls a UART (`in al, dx; test al, 0x20; jz` back, then `out dx, al`) where
 /// this host's CPL0 code runs in the engine, with interrupts enabled and nothing counting: emon
 /// completes the port accesses (the engine runs between them), and KVM is never entered.
