@@ -101,6 +101,21 @@ pub fn without_expired_timer(page: &mut [u8]) {
     }
 }
 
+/// A register page read (`read`) and changed (`page`) is about to be written back while KVM's
+/// in-kernel devices may have requested interrupts since (an I/O APIC's delivery sets IRR bits
+/// from another thread): each request that came in between, as the page reads `now`, stays
+/// requested, with its trigger mode (TMR), instead of being lost to the write.
+pub fn keep_new_requests(page: &mut [u8], read: &[u8], now: &[u8]) {
+    for i in 0..8 {
+        let (irr, tmr) = (IRR + 16 * i, TMR + 16 * i);
+        let new = reg(now, irr) & !reg(read, irr);
+        if new != 0 {
+            set_reg(page, irr, reg(page, irr) | new);
+            set_reg(page, tmr, reg(page, tmr) & !new | reg(now, tmr) & new);
+        }
+    }
+}
+
 /// `kvm_lapic_state.regs` (C chars) as bytes.
 pub fn bytes(regs: &mut [std::os::raw::c_char; 1024]) -> &mut [u8; 1024] {
     // SAFETY: c_char and u8 have the same size and alignment, and every bit pattern is valid
@@ -147,6 +162,22 @@ mod tests {
         // Special fully nested: the master takes the slave's next request with IRQ2 in service.
         assert!(pic_output(0b100, 0, 0b100, 0, true));
         assert!(!pic_output(0b100, 0, 0b100, 0, false));
+    }
+
+    #[test]
+    fn requests_that_came_in_after_the_read_survive_the_write_back() {
+        let read = page(&[0x31, 0xEC], &[], 0);
+        // emon took 0xEC into service; 0x41 (level-triggered) and 0x62 came in meanwhile.
+        let mut changed = read;
+        assert_eq!(accept_interrupt(&mut changed), Some(0xEC));
+        let mut now = page(&[0x31, 0xEC, 0x41, 0x62], &[], 0);
+        set_reg(&mut now, TMR + 16 * 2, 1 << 1);
+        keep_new_requests(&mut changed, &read, &now);
+        let requested = |p: &[u8], v: u8| reg(p, IRR + usize::from(v) / 32 * 16) & 1 << (v % 32) != 0;
+        assert!(requested(&changed, 0x41) && requested(&changed, 0x62) && requested(&changed, 0x31));
+        assert!(!requested(&changed, 0xEC), "the one taken stays taken");
+        assert_eq!(highest(&changed, ISR), Some(0xEC));
+        assert_eq!(highest(&changed, TMR), Some(0x41), "level-triggered, as it came");
     }
 
     #[test]

@@ -103,7 +103,9 @@ impl Vcpu for Script {
     fn device_vectors(&mut self) -> Result<[u64; 4], VcpuError> {
         Ok(self.device_vectors)
     }
-    fn set_lapic(&mut self, page: &[u8; 1024]) -> Result<(), VcpuError> {
+    fn set_lapic(&mut self, page: &[u8; 1024], read: &[u8; 1024]) -> Result<(), VcpuError> {
+        // Nothing requests interrupts behind the script's back: what it holds is what was read.
+        assert_eq!(&self.lapic, read, "the page written back was read from this APIC");
         self.lapic = *page;
         Ok(())
     }

@@ -134,7 +134,9 @@ pub trait Vcpu {
     fn device_vectors(&mut self) -> Result<[u64; 4], VcpuError> {
         Ok([0; 4])
     }
-    fn set_lapic(&mut self, page: &[u8; 1024]) -> Result<(), VcpuError>;
+    /// Writes back `page`, changed from `read` (what [`Self::lapic`] gave): an interrupt KVM's
+    /// devices requested since stays requested ([`crate::lapic::keep_new_requests`]).
+    fn set_lapic(&mut self, page: &[u8; 1024], read: &[u8; 1024]) -> Result<(), VcpuError>;
     /// Queues an NMI for the vCPU (delivered at the next entry if it can take one).
     fn nmi(&mut self) -> Result<(), VcpuError>;
     /// The x87/MMX/SSE state and XCR0 (the TCG engine's instructions, adaptive PEBS's XMM group).

@@ -238,10 +238,11 @@ impl<O: Observer> VirtualPmu<O> {
     /// Delivers the pending PMI as LVTPC says (a fixed vector into the IRR, or an NMI), then
     /// applies the freeze-on-PMI controls.
     fn deliver_pmi(&mut self, vcpu: &mut dyn Vcpu) -> Result<(), BackendError> {
-        let mut page = vcpu.lapic()?;
+        let read = vcpu.lapic()?;
+        let mut page = read;
         let delivery = plan(&mut page);
         if delivery != PmiDelivery::Masked {
-            vcpu.set_lapic(&page)?;
+            vcpu.set_lapic(&page, &read)?;
         }
         if delivery == PmiDelivery::Nmi {
             vcpu.nmi()?;

@@ -289,6 +289,7 @@ impl KvmCpu {
         }
         let mut state = self.fd.get_lapic().map_err(VcpuError::op("KVM_GET_LAPIC"))?;
         let page = lapic::bytes(&mut state.regs);
+        let read = *page;
         let Some(v) = lapic::accept_interrupt(page) else {
             // The PIC's interrupt through LINT0 (virtual wire), which KVM takes from the PIC at
             // the next entry; after the APIC's own, so that an interrupt a handler raised for
@@ -297,16 +298,21 @@ impl KvmCpu {
                 && self.vm.as_ref().map(event_probe::pic_asserts).transpose()?.unwrap_or(false);
             return Ok(extint.then_some(crate::DueEvent::ExtInt));
         };
-        self.set_lapic(page)?;
+        self.set_lapic(page, &read)?;
         Ok(Some(crate::DueEvent::Interrupt(v)))
     }
 
     /// KVM_SET_LAPIC of a register page read with KVM_GET_LAPIC (see
     /// [`lapic::without_expired_timer`]).
-    pub fn set_lapic(&mut self, page: &[u8; 1024]) -> Result<(), VcpuError> {
+    /// The requests that came in after `read` stay ([`lapic::keep_new_requests`]); one that comes
+    /// between the second read and the write is still lost: KVM has no call to write one register
+    /// of the xAPIC page.
+    pub fn set_lapic(&mut self, page: &[u8; 1024], read: &[u8; 1024]) -> Result<(), VcpuError> {
+        let mut now = self.fd.get_lapic().map_err(VcpuError::op("KVM_GET_LAPIC"))?;
         let mut state = kvm_bindings::kvm_lapic_state::default();
         let regs = lapic::bytes(&mut state.regs);
         *regs = *page;
+        lapic::keep_new_requests(regs, read, lapic::bytes(&mut now.regs));
         lapic::without_expired_timer(regs);
         self.fd.set_lapic(&state).map_err(VcpuError::op("KVM_SET_LAPIC"))
     }
@@ -527,8 +533,8 @@ impl Vcpu for KvmVcpu<'_> {
         Ok(*lapic::bytes(&mut state.regs))
     }
 
-    fn set_lapic(&mut self, page: &[u8; 1024]) -> Result<(), VcpuError> {
-        self.cpu.set_lapic(page)
+    fn set_lapic(&mut self, page: &[u8; 1024], read: &[u8; 1024]) -> Result<(), VcpuError> {
+        self.cpu.set_lapic(page, read)
     }
 
     fn device_vectors(&mut self) -> Result<[u64; 4], VcpuError> {

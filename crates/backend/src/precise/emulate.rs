@@ -193,10 +193,11 @@ impl Precise {
         if !xapic || phys != page + LVT_PMC as u64 || self.guest_breakpoints(cx)?.armed() {
             return Ok(None);
         }
-        let mut apic = cx.vcpu.lapic()?;
+        let read = cx.vcpu.lapic()?;
+        let mut apic = read;
         let masked = if lapic::reg(&apic, SVR) & SVR_APIC_ENABLED == 0 { LVT_MASKED } else { 0 };
         lapic::set_reg(&mut apic, LVT_PMC, value & WRITABLE | masked);
-        cx.vcpu.set_lapic(&apic)?;
+        cx.vcpu.set_lapic(&apic, &read)?;
         self.stats.lvtpc_writes += 1;
         self.complete(cx, p, i, regs).map(Some)
     }
