@@ -107,15 +107,11 @@ impl Precise {
                 }
             }
             // The ports the VMM's own devices answer, at CPL0 (where IOPL never refuses it, SDM
-            // Vol. 1 19.5.1), where nothing KVM holds comes in before it: as for the PMU's MSRs,
-            // or where this host's kernel code runs in the engine, which asks KVM for the events
-            // due only every so often anyway ("CPL0 code in the TCG engine").
+            // Vol. 1 19.5.1).
             Special::Port(access) if p.cpl == 0 => {
                 let mut regs = cx.vcpu.regs()?;
                 let port = access.port.map_or(regs.rdx as u16, u16::from);
-                let may = !queued && (regs.rflags & RFLAGS_IF == 0 || self.cpl0_in_engine());
-                // An I/O breakpoint (DR7 R/W = 10b) is KVM's to raise.
-                if !may || !cx.ports.completes(port) || self.guest_breakpoints(cx)?.armed() {
+                if !self.device_access_now(cx, queued)? || !cx.ports.completes(port) {
                     return Ok(None);
                 }
                 let size = usize::from(access.size);
@@ -134,7 +130,7 @@ impl Precise {
                 self.complete(cx, p, i, regs)?
             }
             // A store to the local APIC's page at CPL0: its LVTPC, the PMU's own interrupt
-            // register, emon writes where nothing KVM holds comes in first (as for the ports).
+            // register, emon writes itself.
             Special::None if p.cpl == 0 && i.mem_operands == 1 => {
                 match self.emulate_lvtpc_write(cx, p, i, mode, queued)? {
                     Some(next) => next,
@@ -165,10 +161,10 @@ impl Precise {
         use iced_x86::{MemorySize, Mnemonic, OpKind};
         /// The LVTPC's writable bits: vector, delivery mode and mask.
         const WRITABLE: u32 = 0xFF | 0b111 << lapic::DELIVERY_MODE_SHIFT | LVT_MASKED;
-        let regs = cx.vcpu.regs()?;
-        if queued || regs.rflags & RFLAGS_IF != 0 && !self.cpl0_in_engine() {
+        if !self.device_access_now(cx, queued)? {
             return Ok(None);
         }
+        let regs = cx.vcpu.regs()?;
         let full = super::stepper::decode_full(cx, mode, p.rip);
         if full.mnemonic() != Mnemonic::Mov
             || full.op0_kind() != OpKind::Memory
@@ -190,7 +186,7 @@ impl Precise {
         let Some(phys) = mode.quiet_translation(cx.vcpu.memory(), access.linear, store, false) else { return Ok(None) };
         let xapic = sregs.apic_base & (APIC_BASE_EN | APIC_BASE_EXTD) == APIC_BASE_EN;
         let page = sregs.apic_base & !0xFFF;
-        if !xapic || phys != page + LVT_PMC as u64 || self.guest_breakpoints(cx)?.armed() {
+        if !xapic || phys != page + LVT_PMC as u64 {
             return Ok(None);
         }
         let read = cx.vcpu.lapic()?;
@@ -200,6 +196,16 @@ impl Precise {
         cx.vcpu.set_lapic(&apic, &read)?;
         self.stats.lvtpc_writes += 1;
         self.complete(cx, p, i, regs).map(Some)
+    }
+
+    /// Whether emon may complete a device access (a port's, the LVTPC's) at this CPL0 boundary
+    /// itself: where nothing KVM holds may come in before it ([`Self::nothing_due`]), or where
+    /// this host's kernel code runs in the engine, which asks KVM for the events due only every
+    /// so often anyway ("CPL0 code in the TCG engine"); never with a PMI queued, nor with the
+    /// guest's breakpoints armed (an I/O or data breakpoint is KVM's to raise).
+    fn device_access_now(&mut self, cx: &mut Cx, queued: bool) -> Result<bool, BackendError> {
+        let soon = Self::nothing_due(cx, queued)? || !queued && self.cpl0_in_engine();
+        Ok(soon && !self.guest_breakpoints(cx)?.armed())
     }
 
     /// Whether nothing KVM holds may be delivered before the instruction at this CPL0 boundary: no
