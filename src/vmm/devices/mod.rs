@@ -71,18 +71,6 @@ impl PioBus {
         PioAction::Continue
     }
 
-    /// Whether `port` is one of emon's devices whose accesses have no effect beyond the device
-    /// (a backend may then complete an IN or OUT of it without KVM): COM1, fw_cfg and the CMOS.
-    /// The debug-exit port and the i8042 (its reset) end the run; every other port may be one of
-    /// KVM's in-kernel devices (the PIC, the PIT), which emon cannot reach.
-    pub fn completes(&self, port: u16) -> bool {
-        matches!(
-            port,
-            serial::COM1
-                ..=serial::COM1_END | fw_cfg::SELECTOR_PORT | fw_cfg::DATA_PORT | cmos::INDEX_PORT | cmos::DATA_PORT
-        )
-    }
-
     pub fn read(&mut self, port: u16, data: &mut [u8]) {
         match port {
             serial::COM1..=serial::COM1_END => self.serial.read(port - serial::COM1, data),
@@ -99,8 +87,16 @@ impl PioBus {
 
 /// The bus as the precise backend completes IN and OUT without KVM.
 impl crate::backend::Ports for PioBus {
+    /// Whether `port` is one of emon's devices whose accesses have no effect beyond the device
+    /// (a backend may then complete an IN or OUT of it without KVM): COM1, fw_cfg and the CMOS.
+    /// The debug-exit port and the i8042 (its reset) end the run; every other port may be one of
+    /// KVM's in-kernel devices (the PIC, the PIT), which emon cannot reach.
     fn completes(&self, port: u16) -> bool {
-        PioBus::completes(self, port)
+        matches!(
+            port,
+            serial::COM1
+                ..=serial::COM1_END | fw_cfg::SELECTOR_PORT | fw_cfg::DATA_PORT | cmos::INDEX_PORT | cmos::DATA_PORT
+        )
     }
 
     fn read(&mut self, port: u16, data: &mut [u8]) {

@@ -20,8 +20,9 @@ use kvm_bindings::{
 use kvm_ioctls::{Cap, Kvm, SyncReg, VcpuFd};
 
 use crate::VcpuError;
-use emon_x86::arch::IA32_TSC_AUX;
-use emon_x86::arch::{IA32_APIC_BASE, IA32_CSTAR, IA32_EFER, IA32_FMASK, IA32_KERNEL_GS_BASE, IA32_LSTAR, IA32_STAR};
+use emon_x86::arch::{
+    IA32_APIC_BASE, IA32_CSTAR, IA32_EFER, IA32_FMASK, IA32_KERNEL_GS_BASE, IA32_LSTAR, IA32_STAR, IA32_TSC_AUX,
+};
 use emon_x86::fpu::Fpu;
 
 /// IA32_FS_BASE, IA32_GS_BASE (SDM Vol. 4, Table 2-2).
