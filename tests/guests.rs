@@ -136,7 +136,7 @@ fn msr_semantics_passes_under_unusual_pmus() {
 
 /// CPUID leaf 15H's crystal and leaf 16H's base frequency give the rate the guest's TSC really
 /// runs at (README, "Guest time"): timed against the PIT, under every profile that has either;
-/// the others skip.
+/// the others skip. Under all, port 61h gates counter 2 and reads its output (OUT2).
 #[test]
 fn the_tsc_runs_at_the_rate_leaves_15h_and_16h_give() {
     if !kvm_available() {
@@ -145,6 +145,7 @@ fn the_tsc_runs_at_the_rate_leaves_15h_and_16h_give() {
     for name in Profile::builtin_names() {
         let r = emon(&["run", "--profile", name, "guest:tsc-rate"]);
         r.assert_status(0).assert_no_failures();
+        assert!(r.stdout.contains("PASS: OUT2 goes high when counter 2 has run down"), "{name}: {}", r.stdout);
         let clock = Profile::load(name).unwrap().clock;
         let (crystal, base) = (clock.crystal_hz != 0, clock.frequency_mhz.is_some());
         let passes = |what: &str| r.stdout.contains(&format!("PASS: the TSC runs at {what}"));

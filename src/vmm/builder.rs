@@ -101,7 +101,10 @@ fn create_vm(kvm: &Kvm) -> Result<VmFd, VmmError> {
     let vm = kvm.create_vm().map_err(kvm_err("KVM_CREATE_VM"))?;
     vm.set_tss_address(TSS_ADDRESS).map_err(kvm_err("KVM_SET_TSS_ADDR"))?;
     vm.create_irq_chip().map_err(kvm_err("KVM_CREATE_IRQCHIP"))?;
-    vm.create_pit2(kvm_pit_config::default()).map_err(kvm_err("KVM_CREATE_PIT2"))?;
+    // With its speaker port (61h): the gate of counter 2 and its output, OUT2, which Linux times
+    // the TSC against where CPUID gives no rate (README, "Guest time").
+    let pit = kvm_pit_config { flags: kvm_bindings::KVM_PIT_SPEAKER_DUMMY, ..Default::default() };
+    vm.create_pit2(pit).map_err(kvm_err("KVM_CREATE_PIT2"))?;
     pit_without_reinjection(&vm)?;
     crate::backend::kvm::trap_pmu_msrs(&vm)?;
     Ok(vm)

@@ -1,4 +1,6 @@
 //! Checks that the TSC runs at the rate CPUID gives: leaf 15H's crystal x EBX / EAX, and leaf 16H's base frequency, timed against channel 2 of the 8254 PIT.
+//! First, under every profile, that port 61h gates counter 2 and reads its output as the PC's
+//! does, since Linux times the TSC against it where CPUID gives no rate.
 //!
 //! A guest that finds its TSC frequency in leaf 15H measures time with the TSC alone (Linux then
 //! runs its clock and its TSC-deadline tick on it); one whose leaf 15H names no crystal takes
@@ -34,10 +36,16 @@ const PIT_CONTROL: u16 = 0x43;
 const COUNTER2_MODE0: u8 = 0b10_11_000_0;
 /// Control word: counter 2, counter latch command.
 const COUNTER2_LATCH: u8 = 0b10_00_000_0;
-/// Port 61h (system control port B): bit 0 gates counter 2, bit 1 drives the speaker from it.
+/// Port 61h (system control port B): bit 0 gates counter 2, bit 1 drives the speaker from it;
+/// bit 5 reads counter 2's output (OUT2).
 const PORT_B: u16 = 0x61;
 const PORT_B_GATE2: u8 = 1 << 0;
 const PORT_B_SPEAKER: u8 = 1 << 1;
+const PORT_B_OUT2: u8 = 1 << 5;
+/// The count [`out2_follows_counter2`] loads: 1.7 ms of the PIT's clock.
+const OUT2_COUNT: u16 = 0x800;
+/// Reads of port 61h it makes at most while waiting for OUT2 (each a VM exit or more).
+const OUT2_READS: u32 = 200_000;
 
 /// Good windows measured, and windows tried at most.
 const WINDOWS: usize = 5;
@@ -92,6 +100,31 @@ fn window(wait: u64, slack: u64, gap: u64) -> Option<u64> {
     }
 }
 
+/// Port 61h as the PC has it, where Linux's PIT calibration of the TSC reads OUT2: the gate and
+/// speaker bits read back as written, and in mode 0 (interrupt on terminal count) OUT2 is low from
+/// the count's load until it runs down to 0, then high.
+fn out2_follows_counter2() {
+    let speaker_off = inb(PORT_B) & !PORT_B_SPEAKER;
+    outb(PORT_B, speaker_off | PORT_B_GATE2);
+    let b = inb(PORT_B);
+    check!(
+        b & (PORT_B_GATE2 | PORT_B_SPEAKER) == PORT_B_GATE2,
+        "port 61h reads back counter 2's gate on and the speaker off: {b:#04x}"
+    );
+    outb(PIT_CONTROL, COUNTER2_MODE0);
+    let [lo, hi] = OUT2_COUNT.to_le_bytes();
+    outb(PIT_COUNTER2, lo);
+    outb(PIT_COUNTER2, hi);
+    let b = inb(PORT_B);
+    check!(b & PORT_B_OUT2 == 0, "OUT2 is low once counter 2's count is loaded in mode 0: port 61h {b:#04x}");
+    let reads = (1..=OUT2_READS).find(|_| inb(PORT_B) & PORT_B_OUT2 != 0);
+    check!(reads.is_some(), "OUT2 goes high when counter 2 has run down (within {OUT2_READS} reads of port 61h)");
+    if let Some(n) = reads {
+        println!("tsc-rate: OUT2 went high after {n} reads of port 61h ({OUT2_COUNT} PIT ticks)");
+    }
+    outb(PORT_B, speaker_off & !PORT_B_GATE2);
+}
+
 /// The TSC's rate against the PIT: the median of [`WINDOWS`] good windows, if [`TRIES`] give as
 /// many.
 fn measure(nominal_hz: u64) -> Option<u64> {
@@ -116,6 +149,7 @@ fn measure(nominal_hz: u64) -> Option<u64> {
 }
 
 fn main(_boot: &emon_guest::BootInfo) -> i32 {
+    out2_follows_counter2();
     let max = max_leaf();
     let leaf_15h = (max >= 0x15).then(|| cpuid(0x15, 0));
     // TSC = crystal x EBX / EAX, where the leaf names the crystal (SDM Vol. 2A, CPUID leaf 15H).
