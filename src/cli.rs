@@ -115,6 +115,11 @@ struct RunArgs {
     /// engine, or auto (the engine where this host's KVM only emulates CPL0 code).
     #[arg(long, value_enum, default_value_t = Cpl0::Auto)]
     cpl0: Cpl0,
+    /// precise backend: what the guest's TSC and TSC-deadline timer follow: the model clock
+    /// where something counts and real time elsewhere (counted), or the model clock in all the
+    /// code emon runs (model: on a host where emon runs all of it, the whole run).
+    #[arg(long, value_enum, default_value_t = backend::precise::GuestTime::Counted)]
+    guest_time: backend::precise::GuestTime,
     /// Log exits and print statistics and the PMU state at the end.
     #[arg(long, short)]
     verbose: bool,
@@ -293,6 +298,7 @@ fn run(args: RunArgs) -> Result<ExitCode, CliError> {
             Cpl0::Auto => cpl0_speed.emulated(),
         },
         user_in_engine: !vmm::exec_probe::syscall_enters_kernel()?,
+        guest_time: args.guest_time,
     };
     let (backend, why) =
         backend::select(args.backend, &profile, args.allow_raw_events, vmm::kick::kick_signal(), precise);

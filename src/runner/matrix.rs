@@ -52,6 +52,7 @@ pub fn expand_cli(args: &TestArgs) -> Result<Vec<RunSpec>, RunnerError> {
         pmu: args.pmu.clone(),
         backend: args.backend,
         debug_store: None,
+        guest_time: None,
         args: args.cmdline.clone(),
         timeout: args.timeout,
         memory: None,
@@ -87,6 +88,7 @@ pub fn expand_suite(suite: &suite::Suite, args: &TestArgs) -> Result<Vec<RunSpec
             pmu,
             backend: e.backend.or(args.backend),
             debug_store: e.debug_store,
+            guest_time: e.guest_time,
             args: e.args.clone().map_or_else(|| args.cmdline.clone(), |a| vec![a]),
             timeout: e.timeout.unwrap_or(args.timeout),
             memory: e.memory,
@@ -393,7 +395,7 @@ mod tests {
             PathBuf::new(),
             "[[run]]\nkernels = [\"guest:cpuid-report\"]\nprofiles = [\"nehalem*\"]\npmu = \"gp=2\"\n\
              [[run]]\nkernels = [\"guest:pmi-*\"]\nargs = \"x=1\"\ntimeout = 5\nbackend = \"precise\"\n\
-             initrd = \"i.cpio\"\n",
+             initrd = \"i.cpio\"\nguest-time = \"model\"\n",
         )
         .unwrap();
         let mut args = cli(&[], &[]);
@@ -412,6 +414,9 @@ mod tests {
         );
         assert_eq!((runs[0].initrd.as_deref(), runs[2].initrd.as_deref()), (None, Some("i.cpio")));
         assert!(runs[2].command_args().windows(2).any(|w| w == ["--initrd", "i.cpio"]));
+        assert!(runs[2].command_args().windows(2).any(|w| w == ["--guest-time", "model"]));
+        assert!(runs[2].name().contains(" --guest-time model"), "{}", runs[2].name());
+        assert!(!runs[0].command_args().iter().any(|a| a == "--guest-time"));
 
         let error = |text: &str| {
             expand_suite(&suite::from_toml("s.toml", PathBuf::new(), text).unwrap(), &cli(&[], &[])).unwrap_err()

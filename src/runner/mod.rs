@@ -53,6 +53,8 @@ pub struct RunSpec {
     pub backend: Option<BackendKind>,
     /// `--debug-store`, where the suite sets it.
     pub debug_store: Option<crate::vmm::DebugStoreMode>,
+    /// `--guest-time`, where the suite sets it.
+    pub guest_time: Option<crate::backend::precise::GuestTime>,
     pub args: Vec<String>,
     pub timeout: f64,
     /// `--memory` in MiB, where the suite sets it.
@@ -76,6 +78,11 @@ impl RunSpec {
         clap::ValueEnum::to_possible_value(&p).map(|v| v.get_name().to_string())
     }
 
+    fn guest_time_name(&self) -> Option<String> {
+        let t = self.guest_time?;
+        clap::ValueEnum::to_possible_value(&t).map(|v| v.get_name().to_string())
+    }
+
     /// The kernel, with its command line if it has one.
     pub fn kernel_label(&self) -> String {
         if self.args.is_empty() {
@@ -96,6 +103,9 @@ impl RunSpec {
         }
         if let Some(p) = self.debug_store_name() {
             s += &format!(" --debug-store {p}");
+        }
+        if let Some(t) = self.guest_time_name() {
+            s += &format!(" --guest-time {t}");
         }
         if let Some((round, of)) = self.round {
             s += &format!(" (round {round}/{of})");
@@ -119,6 +129,9 @@ impl RunSpec {
         }
         if let Some(p) = self.debug_store_name() {
             a.extend(["--debug-store".into(), p]);
+        }
+        if let Some(t) = self.guest_time_name() {
+            a.extend(["--guest-time".into(), t]);
         }
         if let Some(m) = self.memory {
             a.extend(["--memory".into(), m.to_string()]);
@@ -240,6 +253,7 @@ mod tests {
             pmu: vec!["version=2".into()],
             backend: Some(BackendKind::Precise),
             debug_store: None,
+            guest_time: None,
             args: vec!["a".into(), "b".into()],
             timeout: 2.5,
             memory: None,

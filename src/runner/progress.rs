@@ -102,6 +102,7 @@ mod tests {
             pmu: vec![],
             backend: None,
             debug_store: None,
+            guest_time: None,
             args: vec![],
             timeout: DEFAULT_TIMEOUT_S,
             memory: None,

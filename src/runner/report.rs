@@ -443,6 +443,7 @@ mod tests {
             pmu: vec![],
             backend: None,
             debug_store: None,
+            guest_time: None,
             args: vec![],
             timeout: 5.0,
             memory: None,

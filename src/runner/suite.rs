@@ -10,6 +10,7 @@
 //! pmu = "version=2,gp=2"        # optional: profile overrides, as `emon run --pmu`
 //! backend = "precise"           # optional: auto, precise or perf
 //! debug-store = "on"            # optional: auto, on or off, as `emon run --debug-store`
+//! guest-time = "model"          # optional: counted or model, as `emon run --guest-time`
 //! timeout = 30                  # optional: seconds (default: `emon test --timeout`)
 //! memory = 128                  # optional: guest RAM in MiB (default: `emon run`'s)
 //! initrd = "initramfs.cpio"     # optional: a Linux kernel's initrd, as `emon run --initrd`
@@ -24,6 +25,7 @@
 //! Relative paths are relative to the suite file's directory. Unknown fields are errors, and every
 //! error is one line naming the file, the line and the field.
 use super::RunnerError;
+use crate::backend::precise::GuestTime;
 use crate::backend::BackendKind;
 use crate::vmm::DebugStoreMode;
 use serde::Deserialize;
@@ -52,6 +54,7 @@ pub struct Entry {
     pub pmu: Option<String>,
     pub backend: Option<BackendKind>,
     pub debug_store: Option<DebugStoreMode>,
+    pub guest_time: Option<GuestTime>,
     pub timeout: Option<f64>,
     /// Guest RAM in MiB.
     pub memory: Option<u64>,
@@ -79,6 +82,8 @@ struct EntryFile {
     backend: Option<String>,
     #[serde(rename = "debug-store")]
     debug_store: Option<String>,
+    #[serde(rename = "guest-time")]
+    guest_time: Option<String>,
     timeout: Option<f64>,
     memory: Option<u64>,
     initrd: Option<String>,
@@ -136,6 +141,13 @@ pub fn from_toml(origin: &str, dir: PathBuf, text: &str) -> Result<Suite, Runner
                     .map_err(|_| bad("debug-store", &p, "must be auto, on or off"))?,
             ),
         };
+        let guest_time = match e.guest_time {
+            None => None,
+            Some(t) => Some(
+                <GuestTime as clap::ValueEnum>::from_str(&t, false)
+                    .map_err(|_| bad("guest-time", &t, "must be counted or model"))?,
+            ),
+        };
         if let Some(t) = e.timeout {
             if !(t.is_finite() && t > 0.0) {
                 return Err(bad("timeout", &t, "must be a positive number of seconds"));
@@ -154,6 +166,7 @@ pub fn from_toml(origin: &str, dir: PathBuf, text: &str) -> Result<Suite, Runner
             pmu: e.pmu,
             backend,
             debug_store,
+            guest_time,
             timeout: e.timeout,
             memory: e.memory,
             initrd: e.initrd,
@@ -243,6 +256,8 @@ mod tests {
         assert_eq!(e, "s.toml: line 1: run.backend = \"fast\": must be auto, precise or perf");
         let e = parse("[[run]]\nkernels = [\"k\"]\ndebug-store = \"yes\"\n").unwrap_err().to_string();
         assert_eq!(e, "s.toml: line 1: run.debug-store = \"yes\": must be auto, on or off");
+        let e = parse("[[run]]\nkernels = [\"k\"]\nguest-time = \"fast\"\n").unwrap_err().to_string();
+        assert_eq!(e, "s.toml: line 1: run.guest-time = \"fast\": must be counted or model");
         let e = error("[[run]]\nkernels = []\n");
         assert!(e.contains("run.kernels = []"), "{e}");
         let e = error("[[run]]\nkernels = [\"guest:x\"]\nprofiles = [\"\"]\n");

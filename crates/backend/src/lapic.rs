@@ -17,8 +17,9 @@ pub const IRR: usize = 0x200;
 pub const LVT_TIMER: usize = 0x320;
 pub const TIMER_INITIAL_COUNT: usize = 0x380;
 pub const TIMER_CURRENT_COUNT: usize = 0x390;
-/// LVT Timer bits 18:17: the timer mode (00b one-shot).
+/// LVT Timer bits 18:17: the timer mode (00b one-shot, 10b TSC-deadline).
 pub const LVT_TIMER_MODE: u32 = 0b11 << 17;
+pub const LVT_TIMER_TSC_DEADLINE: u32 = 0b10 << 17;
 /// LVT Performance Monitoring Counters register (LVTPC).
 pub const LVT_PMC: usize = 0x340;
 /// LVT LINT0 and LINT1.

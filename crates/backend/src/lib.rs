@@ -193,6 +193,7 @@ pub fn select(
             precise::Precise::with_engine(precise.engine)
                 .with_cpl0_in_engine(precise.cpl0_in_engine)
                 .with_user_in_engine(precise.user_in_engine)
+                .with_guest_time(precise.guest_time)
                 .with_ref_clock(profile.clock)
                 .with_cache(&profile.cache),
         )

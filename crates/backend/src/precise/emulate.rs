@@ -415,14 +415,13 @@ impl Precise {
         Ok(source)
     }
 
-    /// RDMSR and WRMSR of IA32_TSC_DEADLINE while the guest's TSC follows the model: KVM's
-    /// timer fires on KVM's guest TSC, so a deadline the guest computed from the model's TSC
-    /// moves by the difference between the two (both ways), and the timer fires as far ahead
-    /// as the guest asked. Without this, a guest that counts with the deadline timer armed sets
-    /// deadlines already past on KVM's side: an interrupt storm. 0 disarms it either way.
-    /// In real time (the guest's TSC is KVM's) a WRMSR goes to KVM as it is, as the VMM's write,
-    /// where nothing KVM holds is due first: the timer's deadline on every Linux tick, a step
-    /// each otherwise.
+    /// RDMSR and WRMSR of IA32_TSC_DEADLINE. While the guest's TSC follows the model, the timer
+    /// is on the model's time: emon holds the deadline and fires it when the model's TSC reaches
+    /// it (`GuestClock::fire_deadline`); KVM's timer, on KVM's guest TSC, would fire it early or
+    /// late by however far the two TSCs have moved apart, and a guest that rearms an early timer
+    /// would take a storm of them. In real time (the guest's TSC is KVM's) a WRMSR goes to KVM as
+    /// it is, as the VMM's write, where nothing KVM holds is due first: the timer's deadline on
+    /// every Linux tick, a step each otherwise.
     fn emulate_tsc_deadline(
         &mut self,
         cx: &mut Cx,
@@ -430,23 +429,16 @@ impl Precise {
         i: &Insn,
         mut regs: kvm_bindings::kvm_regs,
     ) -> Result<Next, BackendError> {
-        let kvm_ahead = match self.clock.virtual_tsc() {
-            Some(virtual_now) => cx.vcpu.guest_tsc()?.wrapping_sub(virtual_now),
-            None => 0,
-        };
+        let model = self.clock.in_stretch();
         if i.special == Special::Wrmsr {
             let deadline = (regs.rdx << 32) | (regs.rax & 0xFFFF_FFFF);
-            let on_kvm = if deadline == 0 { 0 } else { deadline.wrapping_add(kvm_ahead) };
-            cx.vcpu.set_msr(IA32_TSC_DEADLINE, on_kvm)?;
-            self.clock.deadline = Some((deadline, on_kvm));
+            if model {
+                self.clock.write_deadline(cx, deadline)?;
+            } else {
+                cx.vcpu.set_msr(IA32_TSC_DEADLINE, deadline)?;
+            }
         } else {
-            // The value written reads back until the timer fires (then 0), SDM Vol. 3A 10.5.4.1.
-            let on_kvm = cx.vcpu.get_msr(IA32_TSC_DEADLINE)?;
-            let deadline = match self.clock.deadline {
-                _ if on_kvm == 0 => 0,
-                Some((written, set)) if set == on_kvm => written,
-                _ => on_kvm.wrapping_sub(kvm_ahead),
-            };
+            let deadline = if model { self.clock.read_deadline(cx)? } else { cx.vcpu.get_msr(IA32_TSC_DEADLINE)? };
             regs.rax = deadline & 0xFFFF_FFFF;
             regs.rdx = deadline >> 32;
         }

@@ -730,7 +730,9 @@ mod fast_forward {
                         _ if self.engine.tcg.kernel_recheck => RECHECK_BUDGET,
                         _ => tcg::BUDGET,
                     }
-                    .min(self.engine.tcg.next_budget.take().unwrap_or(u64::MAX)),
+                    .min(self.engine.tcg.next_budget.take().unwrap_or(u64::MAX))
+                    // Up to the guest's deadline timer on the model's time (a block may overrun it).
+                    .min(self.clock.cycles_to_deadline().map_or(u64::MAX, |c| c.max(tcg::MAX_BLOCK))),
                     cache: self.feed.lend(),
                     deadline,
                     lbr: self.branches.tail(cx.pmu),
@@ -805,10 +807,12 @@ mod fast_forward {
                 }
             }
             let cpl = CpuMode::from_sregs(&before.sregs).cpl;
+            if self.counting || self.clock.throughout() {
+                self.clock.cycles += run.cycles;
+            }
             if self.counting {
                 self.stats.retired += run.retired;
                 self.stats.engine_retired += run.retired;
-                self.clock.cycles += run.cycles;
             } else {
                 match cpl {
                     0 if self.cpl0_in_engine() => self.stats.free_engine += run.retired,

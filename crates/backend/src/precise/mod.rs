@@ -62,6 +62,20 @@ pub struct Options {
     /// SYSCALL: the host does not enter the kernel on SYSCALL from CPL3 (README, "User mode
     /// (CPL3)").
     pub user_in_engine: bool,
+    /// What the guest's TSC and deadline timer follow.
+    pub guest_time: GuestTime,
+}
+
+/// What the guest's TSC and TSC-deadline timer follow (README, "Guest time"; `--guest-time`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
+pub enum GuestTime {
+    /// The model clock while something counts, real time otherwise.
+    #[default]
+    Counted,
+    /// The model clock in all the code emon runs: the whole run on a host where emon runs all of
+    /// the guest's code.
+    Model,
 }
 
 use emon_x86::arch::RFLAGS_TF;
@@ -154,6 +168,9 @@ pub struct Precise {
     /// Runs user-mode code in the TCG engine even while nothing counts, and completes SYSCALL
     /// from CPL3 (a host that does not enter the kernel on it: README, "User mode (CPL3)").
     user_in_engine: bool,
+    /// With [`GuestTime::Model`] the guest's time follows the model wherever emon runs all of its
+    /// code ([`Self::runs_all_code`]), not only while something counts.
+    guest_time: GuestTime,
     pub stats: Stats,
 }
 
@@ -182,6 +199,7 @@ impl Precise {
             counting: false,
             cpl0_in_engine: false,
             user_in_engine: false,
+            guest_time: GuestTime::Counted,
             stats: Stats::default(),
         }
     }
@@ -190,6 +208,12 @@ impl Precise {
     /// in and chosen).
     pub fn with_cpl0_in_engine(mut self, on: bool) -> Precise {
         self.cpl0_in_engine = on;
+        self
+    }
+
+    /// What the guest's TSC and deadline timer follow (README, "Guest time").
+    pub fn with_guest_time(mut self, guest_time: GuestTime) -> Precise {
+        self.guest_time = guest_time;
         self
     }
 
@@ -216,6 +240,13 @@ impl Precise {
     /// Whether user-mode code runs in the TCG engine while nothing counts.
     pub fn user_in_engine(&self) -> bool {
         self.user_in_engine && self.engine.engine() == Engine::Tcg
+    }
+
+    /// Whether emon runs all of the guest's 64-bit code, in the engine or a step at a time: where
+    /// user mode runs in the engine, KVM runs no kernel code free either (`engine_takes`), but
+    /// where the guest single-steps its own kernel code.
+    fn runs_all_code(&self) -> bool {
+        self.user_in_engine()
     }
 
     /// Whether some code runs in the TCG engine while nothing counts.
@@ -281,6 +312,14 @@ impl Precise {
         if counting != self.counting {
             self.set_counting(cx, counting)?;
         }
+        if self.guest_time == GuestTime::Model && self.runs_all_code() != self.clock.throughout() {
+            if self.clock.throughout() {
+                self.clock.end_throughout(cx, self.counting)?;
+            } else {
+                self.clock.begin_throughout(cx)?;
+            }
+        }
+        self.clock.fire_deadline(cx)?;
         // Nothing counts, but this host's CPL0 (or user) code runs in the engine.
         let executing = !counting && self.runs_free_in_engine() && self.engine_takes(cx)?;
         if !counting && !executing {
@@ -612,6 +651,13 @@ impl Backend for Precise {
         let mut notes = self.engine.notes();
         notes.extend(self.counters.notes());
         notes.extend(self.clock.notes());
+        if self.guest_time == GuestTime::Model {
+            notes.push(if self.clock.throughout() {
+                "guest time: the guest's TSC and TSC-deadline timer followed the model clock throughout (--guest-time model): the PIT, the RTC and the local APIC timer's other modes kept real time (README, \"Guest time\")".into()
+            } else {
+                "guest time: --guest-time model: KVM runs some of the guest's code itself on this host, so the guest's TSC followed the model clock only where something counted (README, \"Guest time\")".into()
+            });
+        }
         if self.stats.tsc_unseen > 0 {
             notes.push(format!(
                 "NOT EXACT: guest time: {} TSC reads in counted code ran in KVM without their own single-step trap and read the host's time, not the model's (README, \"Guest time\")",

@@ -242,8 +242,12 @@ impl Precise {
             self.stats.retired += 1;
             self.counters.retire(cx, &mut self.clock, &p.armed, (i, rip, cpl), taken, cache);
         } else {
-            // Stepped only because the engine handed it over: nothing counts it.
+            // Stepped only because the engine handed it over: nothing counts it, but the guest's
+            // time may follow the model throughout.
             self.stats.free_stepped += 1;
+            if self.clock.throughout() {
+                self.clock.advance(crate::precise::events::cycles(i, taken));
+            }
         }
         if i.changes_mode {
             self.step.mode = None;

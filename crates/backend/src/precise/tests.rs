@@ -137,6 +137,12 @@ impl Rig {
     fn pmc(&self, i: u32) -> u64 {
         self.pmu.rdmsr(msr::IA32_PMC0 + i).unwrap()
     }
+
+    /// The local APIC's timer in TSC-deadline mode, on the timer's vector.
+    fn tsc_deadline_mode(&mut self) {
+        use crate::lapic::{set_reg, LVT_TIMER, LVT_TIMER_TSC_DEADLINE};
+        set_reg(&mut self.vcpu.lapic, LVT_TIMER, LVT_TIMER_TSC_DEADLINE | u32::from(TIMER));
+    }
 }
 
 const NOP: u8 = 0x90;
@@ -666,36 +672,117 @@ fn the_global_ctrl_write_emon_completes_starts_counting_after_itself() {
     assert_eq!((r.vcpu.regs.rip, r.pmc(0)), (CODE + 4, 1));
 }
 
-/// `nop; wrmsr; rdmsr` with ECX = IA32_TSC_DEADLINE, counted from a guest TSC of 1000 while
-/// KVM's guest TSC has run on to 50,000 (a host that cannot set it).
+/// `nop; wrmsr; rdmsr; rdmsr; nop` with ECX = IA32_TSC_DEADLINE, counted from a guest TSC of
+/// 1000 while KVM's guest TSC has run on to 50,000 (a host that cannot set it): emon holds the
+/// deadline on the model's time and fires it, through KVM's timer set long past, at the first
+/// boundary where the model's TSC has reached it; KVM's own timer stays off meanwhile.
 #[test]
-fn the_tsc_deadline_moves_between_the_models_time_and_kvms() {
-    let mut r = Rig::new(&[NOP, 0x0F, 0x30, 0x0F, 0x32, NOP]);
+fn the_tsc_deadline_fires_when_the_models_time_reaches_it() {
+    let mut r = Rig::new(&[NOP, 0x0F, 0x30, 0x0F, 0x32, 0x0F, 0x32, NOP]);
+    r.tsc_deadline_mode();
     r.vcpu.tsc = 1000;
     r.count();
     r.step(CODE + 1);
     r.vcpu.tsc = 50_000;
-    // The guest asks for the timer 500 ticks after its TSC (1001: one NOP retired).
+    // The guest asks for the timer 150 ticks after its TSC (1001: one NOP retired).
     r.vcpu.regs.rcx = 0x6E0;
-    (r.vcpu.regs.rax, r.vcpu.regs.rdx) = (1501, 0);
+    (r.vcpu.regs.rax, r.vcpu.regs.rdx) = (1151, 0);
     assert_eq!(r.before(true), Next::Retired, "WRMSR of the deadline is emulated");
-    assert_eq!(r.vcpu.tsc_deadline, 50_000 + 500, "500 ticks after KVM's guest TSC");
-    assert_eq!(r.vcpu.regs.rip, CODE + 3);
-    // Read back on the model's side, 1 + 101 cycles later (the NOP, the WRMSR).
-    r.vcpu.tsc = 50_000 + 102;
+    assert_eq!((r.vcpu.regs.rip, r.vcpu.tsc_deadline), (CODE + 3, 0), "KVM's timer stays off");
+    // Read back at 1102 (the NOP, the WRMSR's 101 cycles): not due yet.
     (r.vcpu.regs.rax, r.vcpu.regs.rdx) = (0, 0);
     assert_eq!(r.before(true), Next::Retired, "RDMSR of the deadline is emulated");
-    assert_eq!((r.vcpu.regs.rax, r.vcpu.regs.rdx), (1501, 0), "the deadline as the guest wrote it");
-    assert_eq!(r.pmc(0), 3, "NOP, WRMSR and RDMSR retire");
-    assert_eq!(r.precise.stats.tsc_deadlines, 2);
-    // 0 disarms the timer on either side.
-    let mut r = Rig::new(&[NOP, 0x0F, 0x30, NOP]);
-    (r.vcpu.tsc, r.vcpu.tsc_deadline) = (1000, 77);
+    assert_eq!((r.vcpu.regs.rax, r.vcpu.regs.rdx, r.vcpu.tsc_deadline), (1151, 0, 0), "as the guest wrote it");
+    // At 1203 it is due: the boundary fires it, and the next read gives 0 (SDM Vol. 3A 11.5.4.1).
+    assert_eq!(r.before(true), Next::Retired);
+    assert_eq!(r.vcpu.tsc_deadline, 1, "KVM's timer, long past: it raises the interrupt at the entry");
+    assert_eq!((r.vcpu.regs.rax, r.vcpu.regs.rip), (0, CODE + 7));
+    assert_eq!(r.pmc(0), 4, "NOP, WRMSR and both RDMSRs retire");
+    assert_eq!(r.precise.stats.tsc_deadlines, 3);
+    // 0 disarms the timer; a deadline already past fires at once.
+    let mut r = Rig::new(&[0x0F, 0x30, 0x0F, 0x30, NOP]);
+    r.tsc_deadline_mode();
+    (r.vcpu.tsc, r.vcpu.tsc_deadline) = (1000, 77_000);
     r.count();
-    r.step(CODE + 1);
     (r.vcpu.regs.rcx, r.vcpu.regs.rax, r.vcpu.regs.rdx) = (0x6E0, 0, 0);
     assert_eq!(r.before(true), Next::Retired);
-    assert_eq!(r.vcpu.tsc_deadline, 0);
+    assert_eq!(r.vcpu.tsc_deadline, 0, "the deadline KVM held went to emon, and 0 disarmed it");
+    r.vcpu.regs.rax = 999;
+    assert_eq!(r.before(true), Next::Retired);
+    assert_eq!(r.vcpu.tsc_deadline, 1, "fired at once");
+    // Outside TSC-deadline mode the MSR reads 0 and writes are ignored (SDM Vol. 3A 11.5.4.1).
+    let mut r = Rig::new(&[0x0F, 0x30, 0x0F, 0x32, NOP]);
+    r.vcpu.tsc = 1000;
+    r.count();
+    (r.vcpu.regs.rcx, r.vcpu.regs.rax, r.vcpu.regs.rdx) = (0x6E0, 5000, 0);
+    assert_eq!(r.before(true), Next::Retired);
+    assert_eq!(r.before(true), Next::Retired);
+    assert_eq!((r.vcpu.regs.rax, r.vcpu.tsc_deadline), (0, 0), "one-shot mode: nothing armed");
+}
+
+/// `wrmsr; hlt` arming the deadline 1,000 ticks after the model's TSC, on a host whose guest
+/// TSC is elsewhere: while the vCPU is halted KVM holds the deadline moved onto its own TSC, the
+/// time slept passes on the guest's, and once KVM's timer woke it the deadline has fired. Woken
+/// by another interrupt first, emon holds the deadline again.
+#[test]
+fn a_halted_vcpu_wakes_at_its_deadline_on_the_models_time() {
+    for timer_woke_it in [true, false] {
+        let mut r = Rig::new(&[0x0F, 0x30, 0xF4, NOP]);
+        r.tsc_deadline_mode();
+        r.vcpu.tsc = 1000;
+        r.count();
+        assert_eq!(r.before(true), Next::Run, "the counted stretch begins at a guest TSC of 1000");
+        r.vcpu.tsc = 50_000;
+        (r.vcpu.regs.rcx, r.vcpu.regs.rax, r.vcpu.regs.rdx) = (0x6E0, 2000, 0);
+        r.precise.step.pending = None;
+        assert_eq!(r.before(true), Next::Retired, "WRMSR");
+        let v = r.precise.clock.virtual_tsc().unwrap();
+        assert_eq!(r.before(true), Next::Retired, "HLT is emulated");
+        let hlt = r.precise.clock.virtual_tsc().unwrap() - v;
+        let on_kvm = 50_000 + (2000 - v - hlt);
+        assert_eq!(r.vcpu.tsc_deadline, on_kvm, "KVM's timer wakes the vCPU as far ahead as the deadline");
+        let woke = if timer_woke_it { on_kvm + 5 } else { on_kvm - 300 };
+        r.vcpu.tsc = woke;
+        if timer_woke_it {
+            r.vcpu.tsc_deadline = 0;
+        }
+        r.step(HANDLER + 1);
+        let slept = woke - 50_000;
+        let clock = &r.precise.clock;
+        assert_eq!(clock.virtual_tsc().unwrap(), v + hlt + slept + 1, "the time slept, and the handler's NOP");
+        if timer_woke_it {
+            assert_eq!((clock.armed_deadline(), r.vcpu.tsc_deadline), (None, 0), "it fired");
+        } else {
+            assert_eq!((clock.armed_deadline(), r.vcpu.tsc_deadline), (Some(2000), 0), "emon holds it again");
+        }
+    }
+}
+
+/// `--guest-time model` where emon runs all of the guest's code (user mode in the engine): with
+/// nothing counting, kernel code's RDTSC in the engine reads the model's time (KVM's guest TSC
+/// when the run began plus the NOPs' cycles before it), not the host's time.
+#[cfg(feature = "tcg")]
+#[test]
+fn model_guest_time_runs_the_tsc_on_the_model_clock_with_nothing_counting() {
+    for guest_time in [GuestTime::Model, GuestTime::Counted] {
+        let mut r = Rig::new(&[NOP, NOP, NOP, 0x0F, 0x31, 0xF4]);
+        r.precise = Precise::with_engine(Engine::Tcg)
+            .with_cpl0_in_engine(true)
+            .with_user_in_engine(true)
+            .with_guest_time(guest_time);
+        r.vcpu.tsc = 1000;
+        r.vcpu.tsc_window = Some(crate::TscWindow { offset: 0, floor: 50_000, aux: 0 });
+        while r.vcpu.regs.rip != CODE + 5 {
+            assert_eq!(r.before(true), Next::Retired, "at {:#x}", r.vcpu.regs.rip);
+        }
+        let read = r.vcpu.regs.rax | r.vcpu.regs.rdx << 32;
+        if guest_time == GuestTime::Model {
+            assert_eq!(read, 1003, "the model's time: 1000 and three NOPs");
+            assert!(r.precise.clock.throughout());
+        } else {
+            assert!(read >= 50_000, "real time, from the host's TSC: {read}");
+        }
+    }
 }
 
 /// Skylake's model-specific events (README, "Model-specific events"), by their list's encodings:

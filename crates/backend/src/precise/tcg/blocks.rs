@@ -459,9 +459,6 @@ impl Block {
         let last = self.insns.last();
         self.last_taken = armed.iter().zip(counting).map(|(a, on)| last.map_or(0, |x| per(a, *on, x, true))).collect();
         self.last_not = armed.iter().zip(counting).map(|(a, on)| last.map_or(0, |x| per(a, *on, x, false))).collect();
-        self.cycles_body = self.insns[..n.saturating_sub(1)].iter().map(|(_, i)| cycles(i, false)).sum();
-        self.cycles_taken = last.map_or(0, |(_, i)| cycles(i, true));
-        self.cycles_not = last.map_or(0, |(_, i)| cycles(i, false));
         self.summed_for = Some((armed.to_vec(), counting.to_vec()));
     }
 }
@@ -546,6 +543,10 @@ pub fn decode_block(
         ([i], true) => RepString::of(i),
         _ => None,
     };
+    // Core cycles, whatever counts: the model clock runs on them in every run that keeps it.
+    let n = insns.len();
+    let cycles_body = insns[..n.saturating_sub(1)].iter().map(|(_, i)| cycles(i, false)).sum();
+    let (cycles_taken, cycles_not) = insns.last().map_or((0, 0), |(_, i)| (cycles(i, true), cycles(i, false)));
     Block {
         last: insns.last().copied(),
         insns,
@@ -563,9 +564,9 @@ pub fn decode_block(
         body: Vec::new(),
         last_taken: Vec::new(),
         last_not: Vec::new(),
-        cycles_body: 0,
-        cycles_taken: 0,
-        cycles_not: 0,
+        cycles_body,
+        cycles_taken,
+        cycles_not,
         summed_for: None,
         lines,
         from: [None; 2],

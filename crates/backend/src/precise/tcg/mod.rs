@@ -418,7 +418,7 @@ impl Tcg {
     /// documentation. At CPL3 the engine does not stop short of an overflow: it runs on an
     /// instruction at a time up to the one that overflows a counter, and stops after it
     /// ([`Stop::Overflowed`]).
-    pub fn run(&mut self, state: &CpuState, mode: CpuMode, mut counting: Counting) -> Result<Run, TcgError> {
+    pub fn run(&mut self, state: &CpuState, mode: CpuMode, counting: Counting) -> Result<Run, TcgError> {
         let held = self.held.take();
         let same = held.is_some_and(|h| h.sregs == state.sregs && (state.fpu.is_none() || h.fpu == state.fpu));
         if same {
@@ -444,10 +444,6 @@ impl Tcg {
         data.fault = None;
         data.runs += 1;
         let decoded = (std::mem::take(&mut data.decoded), data.runs);
-        // The model's time needs the model clock, which only a run that tracks its blocks keeps.
-        if matches!(counting.tsc, Some(TscSource::Model { .. })) && !counting.tracks() {
-            counting.tsc = None;
-        }
         self.tsc.begin(counting.tsc);
         data.acc = Some(Acc::new(mode, self.mem.clone(), counting, loaded, decoded));
         // The code hook costs a call per instruction: only while the cache model counts.
