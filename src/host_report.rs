@@ -382,12 +382,18 @@ impl fmt::Display for HostReport {
                     Err(e) => format!("unknown ({e})"),
                 };
                 writeln!(f, "  single-stepping: {step} (README, \"Registers between exits\")")?;
+                let model_time = match syscall {
+                    Ok(false) => "emon runs all of the guest's code here, so with --guest-time model the guest's TSC and deadline timer follow the model clock for the whole run",
+                    Ok(true) => "KVM runs the guest's code here where nothing counts, so --guest-time model follows the model clock only where something counts, as the default does",
+                    Err(_) => "unknown (see SYSCALL from CPL3)",
+                };
                 let syscall = match syscall {
                     Ok(true) => "enters the kernel (measured): user mode runs in KVM while nothing counts".into(),
                     Ok(false) => "stays at CPL3 at IA32_LSTAR (measured): the precise backend runs user mode in the TCG engine, completes SYSCALL and INT n itself, delivers user-mode faults and the interrupts due at user-mode boundaries, and the guest is not told of AVX and the other instruction sets the engine lacks; a user-mode instruction it cannot run goes to KVM, which cannot step it here, and the run summary says NOT EXACT; emon takes user code's own single-step traps (RFLAGS.TF) and makes the guest's breakpoints (DR0-DR3) fire".into(),
                     Err(e) => format!("unknown ({e})"),
                 };
                 writeln!(f, "  SYSCALL from CPL3: {syscall} (README, \"User mode (CPL3)\")")?;
+                writeln!(f, "  guest time: {model_time} (README, \"Guest time\")")?;
                 write_cpuid_fidelity(f, cpuid)?;
             }
         }

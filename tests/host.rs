@@ -67,6 +67,10 @@ fn host_prints_every_section_and_exits_0() {
             assert!(kvm.lines().any(|l| l.split_whitespace().next() == Some(name)), "{name}\n{kvm}");
         }
         assert!(kvm.contains("KVM_CAP_SET_GUEST_DEBUG"), "{kvm}");
+        // Whether --guest-time model covers the whole run follows from who runs user mode here.
+        let user_in_engine = kvm.contains("  SYSCALL from CPL3: stays at CPL3");
+        let whole_run = kvm.contains("  guest time: emon runs all of the guest's code here");
+        assert!(kvm.contains("  guest time: ") && whole_run == user_in_engine, "{kvm}");
     } else {
         assert!(kvm.starts_with("  unavailable: "), "{kvm}");
     }
