@@ -67,20 +67,22 @@ pub struct RunSpec {
     pub round: Option<(usize, usize)>,
 }
 
+/// An `emon run` option's value as its command line spells it, where one is set.
+fn option_name<T: clap::ValueEnum>(value: Option<T>) -> Option<String> {
+    value?.to_possible_value().map(|v| v.get_name().to_string())
+}
+
 impl RunSpec {
     fn backend_name(&self) -> Option<String> {
-        let b = self.backend?;
-        clap::ValueEnum::to_possible_value(&b).map(|v| v.get_name().to_string())
+        option_name(self.backend)
     }
 
     fn debug_store_name(&self) -> Option<String> {
-        let p = self.debug_store?;
-        clap::ValueEnum::to_possible_value(&p).map(|v| v.get_name().to_string())
+        option_name(self.debug_store)
     }
 
     fn guest_time_name(&self) -> Option<String> {
-        let t = self.guest_time?;
-        clap::ValueEnum::to_possible_value(&t).map(|v| v.get_name().to_string())
+        option_name(self.guest_time)
     }
 
     /// The kernel, with its command line if it has one.

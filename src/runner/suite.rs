@@ -91,6 +91,15 @@ struct EntryFile {
     forbid: Option<Vec<String>>,
 }
 
+/// An entry's `emon run` option (`backend`, `debug-store`, `guest-time`) as the command line
+/// spells its values; `bad` makes the error for a value it does not take.
+fn enum_option<T: clap::ValueEnum>(
+    value: Option<String>,
+    bad: impl FnOnce(&str) -> RunnerError,
+) -> Result<Option<T>, RunnerError> {
+    value.map(|v| T::from_str(&v, false).map_err(|_| bad(&v))).transpose()
+}
+
 /// Reads and parses the suite file at `path`.
 pub fn load(path: &Path) -> Result<Suite, RunnerError> {
     let origin = path.display().to_string();
@@ -127,27 +136,12 @@ pub fn from_toml(origin: &str, dir: PathBuf, text: &str) -> Result<Suite, Runner
         if let Some(p) = profiles.iter().find(|p| p.trim().is_empty()) {
             return Err(bad("profiles", p, "an empty profile"));
         }
-        let backend = match e.backend {
-            None => None,
-            Some(b) => Some(
-                <BackendKind as clap::ValueEnum>::from_str(&b, false)
-                    .map_err(|_| bad("backend", &b, "must be auto, precise or perf"))?,
-            ),
-        };
-        let debug_store = match e.debug_store {
-            None => None,
-            Some(p) => Some(
-                <DebugStoreMode as clap::ValueEnum>::from_str(&p, false)
-                    .map_err(|_| bad("debug-store", &p, "must be auto, on or off"))?,
-            ),
-        };
-        let guest_time = match e.guest_time {
-            None => None,
-            Some(t) => Some(
-                <GuestTime as clap::ValueEnum>::from_str(&t, false)
-                    .map_err(|_| bad("guest-time", &t, "must be counted or model"))?,
-            ),
-        };
+        let backend: Option<BackendKind> =
+            enum_option(e.backend, |v| bad("backend", &v, "must be auto, precise or perf"))?;
+        let debug_store: Option<DebugStoreMode> =
+            enum_option(e.debug_store, |v| bad("debug-store", &v, "must be auto, on or off"))?;
+        let guest_time: Option<GuestTime> =
+            enum_option(e.guest_time, |v| bad("guest-time", &v, "must be counted or model"))?;
         if let Some(t) = e.timeout {
             if !(t.is_finite() && t > 0.0) {
                 return Err(bad("timeout", &t, "must be a positive number of seconds"));

@@ -150,7 +150,7 @@ impl GuestClock {
         let now = cx.vcpu.guest_tsc()?;
         self.halted_at = Some(now);
         if let (Some(d), Some(v)) = (self.deadline, self.virtual_tsc()) {
-            // A deadline already due fires at once (KVM's 1 is long past).
+            // One already due fires at once; 0 would disarm KVM's timer instead.
             let on_kvm = now.wrapping_add(d.saturating_sub(v)).max(1);
             self.set_kvm_deadline(cx, on_kvm)?;
         }
@@ -253,7 +253,8 @@ impl GuestClock {
             if v >= d && self.halted_at.is_none() {
                 self.deadline = None;
                 if tsc_deadline_mode(cx)? {
-                    self.set_kvm_deadline(cx, 1)?;
+                    // Long past: KVM fires it at once, and its MSR reads 0 again.
+                    cx.vcpu.set_msr(IA32_TSC_DEADLINE, 1)?;
                     self.kvm_deadline = 0;
                 }
             }
@@ -264,13 +265,12 @@ impl GuestClock {
     /// Model cycles until the guest's deadline timer is due, while one is armed in a stretch: how
     /// far an engine run may go before it (each instruction takes at least a cycle).
     pub fn cycles_to_deadline(&self) -> Option<u64> {
-        let (d, v) = (self.deadline?, self.virtual_tsc()?);
-        Some(d.saturating_sub(v).max(1))
+        Some(self.deadline?.saturating_sub(self.virtual_tsc()?))
     }
 
     /// Sets KVM's IA32_TSC_DEADLINE as the VMM, where it is not already `value`.
     fn set_kvm_deadline(&mut self, cx: &mut Cx, value: u64) -> Result<(), BackendError> {
-        if value != self.kvm_deadline || value == 1 {
+        if value != self.kvm_deadline {
             cx.vcpu.set_msr(IA32_TSC_DEADLINE, value)?;
             self.kvm_deadline = value;
         }

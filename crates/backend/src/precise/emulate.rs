@@ -91,7 +91,7 @@ impl Precise {
                 let deadline_write = i.special == Special::Wrmsr && nothing_due;
                 if i.special == Special::Rdmsr && virtual_time && msr == IA32_TSC {
                     self.emulate_tsc_read(cx, p, i, mode)?
-                } else if msr == IA32_TSC_DEADLINE && (self.clock.virtual_tsc().is_some() || deadline_write) {
+                } else if msr == IA32_TSC_DEADLINE && (self.clock.in_stretch() || deadline_write) {
                     // The deadline timer's MSR: on the model's side of the guest's time, or
                     // written as the VMM (KVM arms its timer as at the guest's WRMSR).
                     self.emulate_tsc_deadline(cx, p, i, regs)?
