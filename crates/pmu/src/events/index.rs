@@ -79,6 +79,16 @@ impl Index {
                 .find_map(|r| meaning(list.name, r.name))
                 .unwrap_or(Semantics::Unsupported);
         }
+        // A pseudo-encoding that only a fixed-function counter counts (Ice Lake's 0x00/0x03,
+        // CPU_CLK_UNHALTED.REF_TSC) is known too: on a general-purpose counter it is an event the
+        // list does not give that counter, whose count silicon leaves undefined, not an unknown one.
+        for e in list.events.iter().filter(|e| e.fixed_only()) {
+            let Some(umask) = e.umask else { continue };
+            let k = key(e.select, umask);
+            if !encodings.iter().any(|x| x.key == k) {
+                encodings.push(Encoding { key: k, name: e.name, semantics: Semantics::WrongCounter, rows: vec![e] });
+            }
+        }
         encodings.sort_by_key(|x| x.key);
         Index { encodings, selects }
     }

@@ -56,6 +56,14 @@ fn counter_restrictions_follow_the_list() {
     assert_eq!(mem_load(0).map(|l| (l.name, l.semantics)), Some(("MEM_LOAD_RETIRED", Semantics::Unsupported)));
     assert_eq!(mem_load(1).map(|l| l.semantics), Some(Semantics::WrongCounter));
     assert_eq!(core2.lookup(0, 0xC4, 0x00, 0, false, false).map(|l| l.name), Some("BR_INST_RETIRED.ANY"));
+    // Ice Lake's CPU_CLK_UNHALTED.REF_TSC is a pseudo-encoding for IA32_FIXED_CTR2 only: on a
+    // general-purpose counter it is known, on a counter the list does not give it (it used to be
+    // unknown, and the run's note said "not derived" where silicon's count is undefined).
+    let ref_tsc = list("icelake").lookup(2, 0x00, 0x03, 0, false, false);
+    assert_eq!(ref_tsc, Some(Lookup { name: "CPU_CLK_UNHALTED.REF_TSC", semantics: Semantics::WrongCounter }));
+    // Skylake's CPU_CLK_UNHALTED.THREAD_P (0x3C/0x00) shares its encoding with the fixed counter's
+    // CPU_CLK_UNHALTED.THREAD: a general-purpose counter counts it, by its own name.
+    assert_eq!(skl.lookup(0, 0x3C, 0x00, 0, false, false).map(|l| l.name), Some("CPU_CLK_UNHALTED.THREAD_P"));
     // An encoding the list does not know.
     assert_eq!(skl.lookup(0, 0xFF, 0xFF, 0, false, false), None);
 }
