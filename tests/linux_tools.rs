@@ -12,8 +12,8 @@ const SUITE: &str = "resources/suites/linux-tools.toml";
 
 /// Every shipped profile once, with the tools image, the memory it needs and the test as
 /// `/init`'s command; the profiles with a PMU but NetBurst expect every exact check to pass; one
-/// run adds perf's breakpoint and watchpoint tests and its test 26, on the model's time, and
-/// expects each to pass.
+/// run adds perf's breakpoint and watchpoint tests (Sigtrap among them) and its test 26, on the
+/// model's time, and expects each to pass.
 #[test]
 fn the_suite_runs_the_tools_test_under_every_shipped_profile() {
     let s = suite::load(Path::new(SUITE)).unwrap();
@@ -23,9 +23,13 @@ fn the_suite_runs_the_tools_test_under_every_shipped_profile() {
         assert_eq!(e.initrd.as_deref(), Some("../../target/emon-initramfs-tools/initramfs.cpio"), "line {}", e.line);
         let args = e.args.as_deref().unwrap_or_default();
         assert!(args.starts_with("console=ttyS0 emon_perf_test.run=0 -- emon-tools-test"), "line {}", e.line);
-        if args.ends_with("--perf-test Breakpoint,Watchpoint,modify,Object") {
-            let tests =
-                ["20: Breakpoint overflow signal handler", "23.2: Write Only Watchpoint", "26: Object code reading"];
+        if args.ends_with("--perf-test Breakpoint,Watchpoint,modify,Object,Sigtrap") {
+            let tests = [
+                "20: Breakpoint overflow signal handler",
+                "23.2: Write Only Watchpoint",
+                "26: Object code reading",
+                "73: Sigtrap",
+            ];
             for test in tests.into_iter().chain(["77: x86 bp modify"]) {
                 assert!(e.expect.contains(&format!("PASS: perf test {test}")), "line {}: {test}", e.line);
             }

@@ -517,13 +517,22 @@ impl Tcg {
         }
         let rip = state.regs.rip;
         let mode = CpuMode::from_sregs(&state.sregs);
+        let bytes = mode.fetch(&self.mem, rip);
+        let i = Decoder::with_ip(64, &bytes, rip, DecoderOptions::NONE).decode();
+        let facts = insn::of(&i);
+        let next = rip + i.len() as u64;
         // A translation runs on from the instruction up to a branch, and may cross into the next
         // page; where that page cannot be fetched from, TCG fails to translate it at all (nothing
-        // runs, no exception: `Stop::Untranslatable`). The instruction is then translated alone:
-        // with RFLAGS.TF set in the engine, TCG ends the translation after it, and the
-        // single-step trap it raises there is the engine's.
+        // runs, no exception: `Stop::Untranslatable`). Such an instruction, and a branch (whose
+        // next instruction is not known before it runs), is translated alone: with RFLAGS.TF set
+        // in the engine, TCG ends the translation after it, and the single-step trap it raises
+        // there is the engine's. (A branch used to run counted by unicorn, whose counting hook is
+        // compiled into every translation: every translation was dropped before and after it,
+        // and a program traced an instruction at a time had its kernel code translated again at
+        // every branch.)
         let next_page = (rip | 0xFFF).wrapping_add(1);
-        let alone = mode.page_fault(&self.mem, next_page, emon_x86::mode::Access::Fetch, false).is_some();
+        let alone = mode.page_fault(&self.mem, next_page, emon_x86::mode::Access::Fetch, false).is_some()
+            || (facts.flow != insn::Flow::Next && i.code() != Code::Sysretq);
         let tf = state.regs.rflags & RFLAGS_TF;
         if alone && tf == 0 {
             let mut s = state.clone();
@@ -535,23 +544,32 @@ impl Tcg {
         let data = self.uc.get_data_mut();
         data.fault = None;
         data.acc = None;
-        let bytes = mode.fetch(&self.mem, rip);
-        let i = Decoder::with_ip(64, &bytes, rip, DecoderOptions::NONE).decode();
-        let facts = insn::of(&i);
-        let next = rip + i.len() as u64;
-        let started = if facts.flow == insn::Flow::Next {
-            // The instruction alone: a code hook right after it stops the engine there. No
-            // translation made here outlives it (its page is not in the code snapshot).
-            let hook = self.stop_at(rip, next)?;
+        // Where the next instruction is known before this one runs, a code hook there stops the
+        // engine: right after the instruction, or at SYSRETQ's RCX (SDM Vol. 2B, SYSRET), after
+        // which TCG checks the TF SYSRETQ loaded, not the one it ran with. No translation made
+        // here outlives it (its page is not in the code snapshot).
+        let stop_before = match facts.flow {
+            insn::Flow::Next => Some((next, (rip, next))),
+            _ if i.code() == Code::Sysretq => Some((state.regs.rcx, (state.regs.rcx, state.regs.rcx + 1))),
+            _ => None,
+        };
+        let started = if let Some((at, drop)) = stop_before {
+            // The block hook stops nothing here (no run is counting): where TCG ends the
+            // instruction's translation right after it (POPF, STI, a page's end), the engine goes
+            // on in the translation at `at`, so one made before the hook goes too. (It did not:
+            // a completion then ran on through the code after it, unseen and uncounted; with
+            // every translation dropped at each branch until then, rarely.)
+            let hook = self.stop_at(at, drop)?;
+            self.uc.ctl_remove_cache(at, at + 1).map_err(uc_err("dropping a translation"))?;
             let started = state::start(&mut self.uc, rip, 0);
-            self.remove_stop_at(((rip, next), hook))?;
+            self.remove_stop_at((drop, hook))?;
+            self.uc.ctl_remove_cache(at, at + 1).map_err(uc_err("dropping a translation"))?;
             started
         } else {
-            // A branch: one instruction counted by unicorn, whose counting hook is compiled into
-            // every translation (so none made before can serve, and these serve no counting run).
-            self.flush()?;
-            self.uc.get_data_mut().code.stale = true;
-            state::start(&mut self.uc, rip, 1)
+            // A branch, alone under TF: its translation goes with the run, as above.
+            let started = state::start(&mut self.uc, rip, 0);
+            self.uc.ctl_remove_cache(rip, next).map_err(uc_err("dropping a translation"))?;
+            started
         };
         let pc = self.uc.reg_read(RegisterX86::RIP).map_err(uc_err("reading RIP"))?;
         // With RFLAGS.TF set, TCG raises the single-step trap after the instruction, or after a
@@ -719,17 +737,17 @@ impl Tcg {
         Ok((acc, stop, pc))
     }
 
-    /// Stops the engine before the instruction at `next`, where a run from the instruction at
-    /// `pc` reaches it: a code hook there, and the translation from `pc` dropped so that it is
-    /// made again with the hook.
-    fn stop_at(&mut self, pc: u64, next: u64) -> Result<UcHookId, TcgError> {
+    /// Stops the engine before the instruction at `at`: a code hook there, and the translations
+    /// of the bytes in `drop` (those that reach `at` without the hook) dropped so that they are
+    /// made again with it.
+    fn stop_at(&mut self, at: u64, (from, to): (u64, u64)) -> Result<UcHookId, TcgError> {
         let hook = self
             .uc
-            .add_code_hook(next, next, |uc, _, _| {
+            .add_code_hook(at, at, |uc, _, _| {
                 let _ = uc.emu_stop();
             })
             .map_err(uc_err("adding a code hook"))?;
-        self.uc.ctl_remove_cache(pc, next).map_err(uc_err("dropping a translation"))?;
+        self.uc.ctl_remove_cache(from, to).map_err(uc_err("dropping a translation"))?;
         Ok(hook)
     }
 
@@ -799,7 +817,7 @@ impl Tcg {
                 self.remove_stop_at(stop_after.take().expect("checked"))?;
             }
             if let (Some(at), None) = (wanted, &stop_after) {
-                *stop_after = Some((at, self.stop_at(pc, next)?));
+                *stop_after = Some((at, self.stop_at(next, at)?));
             }
             let data = self.uc.get_data_mut();
             let a = data.acc.as_mut().expect("set by run");

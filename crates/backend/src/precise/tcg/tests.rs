@@ -1024,6 +1024,64 @@ fn a_block_that_runs_into_a_page_not_present_is_untranslatable_and_its_instructi
     }
 }
 
+/// A branch completes alone under the engine's own TF (a conditional branch not taken and taken,
+/// CALL, RET), leaving the guest's RFLAGS as they were, and drops no other translation: it used
+/// to run counted by unicorn, whose hook goes into every translation, so every translation was
+/// dropped before and after it (a program traced an instruction at a time had its kernel code
+/// translated again at each of its branches). A run through the same code afterwards retires it
+/// all: no single-instruction translation made for a completion serves it.
+#[test]
+fn a_branch_completes_alone_and_keeps_the_other_translations() {
+    // jnz +5; call +1; hlt; ret
+    let (mem, regs, sregs, mode) = machine(&[0x75, 0x05, 0xE8, 0x01, 0x00, 0x00, 0x00, 0xF4, 0xC3]);
+    let mut tcg = Tcg::new(&mem).unwrap();
+    let umode = CpuMode { cpl: 3, ..mode };
+    const ZF: u64 = 1 << 6;
+    let mut user = user_state(&sregs, &regs);
+    user.regs.rflags |= ZF;
+    let first = user.clone();
+    let r = tcg.run(&first, umode, counting(&[])).unwrap();
+    assert_eq!((r.stop, r.state.regs.rip, r.retired), (Stop::Handover, CODE + 7, 3), "{r:?}");
+    let flushes = tcg.flushes();
+    let done = |tcg: &mut Tcg, s: &CpuState| match tcg.complete(s).unwrap() {
+        Completed::Retired(after) => {
+            assert_eq!(after.regs.rflags, s.regs.rflags, "the guest's RFLAGS, TF as it was");
+            after
+        }
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(done(&mut tcg, &user).regs.rip, CODE + 2, "JNZ not taken");
+    user.regs.rflags &= !ZF;
+    assert_eq!(done(&mut tcg, &user).regs.rip, CODE + 7, "JNZ taken");
+    user.regs.rip = CODE + 2;
+    let called = done(&mut tcg, &user);
+    assert_eq!((called.regs.rip, called.regs.rsp), (CODE + 8, user.regs.rsp - 8), "CALL");
+    assert_eq!(done(&mut tcg, &called).regs.rip, CODE + 7, "RET");
+    assert_eq!(tcg.flushes(), flushes, "no translation dropped");
+    let r = tcg.run(&first, umode, counting(&[])).unwrap();
+    assert_eq!((r.stop, r.state.regs.rip, r.retired, r.fault), (Stop::Handover, CODE + 7, 3, None), "{r:?}");
+}
+
+/// A completion retires its one instruction where TCG ends the instruction's translation right
+/// after it (POPF) and a translation of the code after it, made by an earlier run, is there: it
+/// used to run on through that translation (made without the completion's stop), unseen.
+#[test]
+fn a_completion_stops_after_its_instruction_where_a_translation_follows_it() {
+    // popf; inc rax; inc rax; hlt
+    let (mem, regs, sregs, mode) = machine(&[0x9D, 0x48, 0xFF, 0xC0, 0x48, 0xFF, 0xC0, 0xF4]);
+    mem.write_obj(0x2u64, GuestAddress(regs.rsp)).unwrap();
+    let mut tcg = Tcg::new(&mem).unwrap();
+    let after_popf = CpuState::new(kvm_regs { rip: CODE + 1, ..regs }, sregs);
+    let r = tcg.run(&after_popf, mode, counting(&[])).unwrap();
+    assert_eq!((r.stop, r.state.regs.rip, r.state.regs.rax), (Stop::Handover, CODE + 7, 2), "{r:?}");
+    match tcg.complete(&CpuState::new(regs, sregs)).unwrap() {
+        Completed::Retired(after) => {
+            assert_eq!((after.regs.rip, after.regs.rax, after.regs.rsp), (CODE + 1, 0, regs.rsp + 8), "POPF alone")
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
 /// A stop the engine drops (the instruction runs in the engine after all: here STI once nothing
 /// counts) goes with the translation made with it: unicorn calls a lone code hook straight from
 /// the translation, and the hook's data is freed with it. Runs through the same code after the
