@@ -566,7 +566,11 @@ impl Tcg {
             self.uc.ctl_remove_cache(at, at + 1).map_err(uc_err("dropping a translation"))?;
             started
         } else {
-            // A branch, alone under TF: its translation goes with the run, as above.
+            // A branch, alone under TF: translated from the bytes there now, and dropped after
+            // the run as above. (unicorn finds a translation by the address the engine's state
+            // maps it to, and one the branch left, such as IRETQ to user mode, may not reach the
+            // kernel's page: the drop before the run is the one that always finds it.)
+            self.uc.ctl_remove_cache(rip, next).map_err(uc_err("dropping a translation"))?;
             let started = state::start(&mut self.uc, rip, 0);
             self.uc.ctl_remove_cache(rip, next).map_err(uc_err("dropping a translation"))?;
             started

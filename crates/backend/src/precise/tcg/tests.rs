@@ -1062,6 +1062,35 @@ fn a_branch_completes_alone_and_keeps_the_other_translations() {
     assert_eq!((r.stop, r.state.regs.rip, r.retired, r.fault), (Stop::Handover, CODE + 7, 3, None), "{r:?}");
 }
 
+/// A branch completed alone is translated from the bytes there now, even where the state it left
+/// cannot reach its page: IRETQ from a supervisor-only page to user mode, whose translation the
+/// drop after the run cannot find (unicorn looks it up through the engine's state, now at CPL3),
+/// then other code written there by the guest in KVM (behind TCG), completed again.
+#[test]
+fn a_branch_completes_from_the_bytes_there_now() {
+    let (mem, regs, sregs, _) = machine(&[]);
+    // The same 2 MiB again at 0x20_0000, supervisor-only (PD[1]: PS, RW, P).
+    mem.write_obj(0x83u64, GuestAddress(0x3008)).unwrap();
+    let kernel = CODE + 0x20_0000;
+    mem.write_slice(&[0x48, 0xCF], GuestAddress(CODE)).unwrap(); // iretq
+                                                                 // The frame: RIP (user code, NOPs at CODE + 0x100), CS, RFLAGS, RSP, SS.
+    mem.write_slice(&[0x90; 4], GuestAddress(CODE + 0x100)).unwrap();
+    for (k, v) in [CODE + 0x100, u64::from(USER_CS), 2, 0x9000, u64::from(USER_DS)].into_iter().enumerate() {
+        mem.write_obj(v, GuestAddress(regs.rsp + 8 * k as u64)).unwrap();
+    }
+    let mut tcg = Tcg::new(&mem).unwrap();
+    let state = CpuState::new(kvm_regs { rip: kernel, ..regs }, sregs);
+    match tcg.complete(&state).unwrap() {
+        Completed::Retired(after) => assert_eq!((after.regs.rip, after.sregs.cs.selector), (CODE + 0x100, USER_CS)),
+        other => panic!("{other:?}"),
+    }
+    mem.write_slice(&[0xEB, 0x0E], GuestAddress(CODE)).unwrap(); // jmp +0x10
+    match tcg.complete(&state).unwrap() {
+        Completed::Retired(after) => assert_eq!((after.regs.rip, after.sregs.cs.selector), (kernel + 0x10, 8), "JMP"),
+        other => panic!("{other:?}"),
+    }
+}
+
 /// A completion retires its one instruction where TCG ends the instruction's translation right
 /// after it (POPF) and a translation of the code after it, made by an earlier run, is there: it
 /// used to run on through that translation (made without the completion's stop), unseen.
