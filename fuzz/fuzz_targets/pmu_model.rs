@@ -592,7 +592,18 @@ fn expected_semantics(list: Option<&'static EventList>, i: u8, sel: u64) -> Sema
         list.events.iter().filter(gp).filter(|r| r.select == select && r.umask == Some(umask)).collect();
     let plain = |r: &&&ModelEvent| r.cmask == 0 && !r.inv && !r.edge && !r.any;
     if rows.is_empty() {
-        return if whole.is_empty() || select_allows { Semantics::Unsupported } else { Semantics::WrongCounter };
+        // README, "Model-specific events": the pseudo-encoding of one fixed counter's event.
+        let fixed: Vec<&ModelEvent> = list
+            .events
+            .iter()
+            .filter(|r| r.counters & 0xFF == 0 && r.select == select && r.umask == Some(umask))
+            .collect();
+        let one_fixed_event = fixed.first().is_some_and(|f| fixed.iter().all(|r| r.counters == f.counters));
+        return if one_fixed_event || !(whole.is_empty() || select_allows) {
+            Semantics::WrongCounter
+        } else {
+            Semantics::Unsupported
+        };
     }
     let same: Vec<&&ModelEvent> = rows.iter().filter(|r| (r.cmask, r.inv, r.edge) == (cmask, inv, edge)).collect();
     let plains: Vec<&&ModelEvent> = rows.iter().filter(plain).collect();

@@ -79,14 +79,20 @@ impl Index {
                 .find_map(|r| meaning(list.name, r.name))
                 .unwrap_or(Semantics::Unsupported);
         }
-        // A pseudo-encoding that only a fixed-function counter counts (Ice Lake's 0x00/0x03,
-        // CPU_CLK_UNHALTED.REF_TSC) is known too: on a general-purpose counter it is an event the
-        // list does not give that counter, whose count silicon leaves undefined, not an unknown one.
-        for e in list.events.iter().filter(|e| e.fixed_only()) {
+        // A pseudo-encoding of one fixed-function counter's event (Ice Lake's 0x00/0x03,
+        // CPU_CLK_UNHALTED.REF_TSC on IA32_FIXED_CTR2) is known too: on a general-purpose counter
+        // it is an event the list does not give that counter, whose count silicon leaves
+        // undefined, not an unknown one. (Nehalem's list gives all three fixed counters' events
+        // 0x00/0x00: that names no one event, and stays unknown.)
+        let fixed: Vec<&'static ModelEvent> = list.events.iter().filter(|e| e.fixed_only()).collect();
+        for e in &fixed {
             let Some(umask) = e.umask else { continue };
             let k = key(e.select, umask);
-            if !encodings.iter().any(|x| x.key == k) {
-                encodings.push(Encoding { key: k, name: e.name, semantics: Semantics::WrongCounter, rows: vec![e] });
+            let same: Vec<_> = fixed.iter().filter(|r| r.select == e.select && r.umask == e.umask).collect();
+            let one_counter = same.iter().all(|r| r.counters == e.counters);
+            if one_counter && !encodings.iter().any(|x| x.key == k) {
+                let name = same.iter().find(|r| r.plain()).map_or(e.name, |r| r.name);
+                encodings.push(Encoding { key: k, name, semantics: Semantics::WrongCounter, rows: vec![e] });
             }
         }
         encodings.sort_by_key(|x| x.key);

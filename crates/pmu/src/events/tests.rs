@@ -61,6 +61,8 @@ fn counter_restrictions_follow_the_list() {
     // unknown, and the run's note said "not derived" where silicon's count is undefined).
     let ref_tsc = list("icelake").lookup(2, 0x00, 0x03, 0, false, false);
     assert_eq!(ref_tsc, Some(Lookup { name: "CPU_CLK_UNHALTED.REF_TSC", semantics: Semantics::WrongCounter }));
+    // Nehalem's list gives 0x00/0x00 to all three fixed counters' events: no one event, unknown.
+    assert_eq!(list("nehalem").lookup(0, 0x00, 0x00, 0, false, false), None);
     // Skylake's CPU_CLK_UNHALTED.THREAD_P (0x3C/0x00) shares its encoding with the fixed counter's
     // CPU_CLK_UNHALTED.THREAD: a general-purpose counter counts it, by its own name.
     assert_eq!(skl.lookup(0, 0x3C, 0x00, 0, false, false).map(|l| l.name), Some("CPU_CLK_UNHALTED.THREAD_P"));
