@@ -549,20 +549,20 @@ impl Tcg {
         // which TCG checks the TF SYSRETQ loaded, not the one it ran with. No translation made
         // here outlives it (its page is not in the code snapshot).
         let stop_before = match facts.flow {
-            insn::Flow::Next => Some((next, (rip, next))),
-            _ if i.code() == Code::Sysretq => Some((state.regs.rcx, (state.regs.rcx, state.regs.rcx + 1))),
+            insn::Flow::Next => Some(next),
+            _ if i.code() == Code::Sysretq => Some(state.regs.rcx),
             _ => None,
         };
-        let started = if let Some((at, drop)) = stop_before {
+        let started = if let Some(at) = stop_before {
             // The block hook stops nothing here (no run is counting): where TCG ends the
             // instruction's translation right after it (POPF, STI, a page's end), the engine goes
             // on in the translation at `at`, so one made before the hook goes too. (It did not:
             // a completion then ran on through the code after it, unseen and uncounted; with
             // every translation dropped at each branch until then, rarely.)
-            let hook = self.stop_at(at, drop)?;
+            let hook = self.stop_at(at, (rip, next))?;
             self.uc.ctl_remove_cache(at, at + 1).map_err(uc_err("dropping a translation"))?;
             let started = state::start(&mut self.uc, rip, 0);
-            self.remove_stop_at((drop, hook))?;
+            self.remove_stop_at(((rip, next), hook))?;
             self.uc.ctl_remove_cache(at, at + 1).map_err(uc_err("dropping a translation"))?;
             started
         } else {
@@ -820,8 +820,8 @@ impl Tcg {
             if stop_after.is_some_and(|(at, _)| Some(at) != wanted) {
                 self.remove_stop_at(stop_after.take().expect("checked"))?;
             }
-            if let (Some(at), None) = (wanted, &stop_after) {
-                *stop_after = Some((at, self.stop_at(next, at)?));
+            if let (Some(span), None) = (wanted, &stop_after) {
+                *stop_after = Some((span, self.stop_at(next, span)?));
             }
             let data = self.uc.get_data_mut();
             let a = data.acc.as_mut().expect("set by run");
