@@ -521,6 +521,15 @@ impl Tcg {
         let i = Decoder::with_ip(64, &bytes, rip, DecoderOptions::NONE).decode();
         let facts = insn::of(&i);
         let next = rip + i.len() as u64;
+        // Where the next instruction is known before this one runs, a code hook there stops the
+        // engine: right after the instruction, or at SYSRETQ's RCX (SDM Vol. 2B, SYSRET), after
+        // which TCG checks the TF SYSRETQ loaded, not the one it ran with. No translation made
+        // here outlives it (its page is not in the code snapshot).
+        let stop_before = match facts.flow {
+            insn::Flow::Next => Some(next),
+            _ if i.code() == Code::Sysretq => Some(state.regs.rcx),
+            _ => None,
+        };
         // A translation runs on from the instruction up to a branch, and may cross into the next
         // page; where that page cannot be fetched from, TCG fails to translate it at all (nothing
         // runs, no exception: `Stop::Untranslatable`). Such an instruction, and a branch (whose
@@ -532,7 +541,7 @@ impl Tcg {
         // every branch.)
         let next_page = (rip | 0xFFF).wrapping_add(1);
         let alone = mode.page_fault(&self.mem, next_page, emon_x86::mode::Access::Fetch, false).is_some()
-            || (facts.flow != insn::Flow::Next && i.code() != Code::Sysretq);
+            || stop_before.is_none();
         let tf = state.regs.rflags & RFLAGS_TF;
         if alone && tf == 0 {
             let mut s = state.clone();
@@ -544,15 +553,6 @@ impl Tcg {
         let data = self.uc.get_data_mut();
         data.fault = None;
         data.acc = None;
-        // Where the next instruction is known before this one runs, a code hook there stops the
-        // engine: right after the instruction, or at SYSRETQ's RCX (SDM Vol. 2B, SYSRET), after
-        // which TCG checks the TF SYSRETQ loaded, not the one it ran with. No translation made
-        // here outlives it (its page is not in the code snapshot).
-        let stop_before = match facts.flow {
-            insn::Flow::Next => Some(next),
-            _ if i.code() == Code::Sysretq => Some(state.regs.rcx),
-            _ => None,
-        };
         let started = if let Some(at) = stop_before {
             // The block hook stops nothing here (no run is counting): where TCG ends the
             // instruction's translation right after it (POPF, STI, a page's end), the engine goes
